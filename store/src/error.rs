@@ -1,0 +1,79 @@
+//! Errors of the store. Messages are lowercase and say what to do.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request body could not be decoded.
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+
+    /// The request body (or its decompressed form) is larger than allowed.
+    #[error("request body larger than {limit} bytes: split the batch or raise --max-body-bytes")]
+    TooLarge { limit: usize },
+
+    /// The content type is not one the endpoint speaks.
+    #[error("unsupported content type {0:?}: send application/x-protobuf or application/json")]
+    UnsupportedContentType(String),
+
+    /// The content encoding is not one the endpoint speaks.
+    #[error("unsupported content encoding {0:?}: send identity or gzip")]
+    UnsupportedContentEncoding(String),
+
+    /// The store is still replaying its WAL.
+    #[error("the store is not ready yet (write-ahead log replay in progress): retry shortly")]
+    NotReady,
+
+    /// An I/O failure on a file of the store.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The catalog file cannot be read.
+    #[error("catalog {path} is unreadable: {detail}; restore it from a backup or move it away to rebuild from the WAL")]
+    Catalog { path: PathBuf, detail: String },
+
+    /// Arrow failed to build or encode a batch.
+    #[error("arrow error: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+
+    /// Parquet failed to encode a file.
+    #[error("parquet error: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+}
+
+impl Error {
+    /// Shorthand for an I/O error on a path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Shorthand for a decoding error.
+    pub fn malformed(what: &'static str, detail: impl std::fmt::Display) -> Self {
+        Self::Malformed {
+            what,
+            detail: detail.to_string().to_lowercase(),
+        }
+    }
+
+    /// True when the error is the client's fault (a 4xx at the HTTP edge).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            Self::Malformed { .. }
+                | Self::TooLarge { .. }
+                | Self::UnsupportedContentType(_)
+                | Self::UnsupportedContentEncoding(_)
+        )
+    }
+}
+
+/// Result with the store's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,11 @@
+//! Ingest: protocol payloads decoded into Arrow batches of the table schemas.
+//!
+//! `otlp` turns an OTLP metrics export into [`WriteBatch`]: GPU points are pivoted into one
+//! `gpu_metrics` row per GPU and sample, everything else becomes `metrics` rows. `http` holds the
+//! request-level handling (content type, gzip, size limits) shared by every HTTP listener.
+
+pub mod http;
+pub mod otlp;
+mod rows;
+
+pub use rows::{Cell, GpuRow, MetricRow, WriteBatch};

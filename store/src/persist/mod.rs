@@ -1,0 +1,174 @@
+//! Persistence: buffered batches written as Parquet files, one per table and hour.
+//!
+//! Layout: `<data-dir>/tables/<table>/<YYYY-MM-DD>/<HH>/<wal-seq:020>.parquet`, rows sorted by the
+//! table's sort columns (host, gpu_uuid, time for `gpu_metrics`), zstd, dictionary-encoded labels,
+//! delta-encoded timestamps. The name carries the last WAL segment the file covers, so names never
+//! collide and a leftover of an interrupted persist is recognisable.
+
+mod catalog;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use arrow::array::{AsArray, BooleanArray, RecordBatch};
+use arrow::compute::{SortColumn, concat_batches, filter_record_batch, lexsort_to_indices, take_record_batch};
+use arrow::datatypes::TimestampNanosecondType;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use parquet::file::metadata::SortingColumn;
+
+pub use catalog::{CATALOG_FILE, Catalog, FileMeta};
+
+use crate::schema::Table;
+use crate::wal::sync_dir;
+use crate::{Error, Result};
+
+const NANOS_PER_HOUR: i64 = 3_600_000_000_000;
+
+/// The directory holding a table's files.
+pub fn table_dir(data_dir: &Path, table: Table) -> std::path::PathBuf {
+    data_dir.join("tables").join(table.name())
+}
+
+/// Sorts batches by the table's sort columns.
+pub fn sort_batch(table: Table, batch: &RecordBatch) -> Result<RecordBatch> {
+    let columns: Vec<SortColumn> = table
+        .sort_columns()
+        .iter()
+        .filter_map(|name| batch.column_by_name(name))
+        .map(|c| SortColumn {
+            values: c.clone(),
+            options: None,
+        })
+        .collect();
+    let indices = lexsort_to_indices(&columns, None)?;
+    Ok(take_record_batch(batch, &indices)?)
+}
+
+fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
+    let schema = batch.schema();
+    let sorting: Vec<SortingColumn> = table
+        .sort_columns()
+        .iter()
+        .filter_map(|name| schema.index_of(name).ok())
+        .map(|i| SortingColumn {
+            column_idx: i as i32,
+            descending: false,
+            nulls_first: false,
+        })
+        .collect();
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_max_row_group_row_count(Some(256 * 1024))
+        .set_sorting_columns(Some(sorting))
+        .set_column_dictionary_enabled("time".into(), false)
+        .set_column_encoding("time".into(), Encoding::DELTA_BINARY_PACKED);
+    for f in schema.fields() {
+        if matches!(f.data_type(), arrow::datatypes::DataType::Int64) {
+            props = props
+                .set_column_dictionary_enabled(f.name().as_str().into(), false)
+                .set_column_encoding(f.name().as_str().into(), Encoding::DELTA_BINARY_PACKED);
+        }
+    }
+    props.build()
+}
+
+/// Writes one table's batches as Parquet files, one per hour, named after `seq`. Each file is
+/// fsynced and renamed into place; the catalog is not touched.
+pub fn write_table(data_dir: &Path, table: Table, batches: &[RecordBatch], seq: u64) -> Result<Vec<FileMeta>> {
+    if batches.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all = concat_batches(&table.schema(), batches)?;
+    if all.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let sorted = sort_batch(table, &all)?;
+    let times = sorted.column(0).as_primitive::<TimestampNanosecondType>();
+    let mut hours: BTreeMap<i64, ()> = BTreeMap::new();
+    for t in times.values() {
+        hours.insert(t.div_euclid(NANOS_PER_HOUR), ());
+    }
+    let mut out = Vec::with_capacity(hours.len());
+    for hour in hours.keys() {
+        let mask: BooleanArray = times
+            .values()
+            .iter()
+            .map(|t| Some(t.div_euclid(NANOS_PER_HOUR) == *hour))
+            .collect();
+        let part = if hours.len() == 1 { sorted.clone() } else { filter_record_batch(&sorted, &mask)? };
+        out.push(write_file(data_dir, table, &part, *hour, seq)?);
+    }
+    Ok(out)
+}
+
+fn write_file(data_dir: &Path, table: Table, batch: &RecordBatch, hour: i64, seq: u64) -> Result<FileMeta> {
+    let start = chrono::DateTime::from_timestamp(hour * 3600, 0).unwrap_or_default();
+    let rel = format!(
+        "tables/{}/{}/{}/{seq:020}.parquet",
+        table.name(),
+        start.format("%Y-%m-%d"),
+        start.format("%H")
+    );
+    let path = data_dir.join(&rel);
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| data_dir.to_path_buf());
+    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let tmp = path.with_extension("parquet.tmp");
+    let file = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(writer_properties(table, batch)))?;
+    writer.write(batch)?;
+    let file = writer.into_inner()?;
+    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    let bytes = file.metadata().map_err(|e| Error::io(&tmp, e))?.len();
+    fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    sync_dir(&dir)?;
+    let times = batch.column(0).as_primitive::<TimestampNanosecondType>();
+    let min_time = times.values().iter().copied().min().unwrap_or_default();
+    let max_time = times.values().iter().copied().max().unwrap_or_default();
+    Ok(FileMeta {
+        table: table.name().to_string(),
+        path: rel,
+        min_time,
+        max_time,
+        rows: batch.num_rows() as u64,
+        bytes,
+    })
+}
+
+/// Removes files under `tables/` that the catalog does not name (leftovers of an interrupted
+/// persist). Returns how many were removed.
+pub fn remove_orphans(data_dir: &Path, catalog: &Catalog) -> Result<usize> {
+    let known: std::collections::HashSet<&str> = catalog.files.iter().map(|f| f.path.as_str()).collect();
+    let root = data_dir.join("tables");
+    let mut removed = 0;
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&dir, e))?;
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(data_dir)
+                .ok()
+                .and_then(|p| p.to_str())
+                .map(|p| p.replace('\\', "/"))
+                .unwrap_or_default();
+            if !known.contains(rel.as_str()) {
+                tracing::warn!(file = %path.display(), "removing a file no catalog entry names (left by an interrupted persist)");
+                fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}

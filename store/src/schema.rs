@@ -1,0 +1,245 @@
+//! The tables' Arrow schemas and the OTLP names that fill `gpu_metrics` (docs/schema.md).
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+/// The type of a value column of `gpu_metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    /// Float64: ratios, watts, joules, degrees, rates.
+    Float,
+    /// Int64: bytes, MHz, bitmasks, counts.
+    Int,
+}
+
+/// A value column of `gpu_metrics` and the OTLP metric that fills it.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueColumn {
+    /// Column name in SQL.
+    pub column: &'static str,
+    /// OTLP metric name on the wire.
+    pub otlp: &'static str,
+    /// Arrow type of the column.
+    pub ty: ValueType,
+    /// Unit, as UCUM text (OTLP `unit`).
+    pub unit: &'static str,
+}
+
+const fn f(column: &'static str, otlp: &'static str, unit: &'static str) -> ValueColumn {
+    ValueColumn {
+        column,
+        otlp,
+        ty: ValueType::Float,
+        unit,
+    }
+}
+
+const fn i(column: &'static str, otlp: &'static str, unit: &'static str) -> ValueColumn {
+    ValueColumn {
+        column,
+        otlp,
+        ty: ValueType::Int,
+        unit,
+    }
+}
+
+/// Every value column of `gpu_metrics`, in schema order.
+pub const VALUE_COLUMNS: &[ValueColumn] = &[
+    f("gpu_utilization", "hw.gpu.utilization", "1"),
+    f("memory_utilization", "hw.gpu.memory.utilization", "1"),
+    f("sm_active", "gpu.sm.active", "1"),
+    f("sm_occupancy", "gpu.sm.occupancy", "1"),
+    f("tensor_active", "gpu.tensor.active", "1"),
+    f("dram_active", "gpu.dram.active", "1"),
+    f("fp64_active", "gpu.fp64.active", "1"),
+    f("fp32_active", "gpu.fp32.active", "1"),
+    f("fp16_active", "gpu.fp16.active", "1"),
+    i("memory_used_bytes", "hw.gpu.memory.usage", "By"),
+    i("memory_total_bytes", "hw.gpu.memory.limit", "By"),
+    f("power_watts", "hw.power", "W"),
+    f("energy_joules", "hw.energy", "J"),
+    f("temperature_celsius", "hw.temperature", "Cel"),
+    f("memory_temperature_celsius", "gpu.memory.temperature", "Cel"),
+    i("sm_clock_mhz", "gpu.clock.sm", "MHz"),
+    i("memory_clock_mhz", "gpu.clock.memory", "MHz"),
+    i("clock_event_reasons", "gpu.clock.event_reasons", "1"),
+    f("pcie_tx_bytes_per_second", "gpu.pcie.transmit.rate", "By/s"),
+    f("pcie_rx_bytes_per_second", "gpu.pcie.receive.rate", "By/s"),
+    f("nvlink_tx_bytes_per_second", "gpu.nvlink.transmit.rate", "By/s"),
+    f("nvlink_rx_bytes_per_second", "gpu.nvlink.receive.rate", "By/s"),
+    i("ecc_sbe_volatile_total", "gpu.ecc.sbe.volatile", "{error}"),
+    i("ecc_dbe_volatile_total", "gpu.ecc.dbe.volatile", "{error}"),
+    i("remapped_rows_uncorrectable", "gpu.remapped_rows.uncorrectable", "{row}"),
+    i("remapped_rows_failure", "gpu.remapped_rows.failure", "1"),
+    i("xid_errors_total", "gpu.xid.errors", "{error}"),
+];
+
+/// The label columns of `gpu_metrics` after `time`, in schema order, with the OTLP attribute
+/// names that fill them (the first name found wins).
+pub const LABEL_COLUMNS: &[(&str, &[&str])] = &[
+    ("host", &["host.name"]),
+    ("gpu_uuid", &["hw.id", "gpu.uuid"]),
+    ("gpu_index", &["gpu.index"]),
+    ("gpu_model", &["hw.model"]),
+    ("mig_instance", &["gpu.mig.instance"]),
+    ("job_id", &["job.id"]),
+    ("job_user", &["job.user"]),
+    ("job_name", &["job.name"]),
+    ("scheduler", &["job.scheduler"]),
+    ("k8s_namespace", &["k8s.namespace.name"]),
+    ("k8s_pod", &["k8s.pod.name"]),
+    ("k8s_container", &["k8s.container.name"]),
+];
+
+/// Index of a value column by its OTLP name.
+pub fn value_index(otlp_name: &str) -> Option<usize> {
+    VALUE_COLUMNS.iter().position(|c| c.otlp == otlp_name)
+}
+
+/// The type of column `time` in every table.
+pub fn time_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
+}
+
+static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut fields = vec![Field::new("time", time_type(), false)];
+    for (name, _) in LABEL_COLUMNS {
+        let (ty, nullable) = match *name {
+            "host" | "gpu_uuid" => (DataType::Utf8, false),
+            "gpu_index" => (DataType::Int32, true),
+            _ => (DataType::Utf8, true),
+        };
+        fields.push(Field::new(*name, ty, nullable));
+    }
+    for c in VALUE_COLUMNS {
+        let ty = match c.ty {
+            ValueType::Float => DataType::Float64,
+            ValueType::Int => DataType::Int64,
+        };
+        fields.push(Field::new(c.column, ty, true));
+    }
+    Arc::new(Schema::new(fields))
+});
+
+static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let entries = Field::new(
+        "entries",
+        DataType::Struct(
+            vec![
+                Field::new("keys", DataType::Utf8, false),
+                Field::new("values", DataType::Utf8, true),
+            ]
+            .into(),
+        ),
+        false,
+    );
+    Arc::new(Schema::new(vec![
+        Field::new("time", time_type(), false),
+        Field::new("metric", DataType::Utf8, false),
+        Field::new("value", DataType::Float64, true),
+        Field::new("labels", DataType::Map(Arc::new(entries), false), true),
+    ]))
+});
+
+/// The tables the store keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// One row per GPU per sample.
+    GpuMetrics,
+    /// Every other metric received.
+    Metrics,
+}
+
+impl Table {
+    /// Every table, in a fixed order.
+    pub const ALL: [Table; 2] = [Table::GpuMetrics, Table::Metrics];
+
+    /// SQL name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::GpuMetrics => "gpu_metrics",
+            Table::Metrics => "metrics",
+        }
+    }
+
+    /// Table by SQL name.
+    pub fn from_name(name: &str) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// A stable one-byte id, used in the WAL.
+    pub fn id(self) -> u8 {
+        match self {
+            Table::GpuMetrics => 1,
+            Table::Metrics => 2,
+        }
+    }
+
+    /// Table by WAL id.
+    pub fn from_id(id: u8) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// Arrow schema.
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            Table::GpuMetrics => GPU_METRICS.clone(),
+            Table::Metrics => METRICS.clone(),
+        }
+    }
+
+    /// Columns the persisted files are sorted by (the last is always `time`).
+    pub fn sort_columns(self) -> &'static [&'static str] {
+        match self {
+            Table::GpuMetrics => &["host", "gpu_uuid", "time"],
+            Table::Metrics => &["metric", "time"],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_unique_and_match_the_interface() {
+        let schema = Table::GpuMetrics.schema();
+        let names: HashSet<_> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names.len(), schema.fields().len());
+        let otlp: HashSet<_> = VALUE_COLUMNS.iter().map(|c| c.otlp).collect();
+        assert_eq!(otlp.len(), VALUE_COLUMNS.len());
+        for col in [
+            "time", "host", "gpu_uuid", "gpu_index", "gpu_model", "mig_instance", "job_id",
+            "job_user", "job_name", "scheduler", "k8s_namespace", "k8s_pod", "k8s_container",
+            "gpu_utilization", "memory_utilization", "sm_active", "sm_occupancy", "tensor_active",
+            "dram_active", "fp64_active", "fp32_active", "fp16_active", "memory_used_bytes",
+            "memory_total_bytes", "power_watts", "energy_joules", "temperature_celsius",
+            "memory_temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+            "clock_event_reasons", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second",
+            "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second", "ecc_sbe_volatile_total",
+            "ecc_dbe_volatile_total", "remapped_rows_uncorrectable", "remapped_rows_failure",
+            "xid_errors_total",
+        ] {
+            assert!(names.contains(col), "missing column {col}");
+        }
+        assert_eq!(names.len(), 40);
+    }
+
+    #[test]
+    fn schema_doc_lists_every_wire_name() {
+        let doc = include_str!("../../docs/schema.md");
+        for c in VALUE_COLUMNS {
+            let row = format!("| `{}` | {} | `{}` |", c.column, match c.ty {
+                ValueType::Float => "Float64",
+                ValueType::Int => "Int64",
+            }, c.otlp);
+            assert!(doc.contains(&row), "docs/schema.md lacks the row for {}", c.column);
+        }
+        for (col, attrs) in LABEL_COLUMNS {
+            assert!(doc.contains(&format!("| `{col}` |")), "docs/schema.md lacks label {col}");
+            assert!(doc.contains(&format!("`{}`", attrs[0])), "docs/schema.md lacks {}", attrs[0]);
+        }
+    }
+}

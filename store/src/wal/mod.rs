@@ -1,0 +1,263 @@
+//! The write-ahead log: segment files of checksummed records.
+//!
+//! A segment is `<seq:020>.wal` holding an 8-byte magic and then frames of
+//! `[len: u32 LE][crc32(payload): u32 LE][payload]`. A record is appended and fsynced before the
+//! write it carries is acknowledged. Segments are only ever appended to by the process that created
+//! them; a new process starts a new segment, so a torn tail (a crash mid-append) is simply where
+//! replay of that segment stops: every whole record before it is kept.
+
+mod record;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+
+pub use record::{decode_payload, encode_payload};
+
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"GPUWAL01";
+/// Frames larger than this are taken as corruption.
+const MAX_RECORD_BYTES: u32 = 1 << 30;
+
+/// The open, appendable WAL.
+#[derive(Debug)]
+pub struct Wal {
+    dir: PathBuf,
+    seq: u64,
+    file: File,
+    bytes: u64,
+    sync: bool,
+}
+
+/// What reading one segment found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentReport {
+    /// Whole records read.
+    pub records: u64,
+    /// Bytes after the last whole record (a torn or corrupt tail).
+    pub torn_bytes: u64,
+}
+
+impl Wal {
+    /// Creates segment `seq` in `dir` and makes it the one appended to. With `sync` false the
+    /// appends are not fsynced (faster, and a machine crash may lose the last acknowledged writes).
+    pub fn create(dir: &Path, seq: u64, sync: bool) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = segment_path(dir, seq);
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        file.write_all(MAGIC).map_err(|e| Error::io(&path, e))?;
+        file.sync_all().map_err(|e| Error::io(&path, e))?;
+        sync_dir(dir)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            seq,
+            file,
+            bytes: MAGIC.len() as u64,
+            sync,
+        })
+    }
+
+    /// Sequence number of the segment being appended to.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Bytes in the current segment.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Appends one record and, unless sync is off, fsyncs it.
+    pub fn append(&mut self, payload: &[u8]) -> Result<()> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|l| *l <= MAX_RECORD_BYTES)
+            .ok_or(Error::TooLarge { limit: MAX_RECORD_BYTES as usize })?;
+        let mut frame = Vec::with_capacity(8 + payload.len());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        frame.extend_from_slice(payload);
+        let path = segment_path(&self.dir, self.seq);
+        if let Err(e) = self.file.write_all(&frame) {
+            // Leave no half frame behind for this process's later appends to follow.
+            let _ = self.file.set_len(self.bytes);
+            return Err(Error::io(&path, e));
+        }
+        if self.sync {
+            self.file.sync_data().map_err(|e| Error::io(&path, e))?;
+        }
+        self.bytes += frame.len() as u64;
+        Ok(())
+    }
+
+    /// Closes the current segment and starts the next. Returns the closed segment's number.
+    pub fn rotate(&mut self) -> Result<u64> {
+        let closed = self.seq;
+        let next = Wal::create(&self.dir, closed + 1, self.sync)?;
+        *self = next;
+        Ok(closed)
+    }
+}
+
+/// The path of segment `seq`.
+pub fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}.wal"))
+}
+
+/// Every segment in `dir`, in order.
+pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".wal")) else {
+            continue;
+        };
+        if let Ok(seq) = stem.parse::<u64>() {
+            out.push((seq, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads every whole record of a segment, in order, handing each payload to `f`. Memory use is
+/// bounded by the largest record, not the segment.
+pub fn read_segment(path: &Path, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<SegmentReport> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let total = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut report = SegmentReport::default();
+    let mut magic = [0u8; 8];
+    if reader.read_exact(&mut magic).is_err() || &magic != MAGIC {
+        report.torn_bytes = total;
+        return Ok(report);
+    }
+    let mut offset = MAGIC.len() as u64;
+    let mut payload = Vec::new();
+    loop {
+        let mut header = [0u8; 8];
+        match read_full(&mut reader, &mut header) {
+            Ok(0) => break,
+            Ok(8) => {}
+            Ok(_) => break,
+            Err(e) => return Err(Error::io(path, e)),
+        }
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if len > MAX_RECORD_BYTES || offset + 8 + u64::from(len) > total {
+            break;
+        }
+        payload.resize(len as usize, 0);
+        match read_full(&mut reader, &mut payload) {
+            Ok(n) if n == payload.len() => {}
+            Ok(_) => break,
+            Err(e) => return Err(Error::io(path, e)),
+        }
+        if crc32fast::hash(&payload) != crc {
+            break;
+        }
+        f(&payload)?;
+        report.records += 1;
+        offset += 8 + u64::from(len);
+    }
+    report.torn_bytes = total - offset;
+    Ok(report)
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Fsyncs a directory so that file creations and renames in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payloads(path: &Path) -> (Vec<Vec<u8>>, SegmentReport) {
+        let mut got = Vec::new();
+        let report = read_segment(path, |p| {
+            got.push(p.to_vec());
+            Ok(())
+        })
+        .expect("readable");
+        (got, report)
+    }
+
+    #[test]
+    fn append_rotate_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::create(dir.path(), 1, true).expect("create");
+        wal.append(b"one").expect("append");
+        wal.append(b"").expect("append empty");
+        assert_eq!(wal.rotate().expect("rotate"), 1);
+        wal.append(b"three").expect("append");
+        let segs = list_segments(dir.path()).expect("list");
+        assert_eq!(segs.iter().map(|s| s.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(payloads(&segs[0].1).0, vec![b"one".to_vec(), Vec::new()]);
+        assert_eq!(payloads(&segs[1].1).0, vec![b"three".to_vec()]);
+    }
+
+    #[test]
+    fn truncation_at_every_byte_keeps_every_whole_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; usize::from(i) * 7 + 1]).collect();
+        let mut wal = Wal::create(dir.path(), 7, false).expect("create");
+        let mut ends = vec![MAGIC.len() as u64];
+        for r in &records {
+            wal.append(r).expect("append");
+            ends.push(wal.bytes());
+        }
+        let path = segment_path(dir.path(), 7);
+        let full = fs::read(&path).expect("read");
+        for cut in 0..=full.len() {
+            fs::write(&path, &full[..cut]).expect("write");
+            let (got, report) = payloads(&path);
+            let whole = ends.iter().filter(|e| **e <= cut as u64).count().saturating_sub(1);
+            assert_eq!(got, records[..whole].to_vec(), "cut at {cut}");
+            assert_eq!(report.records, whole as u64);
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_stops_replay_at_that_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::create(dir.path(), 1, false).expect("create");
+        for r in [b"aaaa", b"bbbb", b"cccc"] {
+            wal.append(r).expect("append");
+        }
+        let path = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&path).expect("read");
+        let second_payload = 8 + (8 + 4) + 8;
+        bytes[second_payload] ^= 0xff;
+        fs::write(&path, &bytes).expect("write");
+        let (got, report) = payloads(&path);
+        assert_eq!(got, vec![b"aaaa".to_vec()]);
+        assert_eq!(report.torn_bytes, 2 * 12);
+    }
+}
