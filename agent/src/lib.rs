@@ -1,1 +1,290 @@
+//! `gpuwatch-agent`: reads the GPUs of one host and streams them to a gpuwatch server.
+//!
+//! # Data flow
+//!
+//! ```text
+//!  flags / GPUWATCH_* env / TOML file ──► config::load ──► AgentOptions
+//!                                                             │
+//!        every --interval (tokio interval, wall clock)        ▼
+//!  ┌──────────────────────┐  Vec<GpuSample>  ┌──────────────────┐  ExportMetricsServiceRequest
+//!  │ collect::Source      │ ───────────────► │ export::otlp     │ ─────────────────────────┐
+//!  │  nvml::NvmlSource    │                  │  encode()        │                          │
+//!  │  synthetic::Fleet    │                  └──────────────────┘                          ▼
+//!  └──────────────────────┘                               ┌────────────────────────────────────┐
+//!                                                         │ export::http::Exporter             │
+//!                                                         │  protobuf → gzip → POST /v1/metrics│
+//!                                                         │  failures → export::queue::Spool   │
+//!                                                         │  (bounded, oldest dropped, retried │
+//!                                                         │   oldest-first on the next tick)   │
+//!                                                         └────────────────────────────────────┘
+//! ```
+//!
+//! A [`Source`] turns "now" into one [`GpuSample`] per GPU; the time is passed in, so tests and
+//! the server's `demo` (which backfills history) drive it with any clock. [`encode`] turns the
+//! samples into one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps
+//! what fails. [`run`] ties them together until its shutdown future resolves.
+//!
+//! # Use from the server's `demo`
+//!
+//! ```no_run
+//! # async fn demo() -> gpuwatch_agent::Result<()> {
+//! use gpuwatch_agent::{AgentOptions, Exporter, Fleet, Source, encode, resource_attributes};
+//! let opts = AgentOptions::synthetic("http://127.0.0.1:4318", "sim-node-1", 8, 1);
+//! let mut fleet = Fleet::new(opts.synthetic_gpus, opts.seed);
+//! let resource = resource_attributes(&opts, true);
+//! let mut exporter = Exporter::new(&opts.endpoint)?;
+//! let now = gpuwatch_agent::now_unix_nano();
+//! // Backfill the last hour, 5 s apart …
+//! for step in (0..720u64).rev() {
+//!     let samples = fleet.collect(now - step * 5_000_000_000)?;
+//!     exporter.send(&encode(&samples, &resource)).await?;
+//! }
+//! // … then run live on the same fleet.
+//! gpuwatch_agent::run_with_source(&opts, Box::new(fleet), std::future::pending()).await?;
+//! # Ok(()) }
+//! ```
 
+pub mod collect;
+pub mod config;
+pub mod error;
+pub mod export;
+pub mod hostname;
+mod json;
+
+use std::future::Future;
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use tokio::time::MissedTickBehavior;
+use tracing::{debug, info, warn};
+
+pub use collect::nvml::NvmlSource;
+pub use collect::synthetic::Fleet;
+pub use collect::{GpuSample, JobLabels, Source};
+pub use config::{AgentOptions, Protocol, Settings, SourceKind};
+pub use error::{Error, Result};
+pub use export::{Exporter, encode};
+
+/// Resource attribute set on simulated data.
+pub const SIMULATED_ATTRIBUTE: &str = "gpuwatch.simulated";
+
+/// The wall clock as Unix nanoseconds (0 before 1970).
+pub fn now_unix_nano() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Build the source `opts` asks for. `auto` and `nvml` both need NVML and fail with
+/// [`Error::NvmlUnavailable`] without it: there is no silent fallback to simulated data.
+pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
+    match opts.source {
+        SourceKind::Synthetic => Ok(Box::new(Fleet::new(opts.synthetic_gpus, opts.seed))),
+        SourceKind::Nvml | SourceKind::Auto => {
+            let source = NvmlSource::new()?;
+            if opts.source == SourceKind::Auto {
+                info!("source auto: libnvidia-ml.so.1 loaded, using nvml");
+            }
+            Ok(Box::new(source))
+        }
+    }
+}
+
+/// The resource attributes of every request: `host.name`, the static labels, and
+/// `gpuwatch.simulated = true` for simulated data.
+pub fn resource_attributes(opts: &AgentOptions, simulated: bool) -> Vec<(String, String)> {
+    let mut attrs = vec![("host.name".to_string(), opts.host.clone())];
+    attrs.extend(opts.labels.iter().cloned());
+    if simulated {
+        attrs.push((SIMULATED_ATTRIBUTE.to_string(), "true".to_string()));
+    }
+    attrs
+}
+
+/// Run the agent until `shutdown` resolves: build the source from `opts`, then every
+/// `opts.interval` collect, encode and export. With `opts.once`, collect once, print the samples
+/// as JSON to stdout and return without sending anything.
+pub async fn run(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let source = build_source(&opts)?;
+    if opts.once {
+        return print_once(source).await;
+    }
+    run_with_source(&opts, source, shutdown).await
+}
+
+/// Collect once and print pretty JSON to stdout. A real source is read twice, one second apart,
+/// so that GPM ratios (computed between two samples) are filled.
+async fn print_once(mut source: Box<dyn Source>) -> Result<()> {
+    if !source.simulated() {
+        source.collect(now_unix_nano())?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let samples = source.collect(now_unix_nano())?;
+    let text = json::to_string_pretty(&samples).map_err(|e| Error::Encode(e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        // `gpuwatch-agent --once | head` is fine.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Error::from),
+    }
+}
+
+/// The collection loop over a given source (the server's `demo` passes the same [`Fleet`] it
+/// used to backfill history). Ends when `shutdown` resolves, after one last best-effort attempt
+/// to send what is queued.
+pub async fn run_with_source(
+    opts: &AgentOptions,
+    mut source: Box<dyn Source>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let resource = resource_attributes(opts, source.simulated());
+    let mut exporter = Exporter::new(&opts.endpoint)?;
+    info!(
+        source = source.name(),
+        host = %opts.host,
+        url = exporter.url(),
+        interval = %humantime::format_duration(opts.interval),
+        simulated = source.simulated(),
+        "agent started"
+    );
+    let mut ticker = tokio::time::interval(opts.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = ticker.tick() => {}
+        }
+        // A tick that is still sending when shutdown comes is abandoned; the exporter is
+        // cancel-safe (a request leaves the queue only once answered).
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tick(source.as_mut(), &mut exporter, &resource) => {}
+        }
+    }
+    if exporter.queued() > 0 {
+        info!(
+            queued = exporter.queued(),
+            "shutting down: sending what is queued"
+        );
+        let deadline = export::http::REQUEST_TIMEOUT + Duration::from_secs(1);
+        match tokio::time::timeout(deadline, exporter.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "could not send everything before exiting"),
+            Err(_) => warn!(
+                queued = exporter.queued(),
+                "gave up sending the queue before exiting"
+            ),
+        }
+    }
+    info!(
+        dropped = exporter.dropped(),
+        rejected = exporter.rejected(),
+        lost = exporter.queued(),
+        "agent stopped"
+    );
+    Ok(())
+}
+
+/// One collection: read, encode, export. Failures are logged; the loop goes on.
+async fn tick(source: &mut dyn Source, exporter: &mut Exporter, resource: &[(String, String)]) {
+    let samples = match source.collect(now_unix_nano()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(source = source.name(), error = %e, "collection failed");
+            return;
+        }
+    };
+    if samples.is_empty() {
+        debug!("no gpus read this tick");
+    }
+    let req: ExportMetricsServiceRequest = encode(&samples, resource);
+    match exporter.send(&req).await {
+        Ok(()) => debug!(gpus = samples.len(), "sent"),
+        Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
+        // Rejections are logged by the exporter with the response body.
+        Err(Error::ExportRejected { .. }) => {}
+        Err(e) => warn!(error = %e, "export failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_has_host_labels_and_simulated_flag() {
+        let mut opts = AgentOptions::synthetic("http://x:1", "sim-n1", 2, 1);
+        opts.labels = vec![("cluster".into(), "prod".into())];
+        let attrs = resource_attributes(&opts, true);
+        assert_eq!(
+            attrs,
+            vec![
+                ("host.name".to_string(), "sim-n1".to_string()),
+                ("cluster".to_string(), "prod".to_string()),
+                ("gpuwatch.simulated".to_string(), "true".to_string()),
+            ]
+        );
+        assert_eq!(resource_attributes(&opts, false).len(), 2);
+    }
+
+    #[test]
+    fn synthetic_source_is_built_and_simulated() {
+        let opts = AgentOptions::synthetic("http://x:1", "sim-n1", 3, 5);
+        let mut source = build_source(&opts).unwrap();
+        assert!(source.simulated());
+        assert_eq!(source.name(), "synthetic");
+        assert_eq!(source.collect(now_unix_nano()).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn nvml_never_falls_back_to_synthetic() {
+        for kind in [SourceKind::Auto, SourceKind::Nvml] {
+            let opts = AgentOptions {
+                source: kind,
+                ..AgentOptions::default()
+            };
+            match build_source(&opts) {
+                // A machine with an NVIDIA driver: real GPUs.
+                Ok(source) => assert!(!source.simulated()),
+                Err(e) => {
+                    assert!(matches!(e, Error::NvmlUnavailable { .. }), "{e}");
+                    assert_eq!(e.exit_code(), 2);
+                }
+            }
+        }
+    }
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[test]
+    fn futures_can_be_spawned() {
+        // The server spawns these on a multi-threaded runtime.
+        let opts = AgentOptions::synthetic("http://x:1", "sim-n1", 1, 1);
+        let run_future = run(opts.clone(), async {});
+        assert_send(&run_future);
+        let source_future = run_with_source(&opts, Box::new(Fleet::new(1, 1)), async {});
+        assert_send(&source_future);
+        let mut exporter = Exporter::new("http://x:1").unwrap();
+        let req = encode(&[], &[]);
+        let send_future = exporter.send(&req);
+        assert_send(&send_future);
+    }
+
+    #[tokio::test]
+    async fn run_stops_on_shutdown_and_keeps_failures_queued() {
+        // Nothing listens on the endpoint: ticks fail, the loop goes on, shutdown ends it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let mut opts = AgentOptions::synthetic(&endpoint, "sim-t", 2, 1);
+        opts.interval = Duration::from_millis(100);
+        let shutdown = tokio::time::sleep(Duration::from_millis(350));
+        tokio::time::timeout(Duration::from_secs(20), run(opts, shutdown))
+            .await
+            .expect("run did not stop")
+            .unwrap();
+    }
+}

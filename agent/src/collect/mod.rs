@@ -1,0 +1,158 @@
+//! Sources of GPU samples: the [`Source`] trait, the [`GpuSample`] it yields, and the two
+//! implementations: [`nvml::NvmlSource`] (real GPUs through `libnvidia-ml.so.1`) and
+//! [`synthetic::Fleet`] (a simulated node of H100s, for demos and tests).
+//!
+//! The fields of [`GpuSample`] are the value columns of `gpu_metrics` in docs/schema.md, in the
+//! same order and with the same units. `None` means the source could not read the value; it is
+//! never replaced by 0.
+
+pub mod nvml;
+pub mod synthetic;
+
+use serde::Serialize;
+
+use crate::error::Result;
+
+/// The scheduler job that owns a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobLabels {
+    /// Job id as the scheduler prints it (e.g. Slurm's `SLURM_JOB_ID`).
+    pub id: String,
+    /// User that submitted the job.
+    pub user: String,
+    /// Job name.
+    pub name: String,
+    /// `slurm`, `kubernetes` or `static`.
+    pub scheduler: String,
+}
+
+/// One reading of one GPU (or MIG instance). Becomes one row of `gpu_metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSample {
+    /// When the sample was taken, Unix nanoseconds. Every OTLP point of this sample carries it.
+    pub time_unix_nano: u64,
+    /// NVML UUID, e.g. `GPU-d853f77f-20d8-fea5-b52e-db4f7c0749c4` (OTLP `hw.id`).
+    pub gpu_uuid: String,
+    /// NVML device index (OTLP `gpu.index`).
+    pub gpu_index: u32,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3` (OTLP `hw.model`).
+    pub gpu_model: String,
+    /// MIG instance as `gi.ci`, `None` for a whole GPU.
+    pub mig_instance: Option<String>,
+    /// The job that owns the GPU, `None` when free or unknown.
+    pub job: Option<JobLabels>,
+
+    /// Ratio 0..1 of time a kernel ran (`hw.gpu.utilization`).
+    pub gpu_utilization: Option<f64>,
+    /// Ratio 0..1 of time the memory controller was busy (`hw.gpu.memory.utilization`).
+    pub memory_utilization: Option<f64>,
+    /// GPM SM activity ratio (`gpu.sm.active`).
+    pub sm_active: Option<f64>,
+    /// GPM SM occupancy ratio (`gpu.sm.occupancy`).
+    pub sm_occupancy: Option<f64>,
+    /// GPM tensor pipe activity ratio (`gpu.tensor.active`).
+    pub tensor_active: Option<f64>,
+    /// GPM DRAM bandwidth activity ratio (`gpu.dram.active`).
+    pub dram_active: Option<f64>,
+    /// GPM FP64 pipe activity ratio (`gpu.fp64.active`).
+    pub fp64_active: Option<f64>,
+    /// GPM FP32 pipe activity ratio (`gpu.fp32.active`).
+    pub fp32_active: Option<f64>,
+    /// GPM FP16 pipe activity ratio (`gpu.fp16.active`).
+    pub fp16_active: Option<f64>,
+    /// Framebuffer memory in use, bytes (`hw.gpu.memory.usage`).
+    pub memory_used_bytes: Option<i64>,
+    /// Framebuffer memory installed, bytes (`hw.gpu.memory.limit`).
+    pub memory_total_bytes: Option<i64>,
+    /// Board power draw, watts (`hw.power`).
+    pub power_watts: Option<f64>,
+    /// Energy since driver load, joules; only ever increases (`hw.energy`).
+    pub energy_joules: Option<f64>,
+    /// GPU core temperature, °C (`hw.temperature`).
+    pub temperature_celsius: Option<f64>,
+    /// HBM temperature, °C (`gpu.memory.temperature`).
+    pub memory_temperature_celsius: Option<f64>,
+    /// SM clock, MHz (`gpu.clock.sm`).
+    pub sm_clock_mhz: Option<i64>,
+    /// Memory clock, MHz (`gpu.clock.memory`).
+    pub memory_clock_mhz: Option<i64>,
+    /// NVML clocks-event-reasons bitmask: 0x1 GPU idle, 0x4 SW power cap, …
+    /// (`gpu.clock.event_reasons`).
+    pub clock_event_reasons: Option<i64>,
+    /// PCIe bytes per second sent by the GPU (`gpu.pcie.transmit.rate`).
+    pub pcie_tx_bytes_per_second: Option<f64>,
+    /// PCIe bytes per second received by the GPU (`gpu.pcie.receive.rate`).
+    pub pcie_rx_bytes_per_second: Option<f64>,
+    /// NVLink bytes per second sent, all links (`gpu.nvlink.transmit.rate`).
+    pub nvlink_tx_bytes_per_second: Option<f64>,
+    /// NVLink bytes per second received, all links (`gpu.nvlink.receive.rate`).
+    pub nvlink_rx_bytes_per_second: Option<f64>,
+    /// Single-bit (corrected) ECC errors since driver load (`gpu.ecc.sbe.volatile`).
+    pub ecc_sbe_volatile_total: Option<i64>,
+    /// Double-bit (uncorrected) ECC errors since driver load (`gpu.ecc.dbe.volatile`).
+    pub ecc_dbe_volatile_total: Option<i64>,
+    /// Rows remapped for uncorrectable errors (`gpu.remapped_rows.uncorrectable`).
+    pub remapped_rows_uncorrectable: Option<i64>,
+    /// 1 when a row remapping failed (`gpu.remapped_rows.failure`).
+    pub remapped_rows_failure: Option<i64>,
+    /// XID errors since agent start (`gpu.xid.errors`).
+    pub xid_errors_total: Option<i64>,
+}
+
+impl GpuSample {
+    /// A sample with the identity set and every value `None`.
+    pub fn empty(time_unix_nano: u64, gpu_uuid: String, gpu_index: u32, gpu_model: String) -> Self {
+        GpuSample {
+            time_unix_nano,
+            gpu_uuid,
+            gpu_index,
+            gpu_model,
+            mig_instance: None,
+            job: None,
+            gpu_utilization: None,
+            memory_utilization: None,
+            sm_active: None,
+            sm_occupancy: None,
+            tensor_active: None,
+            dram_active: None,
+            fp64_active: None,
+            fp32_active: None,
+            fp16_active: None,
+            memory_used_bytes: None,
+            memory_total_bytes: None,
+            power_watts: None,
+            energy_joules: None,
+            temperature_celsius: None,
+            memory_temperature_celsius: None,
+            sm_clock_mhz: None,
+            memory_clock_mhz: None,
+            clock_event_reasons: None,
+            pcie_tx_bytes_per_second: None,
+            pcie_rx_bytes_per_second: None,
+            nvlink_tx_bytes_per_second: None,
+            nvlink_rx_bytes_per_second: None,
+            ecc_sbe_volatile_total: None,
+            ecc_dbe_volatile_total: None,
+            remapped_rows_uncorrectable: None,
+            remapped_rows_failure: None,
+            xid_errors_total: None,
+        }
+    }
+}
+
+/// Something that reads the GPUs of one host.
+///
+/// Time is passed in rather than read from the clock, so that tests are deterministic and the
+/// server's `demo` can backfill history by calling [`Source::collect`] with past times.
+pub trait Source: Send {
+    /// Short name for logs: `nvml` or `synthetic`.
+    fn name(&self) -> &'static str;
+
+    /// Read every GPU once, stamping each sample with `now_unix_nano`.
+    fn collect(&mut self, now_unix_nano: u64) -> Result<Vec<GpuSample>>;
+
+    /// Whether the samples are simulated (adds `gpuwatch.simulated = true` to the resource).
+    fn simulated(&self) -> bool {
+        false
+    }
+}

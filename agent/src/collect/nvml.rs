@@ -1,0 +1,420 @@
+//! Real GPUs through NVML (`libnvidia-ml.so.1`, loaded at run time by nvml-wrapper).
+//!
+//! Every field is read on its own: a call that fails leaves that field `None` (logged at debug)
+//! and the others are still read. A GPU whose handle or UUID cannot be read is skipped with a
+//! warning (once per GPU, then at debug). What is read, and the unit conversions:
+//!
+//! | field | NVML call | conversion |
+//! | --- | --- | --- |
+//! | gpu / memory utilisation | `nvmlDeviceGetUtilizationRates` | % → ratio |
+//! | memory used / total | `nvmlDeviceGetMemoryInfo` | bytes |
+//! | power | `nvmlDeviceGetPowerUsage` | mW → W |
+//! | energy | `nvmlDeviceGetTotalEnergyConsumption` | mJ → J |
+//! | temperature | `nvmlDeviceGetTemperature(GPU)` | °C |
+//! | memory temperature, remapped rows | `nvmlDeviceGetFieldValues` (ids 82, 143, 145), one call | °C, rows, 0/1 |
+//! | SM / memory clock | `nvmlDeviceGetClockInfo` | MHz |
+//! | clock-event reasons | `nvmlDeviceGetCurrentClocksThrottleReasons` (older name, same bitmask) | bits |
+//! | PCIe tx / rx | `nvmlDeviceGetPcieThroughput` | KiB/s → B/s |
+//! | ECC volatile totals | `nvmlDeviceGetTotalEccErrors(corrected/uncorrected, volatile)` | count |
+//! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart | % → ratio, MiB/s → B/s |
+//!
+//! Not read yet: XID errors (needs an event set), MIG instances, job attribution (all `None`).
+//! GPM values appear from the second collection on, since they are computed between two samples.
+
+use std::collections::{HashMap, HashSet};
+
+use nvml_wrapper::Device;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+};
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_UNC,
+};
+use tracing::{debug, info, warn};
+
+use crate::collect::{GpuSample, Source};
+use crate::error::{Error, Result};
+
+/// The GPM metrics read on Hopper and newer GPUs.
+const GPM_METRICS: &[GpmMetricId] = &[
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::Fp64Util,
+    GpmMetricId::Fp32Util,
+    GpmMetricId::Fp16Util,
+    GpmMetricId::NvlinkTotalTxPerSec,
+    GpmMetricId::NvlinkTotalRxPerSec,
+];
+
+/// Reads every GPU of this host through NVML.
+pub struct NvmlSource {
+    /// Leaked once per process so that GPM samples (which borrow it) can be kept between
+    /// collections; the agent holds NVML for its whole life anyway.
+    nvml: &'static Nvml,
+    /// Previous GPM sample per GPU index.
+    gpm_prev: HashMap<u32, GpmSample<'static>>,
+    /// GPUs on which GPM is not supported (checked once).
+    gpm_unsupported: HashSet<u32>,
+    /// GPUs already warned about, so a broken GPU does not flood the log.
+    warned: HashSet<u32>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("gpm_gpus", &self.gpm_prev.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlSource {
+    /// Load `libnvidia-ml.so.1` and initialise NVML.
+    ///
+    /// Fails with [`Error::NvmlUnavailable`] when the library cannot be loaded or initialised
+    /// (no driver, no GPU, no permission).
+    pub fn new() -> Result<Self> {
+        let nvml = Nvml::init().map_err(|e| Error::NvmlUnavailable {
+            cause: match e {
+                // "a libloading error occurred: …" adds nothing for the reader.
+                NvmlError::LibloadingError(inner) => inner.to_string(),
+                other => other.to_string(),
+            },
+        })?;
+        let count = nvml.device_count().map_err(|source| Error::Nvml {
+            context: "counting gpus",
+            source,
+        })?;
+        info!(
+            gpus = count,
+            driver = nvml.sys_driver_version().unwrap_or_default(),
+            "nvml initialised"
+        );
+        Ok(NvmlSource {
+            nvml: Box::leak(Box::new(nvml)),
+            gpm_prev: HashMap::new(),
+            gpm_unsupported: HashSet::new(),
+            warned: HashSet::new(),
+        })
+    }
+
+    fn warn_once(&mut self, index: u32, what: &str, error: &NvmlError) {
+        if self.warned.insert(index) {
+            warn!(gpu = index, %error, "skipping gpu: cannot read its {what}");
+        } else {
+            debug!(gpu = index, %error, "skipping gpu: cannot read its {what}");
+        }
+    }
+
+    fn read_gpu(&mut self, index: u32, now: u64) -> Option<GpuSample> {
+        let nvml = self.nvml;
+        let device = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(e) => {
+                self.warn_once(index, "handle", &e);
+                return None;
+            }
+        };
+        let uuid = match device.uuid() {
+            Ok(u) => u,
+            Err(e) => {
+                self.warn_once(index, "uuid", &e);
+                return None;
+            }
+        };
+        let model = field(index, "name", device.name()).unwrap_or_else(|| "unknown".to_string());
+        let mut s = GpuSample::empty(now, uuid, index, model);
+
+        if let Some(u) = field(index, "utilization", device.utilization_rates()) {
+            s.gpu_utilization = Some(percent_to_ratio(f64::from(u.gpu)));
+            s.memory_utilization = Some(percent_to_ratio(f64::from(u.memory)));
+        }
+        if let Some(m) = field(index, "memory info", device.memory_info()) {
+            s.memory_used_bytes = to_i64(m.used);
+            s.memory_total_bytes = to_i64(m.total);
+        }
+        s.power_watts = field(index, "power", device.power_usage()).map(milliwatts_to_watts);
+        s.energy_joules =
+            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules);
+        s.temperature_celsius = field(
+            index,
+            "temperature",
+            device.temperature(TemperatureSensor::Gpu),
+        )
+        .map(f64::from);
+        s.sm_clock_mhz = field(index, "sm clock", device.clock_info(Clock::SM)).map(i64::from);
+        s.memory_clock_mhz =
+            field(index, "memory clock", device.clock_info(Clock::Memory)).map(i64::from);
+        s.clock_event_reasons = field(
+            index,
+            "clock event reasons",
+            device.current_throttle_reasons(),
+        )
+        .and_then(|r| to_i64(r.bits()));
+        s.pcie_tx_bytes_per_second = field(
+            index,
+            "pcie tx",
+            device.pcie_throughput(PcieUtilCounter::Send),
+        )
+        .map(kib_per_second_to_bytes);
+        s.pcie_rx_bytes_per_second = field(
+            index,
+            "pcie rx",
+            device.pcie_throughput(PcieUtilCounter::Receive),
+        )
+        .map(kib_per_second_to_bytes);
+        s.ecc_sbe_volatile_total = field(
+            index,
+            "ecc corrected",
+            device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
+        )
+        .and_then(to_i64);
+        s.ecc_dbe_volatile_total = field(
+            index,
+            "ecc uncorrected",
+            device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+        )
+        .and_then(to_i64);
+        read_field_values(index, &device, &mut s);
+        self.read_gpm(index, &device, &mut s);
+        Some(s)
+    }
+
+    /// GPM metrics between the previous collection and now.
+    fn read_gpm(&mut self, index: u32, device: &Device<'static>, s: &mut GpuSample) {
+        if self.gpm_unsupported.contains(&index) {
+            return;
+        }
+        if !self.gpm_prev.contains_key(&index) {
+            match device.gpm_support() {
+                Ok(true) => {}
+                Ok(false) => {
+                    debug!(gpu = index, "gpm not supported: activity ratios stay empty");
+                    self.gpm_unsupported.insert(index);
+                    return;
+                }
+                Err(e) => {
+                    debug!(gpu = index, error = %e, "gpm support query failed: activity ratios stay empty");
+                    self.gpm_unsupported.insert(index);
+                    return;
+                }
+            }
+        }
+        let Some(current) = field(index, "gpm sample", device.gpm_sample()) else {
+            return;
+        };
+        let Some(previous) = self.gpm_prev.insert(index, current) else {
+            return;
+        };
+        let Some(current) = self.gpm_prev.get(&index) else {
+            return;
+        };
+        let results = match gpm_metrics_get(self.nvml, &previous, current, GPM_METRICS) {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(gpu = index, error = %e, "gpm metrics failed");
+                return;
+            }
+        };
+        for result in results {
+            match result {
+                Ok(m) => apply_gpm(s, m.metric_id, m.value),
+                Err(e) => debug!(gpu = index, error = %e, "gpm metric failed"),
+            }
+        }
+    }
+}
+
+impl Source for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn collect(&mut self, now_unix_nano: u64) -> Result<Vec<GpuSample>> {
+        let count = self.nvml.device_count().map_err(|source| Error::Nvml {
+            context: "counting gpus",
+            source,
+        })?;
+        Ok((0..count)
+            .filter_map(|i| self.read_gpu(i, now_unix_nano))
+            .collect())
+    }
+}
+
+/// `Ok` → `Some`; `Err` → `None` with a debug log naming the field.
+fn field<T>(index: u32, what: &str, r: Result<T, NvmlError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            debug!(gpu = index, field = what, error = %e, "nvml field not available");
+            None
+        }
+    }
+}
+
+/// Memory temperature and remapped rows: one `nvmlDeviceGetFieldValues` call.
+fn read_field_values(index: u32, device: &Device<'_>, s: &mut GpuSample) {
+    let ids = [
+        FieldId(NVML_FI_DEV_MEMORY_TEMP),
+        FieldId(NVML_FI_DEV_REMAPPED_UNC),
+        FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
+    ];
+    let Some(values) = field(index, "field values", device.field_values_for(&ids)) else {
+        return;
+    };
+    for (id, value) in ids.iter().zip(values) {
+        let value = match value.and_then(|v| v.value) {
+            Ok(v) => v,
+            Err(e) => {
+                debug!(gpu = index, field_id = id.0, error = %e, "nvml field value not available");
+                continue;
+            }
+        };
+        match id.0 {
+            NVML_FI_DEV_MEMORY_TEMP => s.memory_temperature_celsius = sample_value_f64(&value),
+            NVML_FI_DEV_REMAPPED_UNC => s.remapped_rows_uncorrectable = sample_value_i64(&value),
+            NVML_FI_DEV_REMAPPED_FAILURE => s.remapped_rows_failure = sample_value_i64(&value),
+            _ => {}
+        }
+    }
+}
+
+/// Put one GPM metric into the sample, converting its unit.
+fn apply_gpm(s: &mut GpuSample, id: GpmMetricId, value: f64) {
+    let ratio = gpm_percent_to_ratio(value);
+    match id {
+        GpmMetricId::SmUtil => s.sm_active = ratio,
+        GpmMetricId::SmOccupancy => s.sm_occupancy = ratio,
+        GpmMetricId::AnyTensorUtil => s.tensor_active = ratio,
+        GpmMetricId::DramBwUtil => s.dram_active = ratio,
+        GpmMetricId::Fp64Util => s.fp64_active = ratio,
+        GpmMetricId::Fp32Util => s.fp32_active = ratio,
+        GpmMetricId::Fp16Util => s.fp16_active = ratio,
+        GpmMetricId::NvlinkTotalTxPerSec => {
+            s.nvlink_tx_bytes_per_second = mib_per_second_to_bytes(value)
+        }
+        GpmMetricId::NvlinkTotalRxPerSec => {
+            s.nvlink_rx_bytes_per_second = mib_per_second_to_bytes(value)
+        }
+        _ => {}
+    }
+}
+
+/// NVML percent (0..100) → ratio (0..1), clamped.
+pub fn percent_to_ratio(pct: f64) -> f64 {
+    (pct / 100.0).clamp(0.0, 1.0)
+}
+
+/// GPM percent → ratio; `None` for a non-finite value (GPM returns NaN on some errors).
+pub fn gpm_percent_to_ratio(pct: f64) -> Option<f64> {
+    pct.is_finite().then(|| percent_to_ratio(pct))
+}
+
+/// NVML power (mW) → W.
+pub fn milliwatts_to_watts(mw: u32) -> f64 {
+    f64::from(mw) / 1000.0
+}
+
+/// NVML energy (mJ) → J.
+pub fn millijoules_to_joules(mj: u64) -> f64 {
+    mj as f64 / 1000.0
+}
+
+/// NVML PCIe throughput (KiB/s, as NVML's "KB/s" is 1024 bytes) → bytes/s.
+pub fn kib_per_second_to_bytes(kib: u32) -> f64 {
+    f64::from(kib) * 1024.0
+}
+
+/// GPM NVLink / PCIe rates (MiB/s) → bytes/s; `None` for a non-finite or negative value.
+pub fn mib_per_second_to_bytes(mib: f64) -> Option<f64> {
+    (mib.is_finite() && mib >= 0.0).then_some(mib * 1_048_576.0)
+}
+
+/// A counter that does not fit an `i64` is reported as missing rather than wrapped.
+pub fn to_i64(v: u64) -> Option<i64> {
+    i64::try_from(v).ok()
+}
+
+fn sample_value_f64(v: &SampleValue) -> Option<f64> {
+    let x = match *v {
+        SampleValue::F64(x) => x,
+        SampleValue::U32(x) => f64::from(x),
+        SampleValue::U64(x) => x as f64,
+        SampleValue::I64(x) => x as f64,
+    };
+    x.is_finite().then_some(x)
+}
+
+fn sample_value_i64(v: &SampleValue) -> Option<i64> {
+    match *v {
+        SampleValue::F64(x) => x.is_finite().then(|| x.round() as i64),
+        SampleValue::U32(x) => Some(i64::from(x)),
+        SampleValue::U64(x) => to_i64(x),
+        SampleValue::I64(x) => Some(x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions() {
+        assert_eq!(percent_to_ratio(100.0), 1.0);
+        assert_eq!(percent_to_ratio(3.0), 0.03);
+        assert_eq!(percent_to_ratio(250.0), 1.0);
+        assert_eq!(gpm_percent_to_ratio(96.6463), Some(0.966463));
+        assert_eq!(gpm_percent_to_ratio(f64::NAN), None);
+        // Figures from the H100 trace.
+        assert_eq!(milliwatts_to_watts(697_507), 697.507);
+        assert_eq!(millijoules_to_joules(49_850_753), 49_850.753);
+        assert_eq!(kib_per_second_to_bytes(8759), 8_969_216.0);
+        assert_eq!(mib_per_second_to_bytes(1.0), Some(1_048_576.0));
+        assert_eq!(mib_per_second_to_bytes(-1.0), None);
+        assert_eq!(to_i64(85_520_809_984), Some(85_520_809_984));
+        assert_eq!(to_i64(u64::MAX), None);
+    }
+
+    #[test]
+    fn sample_values() {
+        assert_eq!(sample_value_f64(&SampleValue::U32(44)), Some(44.0));
+        assert_eq!(sample_value_f64(&SampleValue::F64(f64::NAN)), None);
+        assert_eq!(sample_value_i64(&SampleValue::U64(3)), Some(3));
+        assert_eq!(sample_value_i64(&SampleValue::U64(u64::MAX)), None);
+        assert_eq!(sample_value_i64(&SampleValue::F64(1.6)), Some(2));
+    }
+
+    #[test]
+    fn gpm_units() {
+        let mut s = GpuSample::empty(1, "GPU-x".into(), 0, "m".into());
+        apply_gpm(&mut s, GpmMetricId::SmUtil, 96.6463);
+        apply_gpm(&mut s, GpmMetricId::AnyTensorUtil, 93.8091);
+        apply_gpm(&mut s, GpmMetricId::NvlinkTotalTxPerSec, 2.0);
+        apply_gpm(&mut s, GpmMetricId::Fp16Util, f64::NAN);
+        assert_eq!(s.sm_active, Some(0.966463));
+        assert_eq!(s.tensor_active, Some(0.938091));
+        assert_eq!(s.nvlink_tx_bytes_per_second, Some(2_097_152.0));
+        assert_eq!(s.fp16_active, None);
+        assert_eq!(s.gpu_utilization, None);
+    }
+
+    #[test]
+    fn init_without_a_gpu_says_what_to_do() {
+        // This machine has no NVIDIA driver; on one that does, the source simply works.
+        match NvmlSource::new() {
+            Ok(_) => {}
+            Err(e) => {
+                assert!(matches!(e, Error::NvmlUnavailable { .. }), "{e}");
+                assert_eq!(e.exit_code(), 2);
+                assert!(e.to_string().contains("--source synthetic"));
+            }
+        }
+    }
+}

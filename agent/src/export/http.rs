@@ -1,0 +1,530 @@
+//! OTLP/HTTP exporter: protobuf, gzip, POST to `<endpoint>/v1/metrics`, with a retry queue.
+//!
+//! Every request goes to the back of the [`Spool`]; then the spool is drained oldest-first until
+//! it is empty or a send fails. A failure that may pass (connect error, timeout, 429, 5xx) keeps
+//! the request and everything behind it for the next call, so order is preserved. A 4xx other
+//! than 429 will never succeed: the request is logged with the response body and dropped.
+
+use std::io::Write;
+use std::time::Duration;
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use prost::Message;
+use tracing::{debug, error, warn};
+
+use crate::error::{Error, Result};
+use crate::export::queue::{Encoded, MemoryQueue, Spool};
+
+/// Per-request timeout.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much of a rejection's response body is logged.
+const MAX_BODY_IN_LOG: usize = 512;
+
+/// The URL to POST metrics to: `<endpoint>/v1/metrics`, or the endpoint itself when it already
+/// ends with `/v1/metrics`.
+pub fn metrics_url(endpoint: &str) -> Result<String> {
+    let trimmed = endpoint.trim();
+    let bad = |reason: &str| Error::BadEndpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    let rest = trimmed
+        .strip_prefix("http://")
+        .or_else(|| trimmed.strip_prefix("https://"))
+        .ok_or_else(|| bad("it must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(bad("it has no host"));
+    }
+    if trimmed.contains(['?', '#']) {
+        return Err(bad("it must not carry a query or fragment"));
+    }
+    let base = trimmed.trim_end_matches('/');
+    if base.ends_with("/v1/metrics") {
+        Ok(base.to_string())
+    } else {
+        Ok(format!("{base}/v1/metrics"))
+    }
+}
+
+/// Protobuf-encode and gzip a request: the body the exporter POSTs.
+pub fn encode_body(req: &ExportMetricsServiceRequest) -> Result<Vec<u8>> {
+    let raw = req.encode_to_vec();
+    let mut gz = GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        Compression::default(),
+    );
+    gz.write_all(&raw)
+        .map_err(|e| Error::Encode(e.to_string()))?;
+    gz.finish().map_err(|e| Error::Encode(e.to_string()))
+}
+
+/// Sends OTLP requests over HTTP, keeping the ones that fail for a later retry.
+pub struct Exporter {
+    client: reqwest::Client,
+    url: String,
+    spool: Box<dyn Spool>,
+    next_seq: u64,
+    rejected: u64,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter")
+            .field("url", &self.url)
+            .field("queued", &self.spool.len())
+            .field("dropped", &self.spool.dropped())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Outcome {
+    Sent,
+    /// Will never succeed: drop it.
+    Rejected {
+        status: u16,
+        body: String,
+    },
+    /// May succeed later: keep it.
+    Retry(String),
+}
+
+impl Exporter {
+    /// An exporter to `endpoint` (see [`metrics_url`]) with the default in-memory queue.
+    pub fn new(endpoint: &str) -> Result<Self> {
+        Self::with_spool(endpoint, Box::new(MemoryQueue::default()))
+    }
+
+    /// An exporter to `endpoint` keeping failed requests in `spool`.
+    pub fn with_spool(endpoint: &str, spool: Box<dyn Spool>) -> Result<Self> {
+        let url = metrics_url(endpoint)?;
+        let client = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(Error::HttpClient)?;
+        Ok(Exporter {
+            client,
+            url,
+            spool,
+            next_seq: 0,
+            rejected: 0,
+        })
+    }
+
+    /// The URL requests go to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Requests waiting for a retry.
+    pub fn queued(&self) -> usize {
+        self.spool.len()
+    }
+
+    /// Requests dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.spool.dropped()
+    }
+
+    /// Requests dropped because the endpoint rejected them (4xx other than 429).
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    /// Queue `req` behind anything still waiting, then send the queue oldest-first.
+    ///
+    /// `Ok` when everything queued was delivered. [`Error::ExportRetry`] when a send failed in
+    /// a way that may pass: the request stays queued and goes out, in order, on the next call to
+    /// `send` or [`flush`](Self::flush). [`Error::ExportRejected`] when the endpoint refused
+    /// this very request for good. Cancel-safe: a request leaves the queue only once answered.
+    pub async fn send(&mut self, req: &ExportMetricsServiceRequest) -> Result<()> {
+        let body = encode_body(req)?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(evicted) = self.spool.push(Encoded { seq, body }) {
+            warn!(
+                request = evicted.seq,
+                dropped_total = self.spool.dropped(),
+                "retry queue full: dropped the oldest request"
+            );
+        }
+        self.drain(Some(seq)).await
+    }
+
+    /// Send whatever is queued, oldest first.
+    pub async fn flush(&mut self) -> Result<()> {
+        self.drain(None).await
+    }
+
+    async fn drain(&mut self, mine: Option<u64>) -> Result<()> {
+        let mut mine_rejected = None;
+        while let Some(entry) = self.spool.front() {
+            let seq = entry.seq;
+            let body = entry.body.clone();
+            match post(&self.client, &self.url, body).await {
+                Outcome::Sent => {
+                    debug!(request = seq, url = %self.url, "exported");
+                    self.spool.pop_front();
+                }
+                Outcome::Rejected { status, body } => {
+                    error!(
+                        request = seq,
+                        url = %self.url,
+                        status,
+                        body = %body,
+                        "endpoint rejected the request; dropping it, it will never succeed"
+                    );
+                    self.spool.pop_front();
+                    self.rejected += 1;
+                    if Some(seq) == mine {
+                        mine_rejected = Some(Error::ExportRejected {
+                            url: self.url.clone(),
+                            status,
+                            body,
+                        });
+                    }
+                }
+                Outcome::Retry(reason) => {
+                    return Err(Error::ExportRetry {
+                        url: self.url.clone(),
+                        reason,
+                        queued: self.spool.len(),
+                    });
+                }
+            }
+        }
+        mine_rejected.map_or(Ok(()), Err)
+    }
+}
+
+/// POST one encoded request. A free function so that the exporter's future only borrows what is
+/// `Sync` (the spool need not be) and stays `Send`.
+async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Outcome {
+    let response = client
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+        .header(reqwest::header::CONTENT_ENCODING, "gzip")
+        .body(body)
+        .send()
+        .await;
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => return Outcome::Retry(error_chain(&e)),
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Sent;
+    }
+    let code = status.as_u16();
+    if code == 429 || status.is_server_error() {
+        return Outcome::Retry(format!("http {code}"));
+    }
+    let mut text = response.text().await.unwrap_or_default();
+    if text.len() > MAX_BODY_IN_LOG {
+        let mut cut = MAX_BODY_IN_LOG;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    if status.is_client_error() {
+        Outcome::Rejected {
+            status: code,
+            body: text,
+        }
+    } else {
+        // 1xx/3xx after redirects: unexpected, but not proof the data is bad.
+        Outcome::Retry(format!("unexpected http {code}"))
+    }
+}
+
+/// An error and its sources, joined with `: ` (reqwest's own text omits the cause).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::GpuSample;
+    use crate::export::otlp::encode;
+    use flate2::read::GzDecoder;
+    use std::collections::VecDeque;
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn url_joining() {
+        let ok = |e: &str| metrics_url(e).unwrap();
+        assert_eq!(
+            ok("http://127.0.0.1:4318"),
+            "http://127.0.0.1:4318/v1/metrics"
+        );
+        assert_eq!(
+            ok("http://127.0.0.1:4318/"),
+            "http://127.0.0.1:4318/v1/metrics"
+        );
+        assert_eq!(
+            ok("https://gw.example/otlp"),
+            "https://gw.example/otlp/v1/metrics"
+        );
+        assert_eq!(ok("http://h:9500/v1/metrics"), "http://h:9500/v1/metrics");
+        assert_eq!(ok("http://h:9500/v1/metrics/"), "http://h:9500/v1/metrics");
+        assert_eq!(ok(" http://h:1 "), "http://h:1/v1/metrics");
+        for bad in [
+            "127.0.0.1:4318",
+            "ftp://h",
+            "http://",
+            "http:///x",
+            "http://h/?a=b",
+        ] {
+            let e = metrics_url(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
+    }
+
+    /// One request as the test server saw it.
+    #[derive(Debug, Clone)]
+    struct Received {
+        path: String,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    }
+
+    impl Received {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        }
+
+        /// The `time_unix_nano` of the first point: the marker each test request carries.
+        fn marker(&self) -> u64 {
+            let mut raw = Vec::new();
+            GzDecoder::new(&self.body[..])
+                .read_to_end(&mut raw)
+                .unwrap();
+            let req = ExportMetricsServiceRequest::decode(&raw[..]).unwrap();
+            let m = &req.resource_metrics[0].scope_metrics[0].metrics[0];
+            match m.data.as_ref().unwrap() {
+                opentelemetry_proto::tonic::metrics::v1::metric::Data::Gauge(g) => {
+                    g.data_points[0].time_unix_nano
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// A tiny HTTP/1.1 server: answers each request with the next scripted status (200 when
+    /// the script is empty) and `Connection: close`.
+    struct TestServer {
+        url: String,
+        received: Arc<Mutex<Vec<Received>>>,
+    }
+
+    impl TestServer {
+        async fn start(script: &[u16]) -> TestServer {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let received = Arc::new(Mutex::new(Vec::new()));
+            let script = Arc::new(Mutex::new(
+                script.iter().copied().collect::<VecDeque<u16>>(),
+            ));
+            let rec = received.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let (rec, script) = (rec.clone(), script.clone());
+                    tokio::spawn(async move { serve(stream, rec, script).await });
+                }
+            });
+            TestServer { url, received }
+        }
+
+        fn received(&self) -> Vec<Received> {
+            self.received.lock().unwrap().clone()
+        }
+    }
+
+    async fn serve(
+        mut stream: TcpStream,
+        received: Arc<Mutex<Vec<Received>>>,
+        script: Arc<Mutex<VecDeque<u16>>>,
+    ) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default();
+        let path = request_line
+            .split(' ')
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = buf[head_end..head_end + len].to_vec();
+        received.lock().unwrap().push(Received {
+            path,
+            headers,
+            body,
+        });
+        let status = script.lock().unwrap().pop_front().unwrap_or(200);
+        let reply = if status == 200 {
+            ""
+        } else {
+            "{\"error\":\"bad request: test says no\"}"
+        };
+        let response = format!(
+            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{reply}",
+            reply.len()
+        );
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    }
+
+    fn request(marker: u64) -> ExportMetricsServiceRequest {
+        let mut s = GpuSample::empty(marker, "GPU-t".into(), 0, "test".into());
+        s.gpu_utilization = Some(0.5);
+        encode(&[s], &[("host.name".into(), "t".into())])
+    }
+
+    fn markers(server: &TestServer) -> Vec<u64> {
+        server.received().iter().map(Received::marker).collect()
+    }
+
+    #[tokio::test]
+    async fn posts_gzip_protobuf_to_v1_metrics() {
+        let server = TestServer::start(&[]).await;
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        exporter.send(&request(7)).await.unwrap();
+        let got = server.received();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].path, "/v1/metrics");
+        assert_eq!(
+            got[0].header("content-type"),
+            Some("application/x-protobuf")
+        );
+        assert_eq!(got[0].header("content-encoding"), Some("gzip"));
+        assert_eq!(got[0].marker(), 7);
+        let mut raw = Vec::new();
+        GzDecoder::new(&got[0].body[..])
+            .read_to_end(&mut raw)
+            .unwrap();
+        assert_eq!(
+            ExportMetricsServiceRequest::decode(&raw[..]).unwrap(),
+            request(7)
+        );
+        assert_eq!(exporter.queued(), 0);
+    }
+
+    #[tokio::test]
+    async fn retries_in_order_after_5xx_and_429() {
+        let server = TestServer::start(&[503, 429]).await;
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        let e = exporter.send(&request(1)).await.unwrap_err();
+        assert!(matches!(e, Error::ExportRetry { queued: 1, .. }), "{e}");
+        assert!(e.to_string().contains("http 503"), "{e}");
+        let e = exporter.send(&request(2)).await.unwrap_err();
+        assert!(matches!(e, Error::ExportRetry { queued: 2, .. }), "{e}");
+        exporter.send(&request(3)).await.unwrap();
+        assert_eq!(exporter.queued(), 0);
+        // 1 failed twice, then 1, 2, 3 went out in order.
+        assert_eq!(markers(&server), vec![1, 1, 1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn client_error_drops_the_request() {
+        let server = TestServer::start(&[400]).await;
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        let e = exporter.send(&request(1)).await.unwrap_err();
+        match &e {
+            Error::ExportRejected { status, body, .. } => {
+                assert_eq!(*status, 400);
+                assert!(body.contains("test says no"), "{body}");
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(exporter.queued(), 0);
+        assert_eq!(exporter.rejected(), 1);
+        exporter.send(&request(2)).await.unwrap();
+        assert_eq!(markers(&server), vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn older_rejected_request_does_not_fail_a_newer_one() {
+        let server = TestServer::start(&[503, 400]).await;
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        assert!(exporter.send(&request(1)).await.is_err());
+        // Request 1 is now rejected for good; request 2 goes through.
+        exporter.send(&request(2)).await.unwrap();
+        assert_eq!(markers(&server), vec![1, 1, 2]);
+        assert_eq!(exporter.rejected(), 1);
+    }
+
+    #[tokio::test]
+    async fn connect_error_keeps_the_request() {
+        // A port nothing listens on.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let mut exporter = Exporter::new(&url).unwrap();
+        let e = exporter.send(&request(1)).await.unwrap_err();
+        assert!(matches!(e, Error::ExportRetry { queued: 1, .. }), "{e}");
+        assert!(e.is_transient());
+        let e = exporter.flush().await.unwrap_err();
+        assert!(matches!(e, Error::ExportRetry { queued: 1, .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bounded_queue_drops_oldest_and_keeps_order() {
+        let server = TestServer::start(&[503, 503, 503]).await;
+        let mut exporter =
+            Exporter::with_spool(&server.url, Box::new(MemoryQueue::new(2))).unwrap();
+        assert!(exporter.send(&request(1)).await.is_err()); // [1]
+        assert!(exporter.send(&request(2)).await.is_err()); // [1, 2]
+        assert!(exporter.send(&request(3)).await.is_err()); // 1 dropped: [2, 3]
+        exporter.send(&request(4)).await.unwrap(); // 2 dropped: [3, 4], both sent
+        assert_eq!(exporter.dropped(), 2);
+        assert_eq!(exporter.queued(), 0);
+        assert_eq!(markers(&server), vec![1, 1, 2, 3, 4]);
+    }
+}
