@@ -1,1 +1,250 @@
-//! Support crate for the end-to-end tests in `e2e/`.
+//! Support for the end-to-end tests in `e2e/`: start the real `gpuwatch` and `gpuwatch-agent`
+//! binaries on free ports and a temporary directory, and talk to them over HTTP.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/e2e-<hash> → target/debug
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    for name in ["gpuwatch", "gpuwatch-agent"] {
+        assert!(
+            dir.join(name).exists(),
+            "{} is missing: run the tests with `cargo test --workspace` so the binaries are built",
+            dir.join(name).display()
+        );
+    }
+    dir
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A running `gpuwatch serve` on free ports.
+#[derive(Debug)]
+pub struct TestServer {
+    child: Option<Child>,
+    /// Main HTTP address.
+    pub http: SocketAddr,
+    /// OTLP/HTTP address.
+    pub otlp: SocketAddr,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    extra: Vec<String>,
+    log: PathBuf,
+}
+
+/// Builds a [`TestServer`].
+#[derive(Debug, Default)]
+pub struct TestServerBuilder {
+    data_dir: Option<PathBuf>,
+    extra: Vec<String>,
+}
+
+impl TestServerBuilder {
+    /// Uses this data directory.
+    pub fn data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Adds a flag.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.extra.push(a.to_string());
+        self
+    }
+
+    /// Starts the server and waits until it is ready.
+    pub fn start(self) -> TestServer {
+        let data_dir = self.data_dir.expect("data dir");
+        let mut s = TestServer {
+            child: None,
+            http: free_addr(),
+            otlp: free_addr(),
+            log: data_dir.with_extension("log"),
+            data_dir,
+            extra: self.extra,
+        };
+        s.spawn();
+        s
+    }
+}
+
+impl TestServer {
+    /// A builder.
+    pub fn builder() -> TestServerBuilder {
+        TestServerBuilder::default()
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(bin_dir().join("gpuwatch"))
+            .arg("serve")
+            .arg("--http-addr")
+            .arg(self.http.to_string())
+            .arg("--otlp-http-addr")
+            .arg(self.otlp.to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra)
+            .env("GPUWATCH_LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start gpuwatch serve");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "gpuwatch serve exited early ({status}); log:\n{}",
+                    self.log_text()
+                );
+            }
+            if http_get(self.http, "/readyz")
+                .map(|(code, _)| code == 200)
+                .unwrap_or(false)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "gpuwatch serve not ready within 30 s; log:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// The server's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Base URL of the main listener.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Base URL of the OTLP/HTTP listener.
+    pub fn otlp_url(&self) -> String {
+        format!("http://{}", self.otlp)
+    }
+
+    /// Kills the server with SIGKILL (no chance to flush anything).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the server with SIGTERM and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if c.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same ports and data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A running `gpuwatch-agent`.
+#[derive(Debug)]
+pub struct TestAgent {
+    child: Child,
+}
+
+impl TestAgent {
+    /// Starts the agent with these arguments.
+    pub fn start(args: &[&str]) -> Self {
+        let child = Command::new(bin_dir().join("gpuwatch-agent"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start gpuwatch-agent");
+        Self { child }
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tiny blocking HTTP/1.1 GET (used before any async runtime is involved).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}

@@ -1,1 +1,284 @@
-fn main() {}
+//! `gpuwatch`: the server and the command line. This crate only wires the pieces: flags in,
+//! components built, servers started, shutdown handled.
+
+mod config;
+mod demo;
+mod error;
+mod server;
+mod sql;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use crate::config::{FileConfig, apply, apply_duration, parse_duration};
+use crate::error::{Error, Result};
+use crate::server::ServeConfig;
+
+/// gpuwatch: GPU fleet telemetry — ingest, storage, SQL and alerts in one binary.
+#[derive(Debug, Parser)]
+#[command(name = "gpuwatch", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server: OTLP ingest, WAL, Parquet storage, SQL over HTTP.
+    Serve(ServeArgs),
+    /// Run the server plus a built-in agent on a simulated fleet (no GPU needed).
+    Demo(DemoArgs),
+    /// Run a SQL statement against a server and print the answer.
+    Sql(SqlArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct ServeArgs {
+    /// TOML config file; its keys are the flag names with underscores (flag > env > file > default).
+    #[arg(long, env = "GPUWATCH_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Main HTTP listener: SQL API, OTLP/HTTP at /v1/metrics, health, self metrics.
+    #[arg(long, env = "GPUWATCH_HTTP_ADDR", default_value = "127.0.0.1:9500")]
+    http_addr: SocketAddr,
+    /// OTLP/HTTP listener (the same handler as <http-addr>/v1/metrics).
+    #[arg(
+        long,
+        env = "GPUWATCH_OTLP_HTTP_ADDR",
+        default_value = "127.0.0.1:4318"
+    )]
+    otlp_http_addr: SocketAddr,
+    /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
+    #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// How often buffered data is written to Parquet (and the WAL truncated) [default: 5m; demo: 1m].
+    #[arg(long, env = "GPUWATCH_PERSIST_INTERVAL", value_parser = parse_duration)]
+    persist_interval: Option<Duration>,
+    /// Largest request body accepted, before and after decompression (413 above it).
+    #[arg(long, env = "GPUWATCH_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// A query running longer than this is cancelled with 504.
+    #[arg(long, env = "GPUWATCH_QUERY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    query_timeout: Duration,
+    /// Allow listening on non-loopback addresses without authentication.
+    #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
+    insecure_no_auth: bool,
+    /// Log filter (error, warn, info, debug, trace, or a tracing directive).
+    #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Debug, Clone, Args)]
+struct DemoArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Simulated hosts.
+    #[arg(long, env = "GPUWATCH_SYNTHETIC_HOSTS", default_value_t = 4)]
+    synthetic_hosts: usize,
+    /// Simulated GPUs per host.
+    #[arg(long, env = "GPUWATCH_SYNTHETIC_GPUS", default_value_t = 8)]
+    synthetic_gpus: usize,
+    /// Sampling interval of the built-in agent.
+    #[arg(long, env = "GPUWATCH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    interval: Duration,
+    /// History simulated at start, so queries and dashboards have data at once (0s for none).
+    #[arg(long, env = "GPUWATCH_BACKFILL", default_value = "1h", value_parser = parse_duration)]
+    backfill: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+struct SqlArgs {
+    /// The statement (SELECT, WITH, EXPLAIN, SHOW or DESCRIBE).
+    sql: String,
+    /// The server to ask.
+    #[arg(long, env = "GPUWATCH_SERVER", default_value = "http://127.0.0.1:9500")]
+    server: String,
+    /// Output format.
+    #[arg(long, env = "GPUWATCH_FORMAT", value_enum, default_value = "table")]
+    format: sql::OutputFormat,
+    /// Give up after this long.
+    #[arg(long, env = "GPUWATCH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    timeout: Duration,
+}
+
+/// Resolves the serve flags against the config file.
+fn serve_config(
+    args: &mut ServeArgs,
+    m: &clap::ArgMatches,
+    file: FileConfig,
+    demo: bool,
+) -> Result<ServeConfig> {
+    apply(m, "http_addr", &mut args.http_addr, file.http_addr);
+    apply(
+        m,
+        "otlp_http_addr",
+        &mut args.otlp_http_addr,
+        file.otlp_http_addr,
+    );
+    apply(
+        m,
+        "max_body_bytes",
+        &mut args.max_body_bytes,
+        file.max_body_bytes,
+    );
+    apply(
+        m,
+        "insecure_no_auth",
+        &mut args.insecure_no_auth,
+        file.insecure_no_auth,
+    );
+    apply(m, "log_level", &mut args.log_level, file.log_level);
+    apply_duration(
+        m,
+        "query_timeout",
+        &mut args.query_timeout,
+        file.query_timeout,
+    )?;
+    let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| {
+        PathBuf::from(if demo {
+            "./gpuwatch-demo-data"
+        } else {
+            "./gpuwatch-data"
+        })
+    });
+    let persist_interval = match (args.persist_interval, file.persist_interval) {
+        (Some(d), _) => d,
+        (None, Some(text)) => parse_duration(&text)
+            .map_err(|e| Error::Config(format!("config key persist_interval: {e}")))?,
+        (None, None) => Duration::from_secs(if demo { 60 } else { 300 }),
+    };
+    if persist_interval.is_zero() {
+        return Err(Error::Config(
+            "--persist-interval must be above zero".into(),
+        ));
+    }
+    Ok(ServeConfig {
+        http_addr: args.http_addr,
+        otlp_http_addr: args.otlp_http_addr,
+        data_dir,
+        persist_interval,
+        max_body_bytes: args.max_body_bytes,
+        query_timeout: args.query_timeout,
+        insecure_no_auth: args.insecure_no_auth,
+    })
+}
+
+fn init_tracing(level: &str) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| Error::Config(format!("invalid --log-level {level:?}: {e}")))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn run() -> Result<()> {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| Error::Config(e.to_string()))?;
+    match cli.command {
+        Command::Serve(mut args) => {
+            let m = matches
+                .subcommand_matches("serve")
+                .ok_or_else(|| Error::Other("no serve matches".into()))?;
+            let file = match &args.config {
+                Some(p) => FileConfig::load(p)?,
+                None => FileConfig::default(),
+            };
+            let config = serve_config(&mut args, m, file, false)?;
+            init_tracing(&args.log_level)?;
+            let running = server::start(config.clone()).await?;
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
+            shutdown_signal().await;
+            tracing::info!("shutting down: persisting buffered data");
+            running.shutdown().await;
+            Ok(())
+        }
+        Command::Demo(mut args) => {
+            let m = matches
+                .subcommand_matches("demo")
+                .ok_or_else(|| Error::Other("no demo matches".into()))?;
+            let file = match &args.serve.config {
+                Some(p) => FileConfig::load(p)?,
+                None => FileConfig::default(),
+            };
+            apply(
+                m,
+                "synthetic_hosts",
+                &mut args.synthetic_hosts,
+                file.synthetic_hosts,
+            );
+            apply(
+                m,
+                "synthetic_gpus",
+                &mut args.synthetic_gpus,
+                file.synthetic_gpus,
+            );
+            apply_duration(m, "interval", &mut args.interval, file.interval.clone())?;
+            apply_duration(m, "backfill", &mut args.backfill, file.backfill.clone())?;
+            let config = serve_config(&mut args.serve, m, file, true)?;
+            init_tracing(&args.serve.log_level)?;
+            demo::run(
+                config,
+                demo::DemoOptions {
+                    hosts: args.synthetic_hosts,
+                    gpus: args.synthetic_gpus,
+                    interval: args.interval,
+                    backfill: args.backfill,
+                },
+                shutdown_signal(),
+            )
+            .await
+        }
+        Command::Sql(args) => {
+            let out = sql::run(&args.server, &args.sql, args.format, args.timeout).await?;
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(&out);
+            Ok(())
+        }
+    }
+}
+
+fn main() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run()) {
+        eprintln!("error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

@@ -1,1 +1,16 @@
+//! gpuwatch's query engine.
+//!
+//! Data flow: a SQL request arrives over HTTP ([`http`]); the statement gate ([`gate`]) lets only
+//! read-only statements through; DataFusion plans it over [`engine::StoreTable`] providers, each
+//! of which reads a consistent snapshot of the store (in-memory batches plus Parquet files)
+//! through the narrow [`gpuwatch_store::ReadStore`] trait; the answer is encoded in the requested
+//! [`format`].
 
+pub mod engine;
+mod error;
+pub mod format;
+pub mod gate;
+pub mod http;
+
+pub use engine::{EngineConfig, QueryEngine, QueryResult};
+pub use error::{Error, Result, Status};

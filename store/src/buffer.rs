@@ -50,7 +50,10 @@ impl Buffers {
     pub fn push(&mut self, write: &WriteBatch) -> Result<()> {
         for (table, batch) in &write.batches {
             if batch.num_rows() > 0 {
-                self.tables.entry(*table).or_default().push(*table, batch.clone())?;
+                self.tables
+                    .entry(*table)
+                    .or_default()
+                    .push(*table, batch.clone())?;
             }
         }
         Ok(())
@@ -78,7 +81,10 @@ impl Buffers {
 
     /// Tables with rows.
     pub fn tables(&self) -> impl Iterator<Item = (Table, &TableBuffer)> {
-        self.tables.iter().filter(|(_, b)| b.rows > 0).map(|(t, b)| (*t, b))
+        self.tables
+            .iter()
+            .filter(|(_, b)| b.rows > 0)
+            .map(|(t, b)| (*t, b))
     }
 
     /// Puts `older` in front of what is buffered now (used when a persist fails).

@@ -34,7 +34,9 @@ pub enum Error {
     },
 
     /// The catalog file cannot be read.
-    #[error("catalog {path} is unreadable: {detail}; restore it from a backup or move it away to rebuild from the WAL")]
+    #[error(
+        "catalog {path} is unreadable: {detail}; restore it from a backup or move it away to rebuild from the WAL"
+    )]
     Catalog { path: PathBuf, detail: String },
 
     /// Arrow failed to build or encode a batch.

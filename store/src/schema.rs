@@ -60,17 +60,33 @@ pub const VALUE_COLUMNS: &[ValueColumn] = &[
     f("power_watts", "hw.power", "W"),
     f("energy_joules", "hw.energy", "J"),
     f("temperature_celsius", "hw.temperature", "Cel"),
-    f("memory_temperature_celsius", "gpu.memory.temperature", "Cel"),
+    f(
+        "memory_temperature_celsius",
+        "gpu.memory.temperature",
+        "Cel",
+    ),
     i("sm_clock_mhz", "gpu.clock.sm", "MHz"),
     i("memory_clock_mhz", "gpu.clock.memory", "MHz"),
     i("clock_event_reasons", "gpu.clock.event_reasons", "1"),
     f("pcie_tx_bytes_per_second", "gpu.pcie.transmit.rate", "By/s"),
     f("pcie_rx_bytes_per_second", "gpu.pcie.receive.rate", "By/s"),
-    f("nvlink_tx_bytes_per_second", "gpu.nvlink.transmit.rate", "By/s"),
-    f("nvlink_rx_bytes_per_second", "gpu.nvlink.receive.rate", "By/s"),
+    f(
+        "nvlink_tx_bytes_per_second",
+        "gpu.nvlink.transmit.rate",
+        "By/s",
+    ),
+    f(
+        "nvlink_rx_bytes_per_second",
+        "gpu.nvlink.receive.rate",
+        "By/s",
+    ),
     i("ecc_sbe_volatile_total", "gpu.ecc.sbe.volatile", "{error}"),
     i("ecc_dbe_volatile_total", "gpu.ecc.dbe.volatile", "{error}"),
-    i("remapped_rows_uncorrectable", "gpu.remapped_rows.uncorrectable", "{row}"),
+    i(
+        "remapped_rows_uncorrectable",
+        "gpu.remapped_rows.uncorrectable",
+        "{row}",
+    ),
     i("remapped_rows_failure", "gpu.remapped_rows.failure", "1"),
     i("xid_errors_total", "gpu.xid.errors", "{error}"),
 ];
@@ -211,15 +227,45 @@ mod tests {
         let otlp: HashSet<_> = VALUE_COLUMNS.iter().map(|c| c.otlp).collect();
         assert_eq!(otlp.len(), VALUE_COLUMNS.len());
         for col in [
-            "time", "host", "gpu_uuid", "gpu_index", "gpu_model", "mig_instance", "job_id",
-            "job_user", "job_name", "scheduler", "k8s_namespace", "k8s_pod", "k8s_container",
-            "gpu_utilization", "memory_utilization", "sm_active", "sm_occupancy", "tensor_active",
-            "dram_active", "fp64_active", "fp32_active", "fp16_active", "memory_used_bytes",
-            "memory_total_bytes", "power_watts", "energy_joules", "temperature_celsius",
-            "memory_temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
-            "clock_event_reasons", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second",
-            "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second", "ecc_sbe_volatile_total",
-            "ecc_dbe_volatile_total", "remapped_rows_uncorrectable", "remapped_rows_failure",
+            "time",
+            "host",
+            "gpu_uuid",
+            "gpu_index",
+            "gpu_model",
+            "mig_instance",
+            "job_id",
+            "job_user",
+            "job_name",
+            "scheduler",
+            "k8s_namespace",
+            "k8s_pod",
+            "k8s_container",
+            "gpu_utilization",
+            "memory_utilization",
+            "sm_active",
+            "sm_occupancy",
+            "tensor_active",
+            "dram_active",
+            "fp64_active",
+            "fp32_active",
+            "fp16_active",
+            "memory_used_bytes",
+            "memory_total_bytes",
+            "power_watts",
+            "energy_joules",
+            "temperature_celsius",
+            "memory_temperature_celsius",
+            "sm_clock_mhz",
+            "memory_clock_mhz",
+            "clock_event_reasons",
+            "pcie_tx_bytes_per_second",
+            "pcie_rx_bytes_per_second",
+            "nvlink_tx_bytes_per_second",
+            "nvlink_rx_bytes_per_second",
+            "ecc_sbe_volatile_total",
+            "ecc_dbe_volatile_total",
+            "remapped_rows_uncorrectable",
+            "remapped_rows_failure",
             "xid_errors_total",
         ] {
             assert!(names.contains(col), "missing column {col}");
@@ -231,15 +277,31 @@ mod tests {
     fn schema_doc_lists_every_wire_name() {
         let doc = include_str!("../../docs/schema.md");
         for c in VALUE_COLUMNS {
-            let row = format!("| `{}` | {} | `{}` |", c.column, match c.ty {
-                ValueType::Float => "Float64",
-                ValueType::Int => "Int64",
-            }, c.otlp);
-            assert!(doc.contains(&row), "docs/schema.md lacks the row for {}", c.column);
+            let row = format!(
+                "| `{}` | {} | `{}` |",
+                c.column,
+                match c.ty {
+                    ValueType::Float => "Float64",
+                    ValueType::Int => "Int64",
+                },
+                c.otlp
+            );
+            assert!(
+                doc.contains(&row),
+                "docs/schema.md lacks the row for {}",
+                c.column
+            );
         }
         for (col, attrs) in LABEL_COLUMNS {
-            assert!(doc.contains(&format!("| `{col}` |")), "docs/schema.md lacks label {col}");
-            assert!(doc.contains(&format!("`{}`", attrs[0])), "docs/schema.md lacks {}", attrs[0]);
+            assert!(
+                doc.contains(&format!("| `{col}` |")),
+                "docs/schema.md lacks label {col}"
+            );
+            assert!(
+                doc.contains(&format!("`{}`", attrs[0])),
+                "docs/schema.md lacks {}",
+                attrs[0]
+            );
         }
     }
 }

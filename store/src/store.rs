@@ -122,7 +122,9 @@ impl Store {
                 let write = wal::decode_payload(payload)?;
                 active.push(&write)
             })?;
-            stats.replayed_records.fetch_add(report.records, Ordering::Relaxed);
+            stats
+                .replayed_records
+                .fetch_add(report.records, Ordering::Relaxed);
             if report.torn_bytes > 0 {
                 tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
                     "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
@@ -169,7 +171,11 @@ impl Store {
     /// Rows and bytes buffered in memory (active and frozen).
     pub fn buffered(&self) -> (usize, usize) {
         let s = lock(&self.state);
-        let frozen = s.frozen.as_ref().map(|f| (f.rows(), f.bytes())).unwrap_or_default();
+        let frozen = s
+            .frozen
+            .as_ref()
+            .map(|f| (f.rows(), f.bytes()))
+            .unwrap_or_default();
         (s.active.rows() + frozen.0, s.active.bytes() + frozen.1)
     }
 
@@ -190,8 +196,12 @@ impl Store {
         s.active.push(write)?;
         drop(s);
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        self.stats.rows.fetch_add(write.rows() as u64, Ordering::Relaxed);
-        self.stats.wal_bytes.fetch_add(payload.len() as u64 + 8, Ordering::Relaxed);
+        self.stats
+            .rows
+            .fetch_add(write.rows() as u64, Ordering::Relaxed);
+        self.stats
+            .wal_bytes
+            .fetch_add(payload.len() as u64 + 8, Ordering::Relaxed);
         Ok(())
     }
 
@@ -212,16 +222,19 @@ impl Store {
         match self.write_frozen(&frozen, through) {
             Ok(report) => {
                 self.stats.persists.fetch_add(1, Ordering::Relaxed);
-                self.stats.persisted_rows.fetch_add(report.rows, Ordering::Relaxed);
+                self.stats
+                    .persisted_rows
+                    .fetch_add(report.rows, Ordering::Relaxed);
                 // The covered segments are no longer needed; a failure here only costs disk
                 // until the next start, which removes them.
                 let wal_dir = self.config.data_dir.join("wal");
                 if let Ok(segments) = wal::list_segments(&wal_dir) {
                     for (seq, path) in segments {
-                        if seq <= through {
-                            if let Err(e) = std::fs::remove_file(&path) {
-                                tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
-                            }
+                        if seq > through {
+                            continue;
+                        }
+                        if let Err(e) = std::fs::remove_file(&path) {
+                            tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
                         }
                     }
                 }

@@ -1,1 +1,100 @@
-fn main(){}
+//! End-to-end tests: the real `gpuwatch` and `gpuwatch-agent` binaries, started on free ports.
+
+mod bad_input;
+mod config;
+mod durability;
+mod pipeline;
+mod python_sdk;
+
+use std::time::{Duration, Instant};
+
+use gpuwatch_e2e::TestServer;
+
+/// Runs SQL over HTTP; returns the status and body.
+pub async fn sql(server: &TestServer, sql: &str, format: &str) -> (u16, Vec<u8>) {
+    let body = serde_json::json!({ "sql": sql, "format": format }).to_string();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/api/v1/sql", server.url()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("sql request");
+    let status = resp.status().as_u16();
+    (status, resp.bytes().await.expect("sql body").to_vec())
+}
+
+/// Runs SQL that must succeed; returns the rows as JSON objects.
+pub async fn rows(server: &TestServer, q: &str) -> Vec<serde_json::Value> {
+    let (status, body) = sql(server, q, "json").await;
+    assert_eq!(status, 200, "{q}: {}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).expect("json array")
+}
+
+/// The single number a query answers.
+pub async fn scalar(server: &TestServer, q: &str) -> f64 {
+    let r = rows(server, q).await;
+    assert_eq!(r.len(), 1, "{q}: {r:?}");
+    let obj = r[0].as_object().expect("object");
+    let v = obj.values().next().expect("one column");
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{q}: not a number: {v}"))
+}
+
+/// Polls `f` until it returns true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out after {limit:?} waiting for: {what}");
+}
+
+/// A one-point OTLP/JSON export of metric `name` with `value` at `time_ns`, labels `attrs`.
+pub fn otlp_json(name: &str, value: f64, time_ns: i64, attrs: &[(&str, &str)]) -> String {
+    let attrs: Vec<serde_json::Value> = attrs
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": {"stringValue": v}}))
+        .collect();
+    serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "host.name", "value": {"stringValue": "e2e-host"}}]},
+        "scopeMetrics": [{"metrics": [{"name": name, "gauge": {"dataPoints": [{
+            "timeUnixNano": time_ns.to_string(), "asDouble": value, "attributes": attrs
+        }]}}]}]
+    }]})
+    .to_string()
+}
+
+/// Posts an OTLP/HTTP body; returns the status.
+pub async fn post_otlp(
+    url: &str,
+    content_type: &str,
+    encoding: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}/v1/metrics"))
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(e) = encoding {
+        req = req.header("content-encoding", e);
+    }
+    let resp = req.send().await.expect("otlp request");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+/// Now, in ns since the epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or_default()
+}

@@ -7,8 +7,8 @@ use std::io::Read;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
 use prost::Message;
 
-use super::otlp::{self, DecodeStats};
 use super::WriteBatch;
+use super::otlp::{self, DecodeStats};
 use crate::{Error, Result};
 
 /// The body format of an OTLP/HTTP request, which its answer uses too.
@@ -24,7 +24,12 @@ impl OtlpFormat {
     /// Format from a `Content-Type` header (parameters such as `charset` are ignored).
     pub fn from_content_type(content_type: Option<&str>) -> Result<Self> {
         let raw = content_type.unwrap_or("");
-        let essence = raw.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let essence = raw
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         match essence.as_str() {
             "application/x-protobuf" | "application/protobuf" => Ok(Self::Protobuf),
             "application/json" => Ok(Self::Json),
@@ -42,7 +47,9 @@ impl OtlpFormat {
 
     /// The body of a successful export answer.
     pub fn success_body(self) -> Vec<u8> {
-        let resp = ExportMetricsServiceResponse { partial_success: None };
+        let resp = ExportMetricsServiceResponse {
+            partial_success: None,
+        };
         match self {
             Self::Protobuf => resp.encode_to_vec(),
             Self::Json => b"{}".to_vec(),
@@ -51,8 +58,15 @@ impl OtlpFormat {
 }
 
 /// Removes the content encoding, refusing to inflate beyond `max_bytes`.
-pub fn decompress(content_encoding: Option<&str>, body: &[u8], max_bytes: usize) -> Result<Vec<u8>> {
-    let encoding = content_encoding.unwrap_or("identity").trim().to_ascii_lowercase();
+pub fn decompress(
+    content_encoding: Option<&str>,
+    body: &[u8],
+    max_bytes: usize,
+) -> Result<Vec<u8>> {
+    let encoding = content_encoding
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
     match encoding.as_str() {
         "" | "identity" => {
             if body.len() > max_bytes {
@@ -86,7 +100,10 @@ pub fn decode_request(
     let format = OtlpFormat::from_content_type(content_type)?;
     let raw = decompress(content_encoding, body, max_decoded_bytes)?;
     if raw.is_empty() {
-        return Err(Error::malformed("otlp request", "empty body: send an ExportMetricsServiceRequest"));
+        return Err(Error::malformed(
+            "otlp request",
+            "empty body: send an ExportMetricsServiceRequest",
+        ));
     }
     let req = match format {
         OtlpFormat::Protobuf => otlp::decode_protobuf(&raw)?,
@@ -109,8 +126,14 @@ mod tests {
 
     #[test]
     fn content_types() {
-        assert_eq!(OtlpFormat::from_content_type(Some("application/json; charset=utf-8")).ok(), Some(OtlpFormat::Json));
-        assert_eq!(OtlpFormat::from_content_type(Some("Application/X-Protobuf")).ok(), Some(OtlpFormat::Protobuf));
+        assert_eq!(
+            OtlpFormat::from_content_type(Some("application/json; charset=utf-8")).ok(),
+            Some(OtlpFormat::Json)
+        );
+        assert_eq!(
+            OtlpFormat::from_content_type(Some("Application/X-Protobuf")).ok(),
+            Some(OtlpFormat::Protobuf)
+        );
         let err = OtlpFormat::from_content_type(Some("text/plain")).expect_err("refused");
         assert!(err.to_string().contains("text/plain"));
         assert!(OtlpFormat::from_content_type(None).is_err());
@@ -119,7 +142,10 @@ mod tests {
     #[test]
     fn gzip_is_inflated_within_the_limit() {
         let data = vec![b'a'; 10_000];
-        assert_eq!(decompress(Some("gzip"), &gzip(&data), 10_000).expect("fits"), data);
+        assert_eq!(
+            decompress(Some("gzip"), &gzip(&data), 10_000).expect("fits"),
+            data
+        );
         let err = decompress(Some("gzip"), &gzip(&data), 9_999).expect_err("too large");
         assert!(matches!(err, Error::TooLarge { .. }));
         let err = decompress(Some("gzip"), b"not gzip", 100).expect_err("bad gzip");
@@ -129,7 +155,8 @@ mod tests {
 
     #[test]
     fn empty_body_is_refused() {
-        let err = decode_request(Some("application/x-protobuf"), None, b"", 100, 0).expect_err("empty");
+        let err =
+            decode_request(Some("application/x-protobuf"), None, b"", 100, 0).expect_err("empty");
         assert!(err.to_string().contains("empty body"), "{err}");
         assert!(decode_request(Some("application/json"), None, b"", 100, 0).is_err());
     }

@@ -37,14 +37,21 @@ pub fn decode_json(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
 }
 
 /// Turns a request into rows. `now` (ns) stands in for a point without a timestamp.
-pub fn to_write_batch(req: &ExportMetricsServiceRequest, now: i64) -> Result<(WriteBatch, DecodeStats)> {
+pub fn to_write_batch(
+    req: &ExportMetricsServiceRequest,
+    now: i64,
+) -> Result<(WriteBatch, DecodeStats)> {
     let mut stats = DecodeStats::default();
     let mut gpu_rows: Vec<GpuRow> = Vec::new();
     let mut gpu_index: HashMap<(i64, String, String, Option<String>), usize> = HashMap::new();
     let mut metric_rows: Vec<MetricRow> = Vec::new();
 
     for rm in &req.resource_metrics {
-        let resource_attrs: &[KeyValue] = rm.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
+        let resource_attrs: &[KeyValue] = rm
+            .resource
+            .as_ref()
+            .map(|r| r.attributes.as_slice())
+            .unwrap_or(&[]);
         for sm in &rm.scope_metrics {
             for metric in &sm.metrics {
                 let points: &[NumberDataPoint] = match &metric.data {
@@ -75,15 +82,18 @@ pub fn to_write_batch(req: &ExportMetricsServiceRequest, now: i64) -> Result<(Wr
                     let gpu_id = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[1].1);
                     match (column, gpu_id) {
                         (Some(col), Some(gpu)) => {
-                            let host = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1).unwrap_or_default();
-                            let mig = find_attr(&p.attributes, resource_attrs, &["gpu.mig.instance"]);
+                            let host = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1)
+                                .unwrap_or_default();
+                            let mig =
+                                find_attr(&p.attributes, resource_attrs, &["gpu.mig.instance"]);
                             let key = (time, host, gpu, mig);
                             let idx = match gpu_index.get(&key) {
                                 Some(&i) => i,
                                 None => {
                                     let mut row = GpuRow::new(time);
                                     for (li, (_, names)) in LABEL_COLUMNS.iter().enumerate() {
-                                        row.labels[li] = find_attr(&p.attributes, resource_attrs, names);
+                                        row.labels[li] =
+                                            find_attr(&p.attributes, resource_attrs, names);
                                     }
                                     gpu_rows.push(row);
                                     gpu_index.insert(key, gpu_rows.len() - 1);
@@ -122,7 +132,12 @@ fn point_time(t: u64, now: i64) -> Result<i64> {
     if t == 0 {
         return Ok(now);
     }
-    i64::try_from(t).map_err(|_| Error::malformed("otlp data point", format!("time_unix_nano {t} is past the year 2262")))
+    i64::try_from(t).map_err(|_| {
+        Error::malformed(
+            "otlp data point",
+            format!("time_unix_nano {t} is past the year 2262"),
+        )
+    })
 }
 
 fn point_value(p: &NumberDataPoint) -> Option<Cell> {
@@ -163,7 +178,11 @@ fn any_to_string(v: &AnyValue) -> Option<String> {
             let items: Vec<serde_json::Value> = a
                 .values
                 .iter()
-                .map(|x| any_to_string(x).map(serde_json::Value::String).unwrap_or(serde_json::Value::Null))
+                .map(|x| {
+                    any_to_string(x)
+                        .map(serde_json::Value::String)
+                        .unwrap_or(serde_json::Value::Null)
+                })
                 .collect();
             Some(serde_json::Value::Array(items).to_string())
         }
@@ -173,7 +192,11 @@ fn any_to_string(v: &AnyValue) -> Option<String> {
                 .iter()
                 .map(|x| {
                     let v = x.value.as_ref().and_then(any_to_string);
-                    (x.key.clone(), v.map(serde_json::Value::String).unwrap_or(serde_json::Value::Null))
+                    (
+                        x.key.clone(),
+                        v.map(serde_json::Value::String)
+                            .unwrap_or(serde_json::Value::Null),
+                    )
                 })
                 .collect();
             Some(serde_json::Value::Object(map).to_string())
@@ -186,9 +209,9 @@ fn any_to_string(v: &AnyValue) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::Table;
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
-    use crate::schema::Table;
 
     fn json_request() -> &'static str {
         r#"{"resourceMetrics":[{"resource":{"attributes":[{"key":"host.name","value":{"stringValue":"node-1"}}]},
@@ -216,7 +239,14 @@ mod tests {
     fn pivots_gpu_points_into_rows_and_keeps_the_rest() {
         let req = decode_json(json_request().as_bytes()).expect("valid json");
         let (wb, stats) = to_write_batch(&req, 0).expect("decodes");
-        assert_eq!(stats, DecodeStats { points: 5, rejected: 1, unsupported: 1 });
+        assert_eq!(
+            stats,
+            DecodeStats {
+                points: 5,
+                rejected: 1,
+                unsupported: 1
+            }
+        );
         let (t, gpu) = &wb.batches[0];
         assert_eq!(*t, Table::GpuMetrics);
         assert_eq!(gpu.num_rows(), 2);
@@ -226,10 +256,26 @@ mod tests {
         assert_eq!(uuid.value(0), "GPU-a");
         assert_eq!(col("host").as_string::<i32>().value(1), "node-1");
         assert_eq!(col("gpu_index").as_primitive::<Int32Type>().value(1), 1);
-        assert_eq!(col("gpu_utilization").as_primitive::<Float64Type>().value(0), 0.5);
-        assert_eq!(col("memory_used_bytes").as_primitive::<Int64Type>().value(0), 1024);
-        assert!(col("memory_used_bytes").is_null(1), "absent value is null, not 0");
-        assert_eq!(col("energy_joules").as_primitive::<Float64Type>().value(0), 12.5);
+        assert_eq!(
+            col("gpu_utilization")
+                .as_primitive::<Float64Type>()
+                .value(0),
+            0.5
+        );
+        assert_eq!(
+            col("memory_used_bytes")
+                .as_primitive::<Int64Type>()
+                .value(0),
+            1024
+        );
+        assert!(
+            col("memory_used_bytes").is_null(1),
+            "absent value is null, not 0"
+        );
+        assert_eq!(
+            col("energy_joules").as_primitive::<Float64Type>().value(0),
+            12.5
+        );
         assert_eq!(col("job_id").as_string::<i32>().value(0), "42");
         assert!(col("job_id").is_null(1));
         assert!(col("power_watts").is_null(0));
@@ -255,7 +301,10 @@ mod tests {
     #[test]
     fn garbage_is_a_clear_error() {
         let err = decode_protobuf(b"\xff\xff\xff\xff").expect_err("garbage");
-        assert!(err.to_string().starts_with("malformed otlp protobuf"), "{err}");
+        assert!(
+            err.to_string().starts_with("malformed otlp protobuf"),
+            "{err}"
+        );
         let err = decode_json(b"{\"resourceMetrics\": 3}").expect_err("bad json");
         assert!(err.is_client_error());
     }
@@ -264,7 +313,11 @@ mod tests {
     fn missing_time_uses_now() {
         let req = decode_json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x","gauge":{"dataPoints":[{"asDouble":1}]}}]}]}]}"#).expect("json");
         let (wb, _) = to_write_batch(&req, 99).expect("decodes");
-        let t = wb.batches[0].1.column(0).as_primitive::<arrow::datatypes::TimestampNanosecondType>().value(0);
+        let t = wb.batches[0]
+            .1
+            .column(0)
+            .as_primitive::<arrow::datatypes::TimestampNanosecondType>()
+            .value(0);
         assert_eq!(t, 99);
     }
 }

@@ -7,8 +7,8 @@ use arrow::array::{
     TimestampNanosecondBuilder,
 };
 
-use crate::schema::{LABEL_COLUMNS, Table, VALUE_COLUMNS, ValueType};
 use crate::Result;
+use crate::schema::{LABEL_COLUMNS, Table, VALUE_COLUMNS, ValueType};
 
 /// A value cell: kept in the type it arrived in until the column's type is applied.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -104,7 +104,8 @@ impl WriteBatch {
 
 fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
     let n = rows.len();
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
+    let mut columns: Vec<ArrayRef> =
+        Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
     let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
     for r in rows {
         time.append_value(r.time);
@@ -156,9 +157,12 @@ fn metrics_batch(rows: &[MetricRow]) -> Result<RecordBatch> {
     let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
     let mut metric = StringBuilder::with_capacity(n, n * 24);
     let mut value = Float64Builder::with_capacity(n);
-    let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new()).with_values_field(
-        Arc::new(arrow::datatypes::Field::new("values", arrow::datatypes::DataType::Utf8, true)),
-    );
+    let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
+        .with_values_field(Arc::new(arrow::datatypes::Field::new(
+            "values",
+            arrow::datatypes::DataType::Utf8,
+            true,
+        )));
     for r in rows {
         time.append_value(r.time);
         metric.append_value(&r.metric);

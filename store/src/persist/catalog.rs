@@ -54,7 +54,10 @@ impl Catalog {
                 path,
                 detail: e.to_string(),
             }),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Catalog { version: 1, ..Default::default() }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Catalog {
+                version: 1,
+                ..Default::default()
+            }),
             Err(e) => Err(Error::io(path, e)),
         }
     }

@@ -12,12 +12,14 @@ use std::fs;
 use std::path::Path;
 
 use arrow::array::{AsArray, BooleanArray, RecordBatch};
-use arrow::compute::{SortColumn, concat_batches, filter_record_batch, lexsort_to_indices, take_record_batch};
+use arrow::compute::{
+    SortColumn, concat_batches, filter_record_batch, lexsort_to_indices, take_record_batch,
+};
 use arrow::datatypes::TimestampNanosecondType;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use parquet::file::metadata::SortingColumn;
+use parquet::file::properties::WriterProperties;
 
 pub use catalog::{CATALOG_FILE, Catalog, FileMeta};
 
@@ -77,7 +79,12 @@ fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
 
 /// Writes one table's batches as Parquet files, one per hour, named after `seq`. Each file is
 /// fsynced and renamed into place; the catalog is not touched.
-pub fn write_table(data_dir: &Path, table: Table, batches: &[RecordBatch], seq: u64) -> Result<Vec<FileMeta>> {
+pub fn write_table(
+    data_dir: &Path,
+    table: Table,
+    batches: &[RecordBatch],
+    seq: u64,
+) -> Result<Vec<FileMeta>> {
     if batches.is_empty() {
         return Ok(Vec::new());
     }
@@ -98,13 +105,23 @@ pub fn write_table(data_dir: &Path, table: Table, batches: &[RecordBatch], seq: 
             .iter()
             .map(|t| Some(t.div_euclid(NANOS_PER_HOUR) == *hour))
             .collect();
-        let part = if hours.len() == 1 { sorted.clone() } else { filter_record_batch(&sorted, &mask)? };
+        let part = if hours.len() == 1 {
+            sorted.clone()
+        } else {
+            filter_record_batch(&sorted, &mask)?
+        };
         out.push(write_file(data_dir, table, &part, *hour, seq)?);
     }
     Ok(out)
 }
 
-fn write_file(data_dir: &Path, table: Table, batch: &RecordBatch, hour: i64, seq: u64) -> Result<FileMeta> {
+fn write_file(
+    data_dir: &Path,
+    table: Table,
+    batch: &RecordBatch,
+    hour: i64,
+    seq: u64,
+) -> Result<FileMeta> {
     let start = chrono::DateTime::from_timestamp(hour * 3600, 0).unwrap_or_default();
     let rel = format!(
         "tables/{}/{}/{}/{seq:020}.parquet",
@@ -113,11 +130,15 @@ fn write_file(data_dir: &Path, table: Table, batch: &RecordBatch, hour: i64, seq
         start.format("%H")
     );
     let path = data_dir.join(&rel);
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| data_dir.to_path_buf());
+    let dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| data_dir.to_path_buf());
     fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let tmp = path.with_extension("parquet.tmp");
     let file = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(writer_properties(table, batch)))?;
+    let mut writer =
+        ArrowWriter::try_new(file, batch.schema(), Some(writer_properties(table, batch)))?;
     writer.write(batch)?;
     let file = writer.into_inner()?;
     file.sync_all().map_err(|e| Error::io(&tmp, e))?;
@@ -140,7 +161,8 @@ fn write_file(data_dir: &Path, table: Table, batch: &RecordBatch, hour: i64, seq
 /// Removes files under `tables/` that the catalog does not name (leftovers of an interrupted
 /// persist). Returns how many were removed.
 pub fn remove_orphans(data_dir: &Path, catalog: &Catalog) -> Result<usize> {
-    let known: std::collections::HashSet<&str> = catalog.files.iter().map(|f| f.path.as_str()).collect();
+    let known: std::collections::HashSet<&str> =
+        catalog.files.iter().map(|f| f.path.as_str()).collect();
     let root = data_dir.join("tables");
     let mut removed = 0;
     let mut stack = vec![root];

@@ -12,7 +12,10 @@ const T0: i64 = 1_800_000_000_000_000_000;
 
 fn open(dir: &Path) -> Store {
     Store::open(
-        StoreConfig { data_dir: dir.to_path_buf(), wal_sync: true },
+        StoreConfig {
+            data_dir: dir.to_path_buf(),
+            wal_sync: true,
+        },
         Arc::new(ManualClock::new(T0)),
     )
     .expect("open")
@@ -30,14 +33,31 @@ fn powers(store: &Store) -> Vec<f64> {
     let snap = store.snapshot(Table::GpuMetrics);
     let mut out = Vec::new();
     for b in &snap.batches {
-        out.extend(b.column_by_name("power_watts").expect("col").as_primitive::<Float64Type>().values().iter().copied());
+        out.extend(
+            b.column_by_name("power_watts")
+                .expect("col")
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .copied(),
+        );
     }
     for (path, _) in &snap.files {
         let f = std::fs::File::open(path).expect("file");
-        let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet").build().expect("reader");
+        let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+            .expect("parquet")
+            .build()
+            .expect("reader");
         for b in r {
             let b = b.expect("batch");
-            out.extend(b.column_by_name("power_watts").expect("col").as_primitive::<Float64Type>().values().iter().copied());
+            out.extend(
+                b.column_by_name("power_watts")
+                    .expect("col")
+                    .as_primitive::<Float64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
         }
     }
     out.sort_by(f64::total_cmp);
@@ -83,7 +103,11 @@ fn persist_moves_rows_to_parquet_exactly_once() {
         assert_eq!(powers(&s), expected(8));
     }
     let s = open(dir.path());
-    assert_eq!(powers(&s), expected(8), "no row lost or doubled across persist and restart");
+    assert_eq!(
+        powers(&s),
+        expected(8),
+        "no row lost or doubled across persist and restart"
+    );
     // Only the segment written after the persist (and the new one) remain.
     let segs = wal::list_segments(&dir.path().join("wal")).expect("list");
     assert!(segs.len() <= 2, "{segs:?}");
@@ -116,13 +140,28 @@ fn parquet_files_are_sorted_and_zstd() {
     let report = s.persist().expect("persist").expect("report");
     let path = dir.path().join(&report.files[0].path);
     let f = std::fs::File::open(&path).expect("file");
-    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
+    let builder =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
     let meta = builder.metadata().clone();
     let col = meta.row_group(0).column(0);
-    assert!(matches!(col.compression(), parquet::basic::Compression::ZSTD(_)), "{:?}", col.compression());
-    let batch = builder.build().expect("reader").next().expect("one batch").expect("batch");
-    let uuids = batch.column_by_name("gpu_uuid").expect("uuid").as_string::<i32>();
-    let times = batch.column(0).as_primitive::<arrow::datatypes::TimestampNanosecondType>();
+    assert!(
+        matches!(col.compression(), parquet::basic::Compression::ZSTD(_)),
+        "{:?}",
+        col.compression()
+    );
+    let batch = builder
+        .build()
+        .expect("reader")
+        .next()
+        .expect("one batch")
+        .expect("batch");
+    let uuids = batch
+        .column_by_name("gpu_uuid")
+        .expect("uuid")
+        .as_string::<i32>();
+    let times = batch
+        .column(0)
+        .as_primitive::<arrow::datatypes::TimestampNanosecondType>();
     for i in 1..batch.num_rows() {
         let a = (uuids.value(i - 1), times.value(i - 1));
         let b = (uuids.value(i), times.value(i));

@@ -77,7 +77,9 @@ impl Wal {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|l| *l <= MAX_RECORD_BYTES)
-            .ok_or(Error::TooLarge { limit: MAX_RECORD_BYTES as usize })?;
+            .ok_or(Error::TooLarge {
+                limit: MAX_RECORD_BYTES as usize,
+            })?;
         let mut frame = Vec::with_capacity(8 + payload.len());
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
@@ -238,7 +240,11 @@ mod tests {
         for cut in 0..=full.len() {
             fs::write(&path, &full[..cut]).expect("write");
             let (got, report) = payloads(&path);
-            let whole = ends.iter().filter(|e| **e <= cut as u64).count().saturating_sub(1);
+            let whole = ends
+                .iter()
+                .filter(|e| **e <= cut as u64)
+                .count()
+                .saturating_sub(1);
             assert_eq!(got, records[..whole].to_vec(), "cut at {cut}");
             assert_eq!(report.records, whole as u64);
         }

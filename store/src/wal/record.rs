@@ -14,7 +14,8 @@ use crate::{Error, Result};
 /// Encodes a write for the WAL.
 pub fn encode_payload(batch: &WriteBatch) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    let count = u16::try_from(batch.batches.len()).map_err(|_| Error::malformed("write", "too many tables"))?;
+    let count = u16::try_from(batch.batches.len())
+        .map_err(|_| Error::malformed("write", "too many tables"))?;
     out.extend_from_slice(&count.to_le_bytes());
     for (table, rb) in &batch.batches {
         let mut ipc = Vec::new();
@@ -24,7 +25,9 @@ pub fn encode_payload(batch: &WriteBatch) -> Result<Vec<u8>> {
             w.finish()?;
         }
         out.push(table.id());
-        let len = u32::try_from(ipc.len()).map_err(|_| Error::TooLarge { limit: u32::MAX as usize })?;
+        let len = u32::try_from(ipc.len()).map_err(|_| Error::TooLarge {
+            limit: u32::MAX as usize,
+        })?;
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&ipc);
     }
@@ -39,11 +42,15 @@ pub fn decode_payload(payload: &[u8]) -> Result<WriteBatch> {
     let mut pos = 2usize;
     let mut batches = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
-        let head = payload.get(pos..pos + 5).ok_or_else(|| bad("short batch header"))?;
+        let head = payload
+            .get(pos..pos + 5)
+            .ok_or_else(|| bad("short batch header"))?;
         let table = Table::from_id(head[0]).ok_or_else(|| bad("unknown table id"))?;
         let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
         pos += 5;
-        let ipc = payload.get(pos..pos + len).ok_or_else(|| bad("short batch"))?;
+        let ipc = payload
+            .get(pos..pos + len)
+            .ok_or_else(|| bad("short batch"))?;
         pos += len;
         let reader = StreamReader::try_new(Cursor::new(ipc), None)?;
         for rb in reader {

@@ -1,0 +1,139 @@
+//! Flags, environment variables and the TOML config file.
+//!
+//! Every flag `--some-flag` also reads `GPUWATCH_SOME_FLAG` and the key `some_flag` of the file
+//! given by `--config`. Precedence: flag > environment > file > default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// The `[server]`-level keys of the config file (the file is flat: one key per flag).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `--http-addr`
+    pub http_addr: Option<SocketAddr>,
+    /// `--otlp-http-addr`
+    pub otlp_http_addr: Option<SocketAddr>,
+    /// `--data-dir`
+    pub data_dir: Option<PathBuf>,
+    /// `--persist-interval`, e.g. `"5m"`
+    pub persist_interval: Option<String>,
+    /// `--max-body-bytes`
+    pub max_body_bytes: Option<usize>,
+    /// `--query-timeout`, e.g. `"30s"`
+    pub query_timeout: Option<String>,
+    /// `--insecure-no-auth`
+    pub insecure_no_auth: Option<bool>,
+    /// `--log-level`
+    pub log_level: Option<String>,
+    /// `--synthetic-hosts` (demo)
+    pub synthetic_hosts: Option<usize>,
+    /// `--synthetic-gpus` (demo)
+    pub synthetic_gpus: Option<usize>,
+    /// `--interval` (demo's built-in agent)
+    pub interval: Option<String>,
+    /// `--backfill` (demo)
+    pub backfill: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text).map_err(|e| {
+            Error::Config(format!(
+                "config file {}: {}",
+                path.display(),
+                e.to_string().trim()
+            ))
+        })
+    }
+}
+
+/// True when the user gave `id` on the command line or in the environment.
+pub fn given(m: &ArgMatches, id: &str) -> bool {
+    matches!(
+        m.try_get_raw(id).ok().flatten().and(m.value_source(id)),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// Applies a file value where the user did not give the flag or its variable.
+pub fn apply<T>(m: &ArgMatches, id: &str, target: &mut T, file: Option<T>) {
+    if let (false, Some(v)) = (given(m, id), file) {
+        *target = v;
+    }
+}
+
+/// Parses a duration such as `5s`, `1m30s`, `250ms`.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 5s, 1m, 250ms"))
+}
+
+/// Applies a file duration (text) where the user did not give the flag.
+pub fn apply_duration(
+    m: &ArgMatches,
+    id: &str,
+    target: &mut Duration,
+    file: Option<String>,
+) -> Result<()> {
+    if let Some(text) = file {
+        let d =
+            parse_duration(&text).map_err(|e| Error::Config(format!("config key {id}: {e}")))?;
+        apply(m, id, target, Some(d));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_clear_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "http_adr = \"x\"\n").expect("write");
+        let e = FileConfig::load(&p).expect_err("unknown key").to_string();
+        assert!(e.contains("http_adr"), "{e}");
+        std::fs::write(&p, "http_addr = \"nonsense\"\n").expect("write");
+        let e = FileConfig::load(&p).expect_err("bad addr").to_string();
+        assert!(e.contains("line 1"), "{e}");
+        assert!(FileConfig::load(&dir.path().join("missing.toml")).is_err());
+    }
+
+    #[test]
+    fn every_shipped_example_parses() {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&deploy).expect("deploy/") {
+            let path = entry.expect("entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if name.starts_with("gpuwatch.") && name.ends_with(".example.toml") {
+                FileConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 1, "no deploy/gpuwatch.*.example.toml found");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! `gpuwatch demo`: the server plus a built-in agent on a simulated fleet.
+//!
+//! Every simulated host is named `sim-node-NN` and its data carries `gpuwatch.simulated = true`,
+//! so it is never mistaken for real telemetry. At start the fleet's recent history (`--backfill`)
+//! is simulated and written, so queries have data at once; then each host samples live.
+
+use std::future::Future;
+use std::time::Duration;
+
+use gpuwatch_agent::{
+    AgentOptions, Exporter, Fleet, Source, SourceKind, encode, now_unix_nano, resource_attributes,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::server::{self, ServeConfig};
+
+/// What the demo simulates.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Simulated hosts.
+    pub hosts: usize,
+    /// GPUs per host.
+    pub gpus: usize,
+    /// Live sampling interval.
+    pub interval: Duration,
+    /// History simulated at start.
+    pub backfill: Duration,
+}
+
+/// Samples of the backfill are this far apart (or the live interval, if longer).
+const BACKFILL_STEP: Duration = Duration::from_secs(10);
+/// Backfill steps sent per request.
+const STEPS_PER_REQUEST: usize = 30;
+
+/// Runs the demo until `shutdown` resolves.
+pub async fn run(
+    config: ServeConfig,
+    opts: DemoOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    if opts.hosts == 0 || opts.gpus == 0 {
+        return Err(Error::Config(
+            "--synthetic-hosts and --synthetic-gpus must be at least 1".into(),
+        ));
+    }
+    if opts.interval.is_zero() {
+        return Err(Error::Config("--interval must be above zero".into()));
+    }
+    let running = server::start(config.clone()).await?;
+    running.ready().await;
+    let endpoint = format!("http://{}", running.http_addr);
+
+    let mut hosts: Vec<(AgentOptions, Fleet)> = (0..opts.hosts)
+        .map(|h| {
+            let agent = AgentOptions {
+                endpoint: endpoint.clone(),
+                interval: opts.interval,
+                source: SourceKind::Synthetic,
+                synthetic_gpus: opts.gpus,
+                host: format!("sim-node-{:02}", h + 1),
+                seed: h as u64 + 1,
+                ..AgentOptions::default()
+            };
+            let fleet = Fleet::new(opts.gpus, agent.seed);
+            (agent, fleet)
+        })
+        .collect();
+
+    if !opts.backfill.is_zero() {
+        let started = std::time::Instant::now();
+        let rows = backfill(
+            &mut hosts,
+            &endpoint,
+            opts.backfill,
+            opts.interval.max(BACKFILL_STEP),
+        )
+        .await?;
+        tracing::info!(
+            rows,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "simulated history written"
+        );
+    }
+
+    let (stop, stop_rx) = watch::channel(false);
+    let mut agents = Vec::new();
+    for (agent, fleet) in hosts {
+        let mut rx = stop_rx.clone();
+        agents.push(tokio::spawn(async move {
+            let stopped = async move {
+                let _ = rx.changed().await;
+            };
+            if let Err(e) = gpuwatch_agent::run_with_source(&agent, Box::new(fleet), stopped).await
+            {
+                tracing::error!(host = %agent.host, error = %e, "simulated agent failed");
+            }
+        }));
+    }
+
+    print_banner(&config, &running, &opts);
+    shutdown.await;
+    tracing::info!("shutting down: stopping the simulated agents and persisting buffered data");
+    let _ = stop.send(true);
+    for a in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(15), a).await;
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Simulates `span` of history for every host and writes it. Returns the GPU samples written.
+async fn backfill(
+    hosts: &mut [(AgentOptions, Fleet)],
+    endpoint: &str,
+    span: Duration,
+    step: Duration,
+) -> Result<usize> {
+    let now = now_unix_nano();
+    let step_ns = u64::try_from(step.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let span_ns = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
+    let start = now.saturating_sub(span_ns);
+    let mut exporter = Exporter::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
+    let resources: Vec<Vec<(String, String)>> = hosts
+        .iter()
+        .map(|(a, _)| resource_attributes(a, true))
+        .collect();
+    let mut t = start;
+    let mut written = 0usize;
+    while t < now {
+        let mut request = ExportMetricsServiceRequest::default();
+        for _ in 0..STEPS_PER_REQUEST {
+            if t >= now {
+                break;
+            }
+            for ((_, fleet), resource) in hosts.iter_mut().zip(&resources) {
+                let samples = fleet.collect(t).map_err(|e| Error::Other(e.to_string()))?;
+                written += samples.len();
+                request
+                    .resource_metrics
+                    .extend(encode(&samples, resource).resource_metrics);
+            }
+            t += step_ns;
+        }
+        exporter
+            .send(&request)
+            .await
+            .map_err(|e| Error::Other(format!("writing the simulated history failed: {e}")))?;
+    }
+    Ok(written)
+}
+
+fn print_banner(config: &ServeConfig, running: &server::Running, opts: &DemoOptions) {
+    let exe = std::env::args().next().unwrap_or_else(|| "gpuwatch".into());
+    let url = format!("http://{}", running.http_addr);
+    let server_flag = if running.http_addr.to_string() == "127.0.0.1:9500" {
+        String::new()
+    } else {
+        format!(" --server {url}")
+    };
+    println!(
+        r#"
+gpuwatch demo: a SIMULATED fleet of {hosts} hosts x {gpus} GPUs (sim-node-01..{last:02}), sampled every {interval}, {backfill} of history backfilled.
+Simulated data carries gpuwatch.simulated=true and host names sim-node-NN.
+
+  SQL API, OTLP/HTTP, health   {url}   (/api/v1/sql, /v1/metrics, /healthz, /readyz, /metrics)
+  OTLP/HTTP                    http://{otlp}/v1/metrics
+  data directory               {data}
+
+Try:
+  {exe} sql{server_flag} "SELECT host, gpu_index, job_id, job_user, round(avg(gpu_utilization), 2) AS util, round(avg(power_watts)) AS watts FROM gpu_metrics WHERE time > now() - interval '5 minutes' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2"
+
+  {exe} sql{server_flag} "SELECT host, gpu_index, job_id, job_user, job_name, max(gpu_utilization) AS max_util FROM gpu_metrics WHERE time > now() - interval '15 minutes' AND job_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5 HAVING max(gpu_utilization) < 0.01 ORDER BY 1, 2"
+
+  curl -sG {url}/api/v1/sql --data-urlencode format=csv --data-urlencode "q=SELECT job_user, job_id, round(sum(d) / 3.6e6, 3) AS kwh FROM (SELECT job_user, job_id, energy_joules - lag(energy_joules) OVER (PARTITION BY gpu_uuid ORDER BY time) AS d FROM gpu_metrics) WHERE job_id IS NOT NULL GROUP BY 1, 2 ORDER BY kwh DESC LIMIT 10"
+
+Ctrl-C stops the demo (buffered data is persisted first).
+"#,
+        hosts = opts.hosts,
+        gpus = opts.gpus,
+        last = opts.hosts,
+        interval = humantime::format_duration(opts.interval),
+        backfill = humantime::format_duration(opts.backfill),
+        otlp = running.otlp_http_addr,
+        data = config.data_dir.display(),
+    );
+}

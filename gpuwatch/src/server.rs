@@ -1,0 +1,421 @@
+//! `gpuwatch serve`: builds the store and the query engine and serves them.
+//!
+//! Listeners are bound first (so `/healthz` answers at once), then the store replays its WAL in
+//! the background; `/readyz`, writes and queries answer 503 until it is done.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use gpuwatch_query::http::{EngineSlot, error_response};
+use gpuwatch_query::{EngineConfig, QueryEngine, Status};
+use gpuwatch_store::clock::{Clock, SystemClock};
+use gpuwatch_store::ingest::http::decode_request;
+use gpuwatch_store::{ReadStore, Store, StoreConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+
+/// How `serve` runs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Main HTTP listener.
+    pub http_addr: SocketAddr,
+    /// OTLP/HTTP listener.
+    pub otlp_http_addr: SocketAddr,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// How often the buffer is persisted to Parquet.
+    pub persist_interval: Duration,
+    /// Largest request body, compressed or not.
+    pub max_body_bytes: usize,
+    /// Query time limit.
+    pub query_timeout: Duration,
+    /// Allow non-loopback listeners without auth.
+    pub insecure_no_auth: bool,
+}
+
+/// Shared by the handlers.
+#[derive(Debug, Clone)]
+struct App {
+    store: Arc<OnceLock<Arc<Store>>>,
+    engine: EngineSlot,
+    max_body_bytes: usize,
+    clock: Arc<dyn Clock>,
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Running {
+    /// The bound main HTTP address.
+    pub http_addr: SocketAddr,
+    /// The bound OTLP/HTTP address.
+    pub otlp_http_addr: SocketAddr,
+    store: Arc<OnceLock<Arc<Store>>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn check_bind(addr: SocketAddr, insecure: bool, flag: &str) -> Result<()> {
+    if addr.ip().is_loopback() || insecure {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "refusing to listen on {addr} ({flag}) without authentication: bind a loopback address, \
+         or pass --insecure-no-auth to accept unauthenticated traffic from the network"
+    )))
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        Error::Listen(format!(
+            "cannot listen on {addr} ({flag}): {e}; choose another address with {flag}"
+        ))
+    })
+}
+
+/// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
+pub async fn start(config: ServeConfig) -> Result<Running> {
+    check_bind(config.http_addr, config.insecure_no_auth, "--http-addr")?;
+    check_bind(
+        config.otlp_http_addr,
+        config.insecure_no_auth,
+        "--otlp-http-addr",
+    )?;
+    let http = bind(config.http_addr, "--http-addr").await?;
+    let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
+    let http_addr = http
+        .local_addr()
+        .map_err(|e| Error::Listen(e.to_string()))?;
+    let otlp_http_addr = otlp
+        .local_addr()
+        .map_err(|e| Error::Listen(e.to_string()))?;
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let app = App {
+        store: Arc::new(OnceLock::new()),
+        engine: Arc::new(OnceLock::new()),
+        max_body_bytes: config.max_body_bytes,
+        clock: Arc::clone(&clock),
+    };
+    let (shutdown, rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let ingest = Router::new()
+        .route("/v1/metrics", post(otlp_metrics))
+        .with_state(app.clone());
+    let main = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(self_metrics))
+        .with_state(app.clone())
+        .merge(ingest.clone())
+        .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
+        .fallback(not_found);
+    tasks.push(serve(http, main, rx.clone()));
+    tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+
+    // Open the store (WAL replay) off the async threads, then start persisting.
+    let open_app = app.clone();
+    let store_config = StoreConfig {
+        data_dir: config.data_dir.clone(),
+        wal_sync: true,
+    };
+    let query_timeout = config.query_timeout;
+    let persist_every = config.persist_interval;
+    let mut persist_rx = rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
+        let store = match opened {
+            Ok(Ok(s)) => Arc::new(s),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot open the store; the server stays unready");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store open task failed");
+                return;
+            }
+        };
+        let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
+        match QueryEngine::new(read, EngineConfig { query_timeout }) {
+            Ok(engine) => {
+                let _ = open_app.engine.set(engine);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the query engine");
+                return;
+            }
+        }
+        let _ = open_app.store.set(Arc::clone(&store));
+        tracing::info!("ready: accepting writes and queries");
+        let mut tick = tokio::time::interval(persist_every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => persist(&store).await,
+                _ = persist_rx.changed() => break,
+            }
+        }
+    }));
+    Ok(Running {
+        http_addr,
+        otlp_http_addr,
+        store: app.store,
+        shutdown,
+        tasks,
+    })
+}
+
+async fn persist(store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    match tokio::task::spawn_blocking(move || s.persist()).await {
+        Ok(Ok(Some(r))) => tracing::info!(
+            files = r.files.len(),
+            rows = r.rows,
+            wal_through = r.wal_persisted_through,
+            "persisted"
+        ),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "persist failed; the data stays in the write-ahead log and is retried")
+        }
+        Err(e) => tracing::error!(error = %e, "persist task failed"),
+    }
+}
+
+fn serve(
+    listener: TcpListener,
+    router: Router,
+    mut rx: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let result = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = rx.changed().await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "http listener failed");
+        }
+    })
+}
+
+impl Running {
+    /// Stops the listeners, persists what is buffered, and waits for the tasks.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        if let Some(store) = self.store.get() {
+            persist(store).await;
+        }
+    }
+
+    /// Waits until the store is open (the WAL replayed).
+    pub async fn ready(&self) {
+        while self.store.get().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn not_found() -> Response {
+    let mut resp = error_response(Status::BadRequest, "no such endpoint: see docs/http-api.md");
+    *resp.status_mut() = StatusCode::NOT_FOUND;
+    resp
+}
+
+async fn readyz(State(app): State<App>) -> Response {
+    if app.store.get().is_some() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        error_response(
+            Status::Unavailable,
+            "not ready: write-ahead log replay in progress",
+        )
+    }
+}
+
+fn store_error(e: &gpuwatch_store::Error) -> Response {
+    use gpuwatch_store::Error as E;
+    match e {
+        E::TooLarge { .. } => error_response(Status::PayloadTooLarge, &e.to_string()),
+        E::NotReady => error_response(Status::Unavailable, &e.to_string()),
+        _ if e.is_client_error() => error_response(Status::BadRequest, &e.to_string()),
+        _ => {
+            tracing::error!(error = %e, "write failed");
+            error_response(Status::Unavailable, &format!("write not stored: {e}"))
+        }
+    }
+}
+
+async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    let Some(store) = app.store.get().cloned() else {
+        return store_error(&gpuwatch_store::Error::NotReady);
+    };
+    let limit = app.max_body_bytes;
+    let Some(body) = read_body(body, limit).await else {
+        return store_error(&gpuwatch_store::Error::TooLarge { limit });
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let now = app.clock.now_nanos();
+    let work = tokio::task::spawn_blocking(move || {
+        let (batch, stats, format) = decode_request(
+            content_type.as_deref(),
+            encoding.as_deref(),
+            &body,
+            limit,
+            now,
+        )?;
+        store.write(&batch)?;
+        Ok::<_, gpuwatch_store::Error>((stats, format))
+    });
+    match work.await {
+        Ok(Ok((stats, format))) => {
+            tracing::debug!(
+                points = stats.points,
+                rejected = stats.rejected,
+                "otlp export stored"
+            );
+            let mut resp = (StatusCode::OK, format.success_body()).into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            );
+            resp
+        }
+        Ok(Err(e)) => store_error(&e),
+        Err(e) => {
+            tracing::error!(error = %e, "ingest task failed");
+            error_response(Status::Internal, "internal error while storing the write")
+        }
+    }
+}
+
+/// Reads a body of at most `limit` bytes. A larger one is read to its end and dropped (up to a
+/// bound), so the client gets the 413 answer instead of a broken connection.
+async fn read_body(body: Body, limit: usize) -> Option<axum::body::Bytes> {
+    use futures::StreamExt;
+    const DRAIN_AT_MOST: usize = 1 << 30;
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return None;
+        };
+        seen = seen.saturating_add(chunk.len());
+        if seen <= limit {
+            buf.extend_from_slice(&chunk);
+        } else {
+            buf = Vec::new();
+            if seen > DRAIN_AT_MOST {
+                return None;
+            }
+        }
+    }
+    (seen <= limit).then(|| buf.into())
+}
+
+async fn self_metrics(State(app): State<App>) -> Response {
+    let mut out = String::new();
+    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    };
+    line(
+        "gpuwatch_up",
+        "gauge",
+        "1 when the store is open",
+        u64::from(app.store.get().is_some()),
+    );
+    if let Some(store) = app.store.get() {
+        let s = store.stats();
+        line(
+            "gpuwatch_writes_total",
+            "counter",
+            "Writes acknowledged",
+            s.writes.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_rows_written_total",
+            "counter",
+            "Rows acknowledged",
+            s.rows.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_wal_bytes_total",
+            "counter",
+            "Bytes appended to the write-ahead log",
+            s.wal_bytes.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_persists_total",
+            "counter",
+            "Persists to Parquet completed",
+            s.persists.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_persist_failures_total",
+            "counter",
+            "Persists to Parquet failed",
+            s.persist_failures.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_persisted_rows_total",
+            "counter",
+            "Rows written to Parquet",
+            s.persisted_rows.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_wal_replayed_records_total",
+            "counter",
+            "WAL records replayed at start",
+            s.replayed_records.load(Ordering::Relaxed),
+        );
+        let (rows, bytes) = store.buffered();
+        line(
+            "gpuwatch_buffer_rows",
+            "gauge",
+            "Rows buffered in memory",
+            rows as u64,
+        );
+        line(
+            "gpuwatch_buffer_bytes",
+            "gauge",
+            "Bytes buffered in memory",
+            bytes as u64,
+        );
+        line(
+            "gpuwatch_parquet_files",
+            "gauge",
+            "Parquet files in the catalog",
+            store.file_count() as u64,
+        );
+    }
+    let mut resp = (StatusCode::OK, out).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}

@@ -1,0 +1,122 @@
+//! Errors of the query engine, and the one place they become HTTP statuses.
+
+use datafusion::error::DataFusionError;
+
+/// Everything that can go wrong running a query.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request itself is malformed (not the SQL).
+    #[error("{0}")]
+    BadRequest(String),
+
+    /// The SQL does not parse or plan.
+    #[error("{0}")]
+    BadSql(String),
+
+    /// The statement is not a read-only query.
+    #[error("{0}")]
+    NotAllowed(String),
+
+    /// The query ran past the time limit.
+    #[error("query ran longer than {0:?}: narrow the time range or raise --query-timeout")]
+    Timeout(std::time::Duration),
+
+    /// The query needed more resources than allowed.
+    #[error("{0}")]
+    ResourcesExhausted(String),
+
+    /// The server is not ready yet.
+    #[error("the server is not ready yet (write-ahead log replay in progress): retry shortly")]
+    NotReady,
+
+    /// Anything else.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The HTTP status class of an error, decided once here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// 400
+    BadRequest,
+    /// 403
+    Forbidden,
+    /// 413
+    PayloadTooLarge,
+    /// 503
+    Unavailable,
+    /// 504
+    Timeout,
+    /// 500
+    Internal,
+}
+
+impl Status {
+    /// The numeric HTTP status.
+    pub fn code(self) -> u16 {
+        match self {
+            Status::BadRequest => 400,
+            Status::Forbidden => 403,
+            Status::PayloadTooLarge => 413,
+            Status::Unavailable => 503,
+            Status::Timeout => 504,
+            Status::Internal => 500,
+        }
+    }
+}
+
+impl Error {
+    /// The HTTP status class.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::BadRequest(_) | Error::BadSql(_) => Status::BadRequest,
+            Error::NotAllowed(_) => Status::Forbidden,
+            Error::Timeout(_) => Status::Timeout,
+            Error::ResourcesExhausted(_) | Error::NotReady => Status::Unavailable,
+            Error::Internal(_) => Status::Internal,
+        }
+    }
+}
+
+/// Lowercases the first letter, as error messages here start lowercase.
+pub fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+impl From<DataFusionError> for Error {
+    fn from(e: DataFusionError) -> Self {
+        let root = e.find_root();
+        let msg = lower_first(root.to_string().trim());
+        match root {
+            DataFusionError::SQL(..)
+            | DataFusionError::Plan(_)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(_) => Error::BadSql(msg),
+            DataFusionError::ResourcesExhausted(_) => Error::ResourcesExhausted(msg),
+            DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
+                arrow::error::ArrowError::CastError(_)
+                | arrow::error::ArrowError::ComputeError(_)
+                | arrow::error::ArrowError::ArithmeticOverflow(_)
+                | arrow::error::ArrowError::DivideByZero
+                | arrow::error::ArrowError::InvalidArgumentError(_)
+                | arrow::error::ArrowError::ParseError(_) => Error::BadSql(msg),
+                _ => Error::Internal(msg),
+            },
+            DataFusionError::Execution(_) => Error::BadSql(msg),
+            _ => Error::Internal(msg),
+        }
+    }
+}
+
+impl From<arrow::error::ArrowError> for Error {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        Error::Internal(lower_first(&e.to_string()))
+    }
+}
+
+/// Result with the query engine's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
