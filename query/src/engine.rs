@@ -199,3 +199,146 @@ impl QueryEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use gpuwatch_store::clock::SystemClock;
+    use gpuwatch_store::ingest::{Cell, GpuRow, MetricRow, WriteBatch};
+    use gpuwatch_store::{Store, StoreConfig};
+
+    fn write(store: &Store, i: i64) {
+        let mut row = GpuRow::new(1_800_000_000_000_000_000 + i * 1_000_000_000);
+        row.labels[0] = Some("h".into());
+        row.labels[1] = Some(format!("GPU-{}", i % 2));
+        row.values[11] = Some(Cell::F(i as f64));
+        let metric = MetricRow {
+            time: row.time,
+            metric: "m".into(),
+            value: i as f64,
+            labels: vec![("k".into(), format!("v{i}"))],
+        };
+        store
+            .write(&WriteBatch::from_rows(&[row], &[metric]).expect("batch"))
+            .expect("write");
+    }
+
+    async fn count(engine: &QueryEngine, sql: &str) -> i64 {
+        let r = engine.query(sql).await.expect("query");
+        r.batches[0].column(0).as_primitive::<Int64Type>().value(0)
+    }
+
+    #[tokio::test]
+    async fn queries_see_buffer_and_files_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    data_dir: dir.path().to_path_buf(),
+                    wal_sync: false,
+                },
+                Arc::new(SystemClock),
+            )
+            .expect("store"),
+        );
+        let engine = QueryEngine::new(
+            Arc::clone(&store) as Arc<dyn ReadStore>,
+            EngineConfig::default(),
+        )
+        .expect("engine");
+        for i in 0..10 {
+            write(&store, i);
+        }
+        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 10);
+        store.persist().expect("persist");
+        for i in 10..15 {
+            write(&store, i);
+        }
+        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 15);
+        assert_eq!(
+            count(
+                &engine,
+                "SELECT count(DISTINCT power_watts) FROM gpu_metrics"
+            )
+            .await,
+            15
+        );
+        assert_eq!(
+            count(
+                &engine,
+                "SELECT count(*) FROM metrics WHERE labels['k'] = 'v12'"
+            )
+            .await,
+            1
+        );
+        assert_eq!(
+            count(
+                &engine,
+                "SELECT count(*) FROM gpu_metrics WHERE time >= to_timestamp_seconds(1800000005)"
+            )
+            .await,
+            10
+        );
+        let err = engine
+            .query("DROP TABLE gpu_metrics")
+            .await
+            .expect_err("refused");
+        assert_eq!(err.status(), crate::Status::Forbidden);
+        let err = engine
+            .query("SELECT * FROM nope")
+            .await
+            .expect_err("no table");
+        assert_eq!(err.status(), crate::Status::BadRequest);
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn csv_flattens_maps_and_json_keeps_nulls() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    data_dir: dir.path().to_path_buf(),
+                    wal_sync: false,
+                },
+                Arc::new(SystemClock),
+            )
+            .expect("store"),
+        );
+        let engine = QueryEngine::new(
+            Arc::clone(&store) as Arc<dyn ReadStore>,
+            EngineConfig::default(),
+        )
+        .expect("engine");
+        write(&store, 1);
+        let r = engine
+            .query("SELECT metric, labels FROM metrics")
+            .await
+            .expect("query");
+        let csv =
+            String::from_utf8(crate::format::encode(&r, crate::format::Format::Csv).expect("csv"))
+                .expect("utf8");
+        assert_eq!(csv, "metric,labels\nm,{k: v1}\n");
+        let r = engine
+            .query("SELECT gpu_uuid, job_id FROM gpu_metrics")
+            .await
+            .expect("query");
+        let json = String::from_utf8(
+            crate::format::encode(&r, crate::format::Format::Json).expect("json"),
+        )
+        .expect("utf8");
+        assert_eq!(json, "[{\"gpu_uuid\":\"GPU-1\",\"job_id\":null}]");
+        let empty = engine
+            .query("SELECT gpu_uuid FROM gpu_metrics WHERE false")
+            .await
+            .expect("query");
+        assert_eq!(
+            crate::format::encode(&empty, crate::format::Format::Json).expect("json"),
+            b"[]"
+        );
+        let csv = crate::format::encode(&empty, crate::format::Format::Csv).expect("csv");
+        assert_eq!(csv, b"gpu_uuid\n");
+    }
+}

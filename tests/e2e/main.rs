@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `gpuwatch` and `gpuwatch-agent` binaries, started on free ports.
 
 mod bad_input;
+mod cli;
 mod config;
 mod durability;
 mod pipeline;
