@@ -141,4 +141,41 @@ async fn bad_input_gets_clear_errors_and_the_server_stays_up() {
         crate::scalar(&server, "SELECT count(*) FROM gpu_metrics").await,
         1.0
     );
+
+    // gzip JSON on the main listener and gzip protobuf on the OTLP listener are accepted too.
+    let good = otlp_json("hw.power", 2.0, crate::now_ns(), &[("hw.id", "GPU-gz")]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(good.as_bytes()).expect("gzip");
+    let (s, b) = post_otlp(
+        &url,
+        "application/json",
+        Some("gzip"),
+        gz.finish().expect("gzip"),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b, "{}");
+    let req: opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest =
+        serde_json::from_str(&otlp_json(
+            "hw.power",
+            3.0,
+            crate::now_ns(),
+            &[("hw.id", "GPU-pb")],
+        ))
+        .expect("otlp json");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&prost::Message::encode_to_vec(&req))
+        .expect("gzip");
+    let (s, _) = post_otlp(
+        &server.otlp_url(),
+        "application/x-protobuf",
+        Some("gzip"),
+        gz.finish().expect("gzip"),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        crate::scalar(&server, "SELECT count(DISTINCT gpu_uuid) FROM gpu_metrics").await,
+        3.0
+    );
 }
