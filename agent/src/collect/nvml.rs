@@ -249,10 +249,14 @@ impl Source for NvmlSource {
 }
 
 /// `Ok` → `Some`; `Err` → `None` with a debug log naming the field.
-fn field<T>(index: u32, what: &str, r: Result<T, NvmlError>) -> Option<T> {
+fn field<T>(index: u32, what: &'static str, r: Result<T, NvmlError>) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e) => {
+            // "Not supported" is what the GPU is, not an error of the call.
+            if !matches!(e, NvmlError::NotSupported) {
+                crate::metrics::nvml_error(what);
+            }
             debug!(gpu = index, field = what, error = %e, "nvml field not available");
             None
         }
