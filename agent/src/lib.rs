@@ -45,6 +45,7 @@
 //! ```
 
 pub mod attribute;
+pub mod buffer;
 pub mod collect;
 pub mod config;
 pub mod error;
@@ -164,7 +165,13 @@ pub async fn run_with_source(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let resource = resource_attributes(opts, source.simulated());
-    let mut exporter = Exporter::new(&opts.endpoint)?;
+    let mut exporter = match &opts.buffer_dir {
+        Some(dir) => Exporter::with_spool(
+            &opts.endpoint,
+            Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
+        )?,
+        None => Exporter::new(&opts.endpoint)?,
+    };
     info!(
         source = source.name(),
         host = %opts.host,

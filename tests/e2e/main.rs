@@ -2,6 +2,7 @@
 
 mod agent_prometheus;
 mod agent_slurm;
+mod agent_spool;
 mod bad_input;
 mod config;
 mod durability;
