@@ -138,14 +138,17 @@ async fn print_once(opts: &AgentOptions, mut source: Box<dyn Source>) -> Result<
         attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT))
             .apply(&mut samples, &mut processes);
     }
+    let events = source.events();
     #[derive(serde::Serialize)]
     struct Once<'a> {
         gpus: &'a [GpuSample],
         processes: &'a [ProcessSample],
+        events: &'a [collect::GpuEvent],
     }
     let once = Once {
         gpus: &samples,
         processes: &processes,
+        events: &events,
     };
     let text = json::to_string_pretty(&once).map_err(|e| Error::Encode(e.to_string()))?;
     let mut out = std::io::stdout().lock();
@@ -264,8 +267,9 @@ async fn tick(
     if let Some(a) = attributor {
         a.apply(&mut samples, &mut processes);
     }
+    let events = source.events();
     let req: ExportMetricsServiceRequest =
-        export::otlp::encode_collection(&samples, &processes, resource);
+        export::otlp::encode_collection(&samples, &processes, &events, resource);
     metrics::collection_done(
         u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         samples.len(),

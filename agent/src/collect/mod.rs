@@ -162,6 +162,24 @@ pub struct ProcessSample {
     pub sm_utilization: Option<f64>,
 }
 
+/// Something that happened on a GPU between two collections (NVML event set). Becomes one row
+/// of `gpu_events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuEvent {
+    /// When the agent saw it, Unix nanoseconds.
+    pub time_unix_nano: u64,
+    /// UUID of the GPU.
+    pub gpu_uuid: String,
+    /// NVML index of the GPU.
+    pub gpu_index: u32,
+    /// `xid`, `ecc_sbe` or `ecc_dbe`.
+    pub kind: String,
+    /// The XID number; 0 for ECC events.
+    pub code: i64,
+    /// Free text, e.g. `xid 79: GPU has fallen off the bus`.
+    pub detail: String,
+}
+
 /// Something that reads the GPUs of one host.
 ///
 /// Time is passed in rather than read from the clock, so that tests are deterministic and the
@@ -180,6 +198,11 @@ pub trait Source: Send {
 
     /// The processes on the GPUs, read by the last [`Source::collect`]. Empty by default.
     fn processes(&mut self) -> Vec<ProcessSample> {
+        Vec::new()
+    }
+
+    /// The events seen since the previous call (drained). Empty by default.
+    fn events(&mut self) -> Vec<GpuEvent> {
         Vec::new()
     }
 
