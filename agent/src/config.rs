@@ -10,6 +10,7 @@
 //! touching the process environment.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,6 +31,12 @@ pub const DEFAULT_SYNTHETIC_GPUS: usize = 8;
 pub const MAX_SYNTHETIC_GPUS: usize = 1024;
 /// Shortest accepted interval.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Default `--metrics-addr` (dcgm-exporter's port).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9400";
+/// Default `--buffer-max-bytes`: 256 MiB.
+pub const DEFAULT_BUFFER_MAX_BYTES: u64 = 256 << 20;
+/// Smallest accepted `--buffer-max-bytes`.
+pub const MIN_BUFFER_MAX_BYTES: u64 = 64 << 10;
 
 /// Wire protocol to the endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -50,6 +57,10 @@ pub enum SourceKind {
     Nvml,
     /// A simulated node of H100s running jobs (clearly labelled simulated).
     Synthetic,
+    /// A simulated NVML for tests on hosts without GPUs: --synthetic-gpus idle GPUs whose
+    /// processes are those holding `<--fake-dev-dir>/nvidia<N>` open; job attribution applies
+    /// (labelled simulated).
+    Fake,
 }
 
 const AFTER_HELP: &str = "\
@@ -118,6 +129,32 @@ pub struct Cli {
     #[arg(long)]
     pub once: bool,
 
+    /// Directory of job mapping files written by the Slurm prolog/epilog (dcgm-exporter's
+    /// --hpc-job-mapping-dir layout: one file per GPU index, or `index.gi` for MIG, holding
+    /// job ids one per line) [env: GPUWATCH_JOB_MAPPING_DIR]
+    #[arg(long, value_name = "DIR", default_value = crate::attribute::DEFAULT_JOB_MAPPING_DIR)]
+    pub job_mapping_dir: PathBuf,
+
+    /// Where the Prometheus exposition (dcgm-exporter names, plus the agent's own metrics) is
+    /// served on /metrics; `off` disables it [env: GPUWATCH_METRICS_ADDR]
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = metrics_addr_arg)]
+    pub metrics_addr: MetricsAddr,
+
+    /// Directory of the disk spool that keeps samples while the endpoint is down (replayed in
+    /// order when it is back); without it they wait in memory [env: GPUWATCH_BUFFER_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub buffer_dir: Option<PathBuf>,
+
+    /// Most bytes the disk spool may hold; the oldest samples are dropped (and counted) beyond
+    /// [env: GPUWATCH_BUFFER_MAX_BYTES]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BUFFER_MAX_BYTES)]
+    pub buffer_max_bytes: u64,
+
+    /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)
+    /// [env: GPUWATCH_FAKE_DEV_DIR]
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub fake_dev_dir: PathBuf,
+
     /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -152,7 +189,21 @@ pub struct FileConfig {
     pub once: Option<bool>,
     /// Log filter.
     pub log_level: Option<String>,
+    /// Job mapping directory.
+    pub job_mapping_dir: Option<PathBuf>,
+    /// `/metrics` address or `off`.
+    pub metrics_addr: Option<String>,
+    /// Disk spool directory.
+    pub buffer_dir: Option<PathBuf>,
+    /// Disk spool bound, bytes.
+    pub buffer_max_bytes: Option<u64>,
+    /// Device nodes of `--source fake`.
+    pub fake_dev_dir: Option<PathBuf>,
 }
+
+/// `--metrics-addr`: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsAddr(pub Option<SocketAddr>);
 
 /// What the agent does: everything [`crate::run`] needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,10 +226,21 @@ pub struct AgentOptions {
     pub seed: u64,
     /// Collect once, print JSON, send nothing.
     pub once: bool,
+    /// Job mapping directory (Slurm prolog/epilog).
+    pub job_mapping_dir: PathBuf,
+    /// Where `/metrics` is served; `None`: nowhere.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Disk spool directory; `None`: an in-memory queue.
+    pub buffer_dir: Option<PathBuf>,
+    /// Disk spool bound, bytes.
+    pub buffer_max_bytes: u64,
+    /// Device nodes of `--source fake`.
+    pub fake_dev_dir: PathBuf,
 }
 
 impl Default for AgentOptions {
-    /// The defaults of the command line; the host is this machine's hostname.
+    /// The defaults of the command line, except that no `/metrics` listener is started (the
+    /// server's `demo` runs several agents in one process); the host is this machine's hostname.
     fn default() -> Self {
         let host = hostname();
         AgentOptions {
@@ -191,6 +253,11 @@ impl Default for AgentOptions {
             host,
             labels: Vec::new(),
             once: false,
+            job_mapping_dir: PathBuf::from(crate::attribute::DEFAULT_JOB_MAPPING_DIR),
+            metrics_addr: None,
+            buffer_dir: None,
+            buffer_max_bytes: DEFAULT_BUFFER_MAX_BYTES,
+            fake_dev_dir: PathBuf::from("/dev"),
         }
     }
 }
@@ -209,6 +276,7 @@ impl AgentOptions {
             labels: Vec::new(),
             seed,
             once: false,
+            ..AgentOptions::default()
         }
     }
 }
@@ -236,6 +304,11 @@ struct Layer {
     once: Option<bool>,
     config: Option<PathBuf>,
     log_level: Option<String>,
+    job_mapping_dir: Option<PathBuf>,
+    metrics_addr: Option<MetricsAddr>,
+    buffer_dir: Option<PathBuf>,
+    buffer_max_bytes: Option<u64>,
+    fake_dev_dir: Option<PathBuf>,
 }
 
 /// Parse the command line `args` (the first item is the program name), read the environment
@@ -316,13 +389,55 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         file.log_level,
     );
 
+    let job_mapping_dir = pick(
+        m,
+        "job_mapping_dir",
+        cli.job_mapping_dir.clone(),
+        env.job_mapping_dir,
+        file.job_mapping_dir,
+    );
+    let metrics_addr = pick(
+        m,
+        "metrics_addr",
+        cli.metrics_addr,
+        env.metrics_addr,
+        file.metrics_addr,
+    );
+    let buffer_dir = pick_opt(
+        m,
+        "buffer_dir",
+        cli.buffer_dir.clone(),
+        env.buffer_dir,
+        file.buffer_dir,
+    );
+    let buffer_max_bytes = pick(
+        m,
+        "buffer_max_bytes",
+        cli.buffer_max_bytes,
+        env.buffer_max_bytes,
+        file.buffer_max_bytes,
+    );
+    let fake_dev_dir = pick(
+        m,
+        "fake_dev_dir",
+        cli.fake_dev_dir.clone(),
+        env.fake_dev_dir,
+        file.fake_dev_dir,
+    );
+    if buffer_max_bytes < MIN_BUFFER_MAX_BYTES {
+        return Err(Error::Invalid(format!(
+            "buffer_max_bytes {buffer_max_bytes} is too small: use at least {MIN_BUFFER_MAX_BYTES}"
+        )));
+    }
     if interval < MIN_INTERVAL {
         return Err(Error::Invalid(format!(
             "interval {} is too short: use at least 100ms",
             humantime::format_duration(interval)
         )));
     }
-    if source == SourceKind::Synthetic && !(1..=MAX_SYNTHETIC_GPUS).contains(&synthetic_gpus) {
+    if matches!(source, SourceKind::Synthetic | SourceKind::Fake)
+        && !(1..=MAX_SYNTHETIC_GPUS).contains(&synthetic_gpus)
+    {
         return Err(Error::Invalid(format!(
             "synthetic_gpus must be between 1 and {MAX_SYNTHETIC_GPUS}, got {synthetic_gpus}"
         )));
@@ -359,6 +474,11 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
             labels,
             seed,
             once,
+            job_mapping_dir,
+            metrics_addr: metrics_addr.0,
+            buffer_dir,
+            buffer_max_bytes,
+            fake_dev_dir,
         },
         log_level,
     })
@@ -368,7 +488,7 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
 /// for the real host.
 pub fn default_host(source: SourceKind) -> String {
     match source {
-        SourceKind::Synthetic => format!("sim-{}", hostname()),
+        SourceKind::Synthetic | SourceKind::Fake => format!("sim-{}", hostname()),
         SourceKind::Auto | SourceKind::Nvml => hostname(),
     }
 }
@@ -403,6 +523,21 @@ pub fn parse_label(value: &str) -> Result<(String, String)> {
 
 fn duration_arg(value: &str) -> Result<Duration, String> {
     parse_duration(value).map_err(|e| e.to_string())
+}
+
+/// Parse `--metrics-addr`: `host:port`, or `off` / `none` / empty to disable.
+pub fn parse_metrics_addr(value: &str) -> Result<MetricsAddr, String> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("off") || v.eq_ignore_ascii_case("none") {
+        return Ok(MetricsAddr(None));
+    }
+    v.parse::<SocketAddr>()
+        .map(|a| MetricsAddr(Some(a)))
+        .map_err(|_| format!("expected an address such as 127.0.0.1:9400, or off; got {v:?}"))
+}
+
+fn metrics_addr_arg(value: &str) -> Result<MetricsAddr, String> {
+    parse_metrics_addr(value)
 }
 
 fn label_arg(value: &str) -> Result<(String, String), String> {
@@ -515,6 +650,17 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         once: get(env, "GPUWATCH_ONCE", parse_bool)?,
         config: get(env, "GPUWATCH_CONFIG", |v| Ok(PathBuf::from(v.trim())))?,
         log_level: get(env, "GPUWATCH_LOG_LEVEL", string)?,
+        job_mapping_dir: get(env, "GPUWATCH_JOB_MAPPING_DIR", |v| {
+            Ok(PathBuf::from(v.trim()))
+        })?,
+        metrics_addr: get(env, "GPUWATCH_METRICS_ADDR", parse_metrics_addr)?,
+        buffer_dir: get(env, "GPUWATCH_BUFFER_DIR", |v| Ok(PathBuf::from(v.trim())))?,
+        buffer_max_bytes: get(env, "GPUWATCH_BUFFER_MAX_BYTES", |v| {
+            v.trim().parse::<u64>().map_err(|e| e.to_string())
+        })?,
+        fake_dev_dir: get(env, "GPUWATCH_FAKE_DEV_DIR", |v| {
+            Ok(PathBuf::from(v.trim()))
+        })?,
     })
 }
 
@@ -565,6 +711,14 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         once: file.once,
         config: None,
         log_level: file.log_level,
+        job_mapping_dir: file.job_mapping_dir,
+        metrics_addr: file
+            .metrics_addr
+            .map(|v| parse_metrics_addr(&v).map_err(|m| field("metrics_addr", m)))
+            .transpose()?,
+        buffer_dir: file.buffer_dir,
+        buffer_max_bytes: file.buffer_max_bytes,
+        fake_dev_dir: file.fake_dev_dir,
     })
 }
 

@@ -137,6 +137,15 @@ pub enum Error {
     #[error("cannot write to stdout: {0}")]
     Io(#[from] std::io::Error),
 
+    /// The disk spool of `--buffer-dir` could not be opened.
+    #[error("cannot open the disk spool in {}: {message}", path.display())]
+    Spool {
+        /// The `--buffer-dir`.
+        path: PathBuf,
+        /// What went wrong and what to do.
+        message: String,
+    },
+
     /// The async runtime could not be started.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -169,6 +178,7 @@ impl Error {
             | Error::ExportRejected { .. }
             | Error::Encode(_)
             | Error::Io(_)
+            | Error::Spool { .. }
             | Error::Runtime(_) => 1,
         }
     }

@@ -44,12 +44,15 @@
 //! # Ok(()) }
 //! ```
 
+pub mod attribute;
+pub mod buffer;
 pub mod collect;
 pub mod config;
 pub mod error;
 pub mod export;
 pub mod hostname;
 mod json;
+pub mod metrics;
 
 use std::future::Future;
 use std::io::Write;
@@ -61,10 +64,13 @@ use tracing::{debug, info, warn};
 
 pub use collect::nvml::NvmlSource;
 pub use collect::synthetic::Fleet;
-pub use collect::{GpuSample, JobLabels, Source};
+pub use collect::{GpuSample, JobLabels, ProcessSample, Source};
 pub use config::{AgentOptions, Protocol, Settings, SourceKind};
 pub use error::{Error, Result};
 pub use export::{Exporter, encode};
+
+/// Where processes are read from.
+pub const PROC_ROOT: &str = "/proc";
 
 /// Resource attribute set on simulated data.
 pub const SIMULATED_ATTRIBUTE: &str = "gpuwatch.simulated";
@@ -82,6 +88,11 @@ pub fn now_unix_nano() -> u64 {
 pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
     match opts.source {
         SourceKind::Synthetic => Ok(Box::new(Fleet::new(opts.synthetic_gpus, opts.seed))),
+        SourceKind::Fake => Ok(Box::new(collect::fake::FakeNvml::new(
+            u32::try_from(opts.synthetic_gpus).unwrap_or(u32::MAX),
+            &opts.fake_dev_dir,
+            std::path::Path::new(PROC_ROOT),
+        ))),
         SourceKind::Nvml | SourceKind::Auto => {
             let source = NvmlSource::new()?;
             if opts.source == SourceKind::Auto {
@@ -109,20 +120,37 @@ pub fn resource_attributes(opts: &AgentOptions, simulated: bool) -> Vec<(String,
 pub async fn run(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
     let source = build_source(&opts)?;
     if opts.once {
-        return print_once(source).await;
+        return print_once(&opts, source).await;
     }
     run_with_source(&opts, source, shutdown).await
 }
 
 /// Collect once and print pretty JSON to stdout. A real source is read twice, one second apart,
 /// so that GPM ratios (computed between two samples) are filled.
-async fn print_once(mut source: Box<dyn Source>) -> Result<()> {
+async fn print_once(opts: &AgentOptions, mut source: Box<dyn Source>) -> Result<()> {
     if !source.simulated() {
         source.collect(now_unix_nano())?;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let samples = source.collect(now_unix_nano())?;
-    let text = json::to_string_pretty(&samples).map_err(|e| Error::Encode(e.to_string()))?;
+    let mut samples = source.collect(now_unix_nano())?;
+    let mut processes = source.processes();
+    if source.attributable() {
+        attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT))
+            .apply(&mut samples, &mut processes);
+    }
+    let events = source.events();
+    #[derive(serde::Serialize)]
+    struct Once<'a> {
+        gpus: &'a [GpuSample],
+        processes: &'a [ProcessSample],
+        events: &'a [collect::GpuEvent],
+    }
+    let once = Once {
+        gpus: &samples,
+        processes: &processes,
+        events: &events,
+    };
+    let text = json::to_string_pretty(&once).map_err(|e| Error::Encode(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
         // `gpuwatch-agent --once | head` is fine.
@@ -140,7 +168,13 @@ pub async fn run_with_source(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let resource = resource_attributes(opts, source.simulated());
-    let mut exporter = Exporter::new(&opts.endpoint)?;
+    let mut exporter = match &opts.buffer_dir {
+        Some(dir) => Exporter::with_spool(
+            &opts.endpoint,
+            Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
+        )?,
+        None => Exporter::new(&opts.endpoint)?,
+    };
     info!(
         source = source.name(),
         host = %opts.host,
@@ -149,6 +183,24 @@ pub async fn run_with_source(
         simulated = source.simulated(),
         "agent started"
     );
+    let expo: export::prometheus::SharedExposition =
+        std::sync::Arc::new(std::sync::Mutex::new(export::prometheus::Exposition {
+            host: opts.host.clone(),
+            samples: Vec::new(),
+        }));
+    let metrics_task = match opts.metrics_addr {
+        Some(addr) => match export::prometheus::serve(addr, expo.clone()).await {
+            Ok(task) => Some(task),
+            Err(e) => {
+                warn!(%addr, error = %e, "cannot serve /metrics: going on without it; free the address or set --metrics-addr");
+                None
+            }
+        },
+        None => None,
+    };
+    let mut attributor = source.attributable().then(|| {
+        attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT))
+    });
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -161,8 +213,11 @@ pub async fn run_with_source(
         // cancel-safe (a request leaves the queue only once answered).
         tokio::select! {
             () = &mut shutdown => break,
-            () = tick(source.as_mut(), &mut exporter, &resource) => {}
+            () = tick(source.as_mut(), attributor.as_mut(), &mut exporter, &resource, &expo) => {}
         }
+    }
+    if let Some(task) = metrics_task {
+        task.abort();
     }
     if exporter.queued() > 0 {
         info!(
@@ -189,10 +244,18 @@ pub async fn run_with_source(
 }
 
 /// One collection: read, encode, export. Failures are logged; the loop goes on.
-async fn tick(source: &mut dyn Source, exporter: &mut Exporter, resource: &[(String, String)]) {
-    let samples = match source.collect(now_unix_nano()) {
+async fn tick(
+    source: &mut dyn Source,
+    attributor: Option<&mut attribute::Attributor>,
+    exporter: &mut Exporter,
+    resource: &[(String, String)],
+    expo: &export::prometheus::SharedExposition,
+) {
+    let started = std::time::Instant::now();
+    let mut samples = match source.collect(now_unix_nano()) {
         Ok(s) => s,
         Err(e) => {
+            metrics::collection_failed();
             warn!(source = source.name(), error = %e, "collection failed");
             return;
         }
@@ -200,9 +263,25 @@ async fn tick(source: &mut dyn Source, exporter: &mut Exporter, resource: &[(Str
     if samples.is_empty() {
         debug!("no gpus read this tick");
     }
-    let req: ExportMetricsServiceRequest = encode(&samples, resource);
+    let mut processes = source.processes();
+    if let Some(a) = attributor {
+        a.apply(&mut samples, &mut processes);
+    }
+    let events = source.events();
+    let req: ExportMetricsServiceRequest =
+        export::otlp::encode_collection(&samples, &processes, &events, resource);
+    metrics::collection_done(
+        u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        samples.len(),
+        processes.len(),
+    );
+    let gpus = samples.len();
+    {
+        let mut e = expo.lock().unwrap_or_else(|p| p.into_inner());
+        e.samples = samples;
+    }
     match exporter.send(&req).await {
-        Ok(()) => debug!(gpus = samples.len(), "sent"),
+        Ok(()) => debug!(gpus, "sent"),
         Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
         // Rejections are logged by the exporter with the response body.
         Err(Error::ExportRejected { .. }) => {}

@@ -6,6 +6,7 @@
 //! same order and with the same units. `None` means the source could not read the value; it is
 //! never replaced by 0.
 
+pub mod fake;
 pub mod nvml;
 pub mod synthetic;
 
@@ -140,6 +141,45 @@ impl GpuSample {
     }
 }
 
+/// One process holding a context on a GPU. Becomes one row of `gpu_processes`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessSample {
+    /// When the sample was taken, Unix nanoseconds.
+    pub time_unix_nano: u64,
+    /// UUID of the GPU the process runs on.
+    pub gpu_uuid: String,
+    /// NVML index of that GPU.
+    pub gpu_index: u32,
+    /// Process id (in the agent's pid namespace).
+    pub pid: u32,
+    /// Short command name from `/proc/<pid>/comm`, when readable.
+    pub process_name: Option<String>,
+    /// The job the process belongs to (from its environment or cgroup).
+    pub job: Option<JobLabels>,
+    /// GPU memory used by the process, bytes.
+    pub used_memory_bytes: Option<i64>,
+    /// Ratio 0..1 of the GPU's SMs the process kept busy since the previous sample.
+    pub sm_utilization: Option<f64>,
+}
+
+/// Something that happened on a GPU between two collections (NVML event set). Becomes one row
+/// of `gpu_events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuEvent {
+    /// When the agent saw it, Unix nanoseconds.
+    pub time_unix_nano: u64,
+    /// UUID of the GPU.
+    pub gpu_uuid: String,
+    /// NVML index of the GPU.
+    pub gpu_index: u32,
+    /// `xid`, `ecc_sbe` or `ecc_dbe`.
+    pub kind: String,
+    /// The XID number; 0 for ECC events.
+    pub code: i64,
+    /// Free text, e.g. `xid 79: GPU has fallen off the bus`.
+    pub detail: String,
+}
+
 /// Something that reads the GPUs of one host.
 ///
 /// Time is passed in rather than read from the clock, so that tests are deterministic and the
@@ -154,5 +194,21 @@ pub trait Source: Send {
     /// Whether the samples are simulated (adds `gpuwatch.simulated = true` to the resource).
     fn simulated(&self) -> bool {
         false
+    }
+
+    /// The processes on the GPUs, read by the last [`Source::collect`]. Empty by default.
+    fn processes(&mut self) -> Vec<ProcessSample> {
+        Vec::new()
+    }
+
+    /// The events seen since the previous call (drained). Empty by default.
+    fn events(&mut self) -> Vec<GpuEvent> {
+        Vec::new()
+    }
+
+    /// Whether the host's job attribution (mapping dir, `/proc`) applies to these GPUs. The
+    /// simulated fleet carries its own simulated jobs and says no.
+    fn attributable(&self) -> bool {
+        true
     }
 }

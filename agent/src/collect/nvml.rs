@@ -18,17 +18,25 @@
 //! | ECC volatile totals | `nvmlDeviceGetTotalEccErrors(corrected/uncorrected, volatile)` | count |
 //! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart | % → ratio, MiB/s → B/s |
 //!
-//! Not read yet: XID errors (needs an event set), MIG instances, job attribution (all `None`).
+//! | XID errors since agent start, `gpu_events` | event set (`nvmlEventSetWait`, non-blocking, drained each collection): XID, single- and double-bit ECC | count |
+//! | processes: used memory, SM utilisation | `nvmlDeviceGetComputeRunningProcesses`, `nvmlDeviceGetProcessUtilization` (samples since the last one seen) | bytes, % → ratio |
+//!
+//! Not read yet: MIG instances (nvml-wrapper 0.13 does not wrap the GPU / compute instance ids
+//! that name them). Job attribution is done afterwards ([`crate::attribute`]).
 //! GPM values appear from the second collection on, since they are computed between two samples.
 
 use std::collections::{HashMap, HashSet};
 
 use nvml_wrapper::Device;
+use nvml_wrapper::EventSet;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
 };
 use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
@@ -38,7 +46,7 @@ use nvml_wrapper::sys_exports::field_id::{
 };
 use tracing::{debug, info, warn};
 
-use crate::collect::{GpuSample, Source};
+use crate::collect::{GpuEvent, GpuSample, ProcessSample, Source};
 use crate::error::{Error, Result};
 
 /// The GPM metrics read on Hopper and newer GPUs.
@@ -65,7 +73,22 @@ pub struct NvmlSource {
     gpm_unsupported: HashSet<u32>,
     /// GPUs already warned about, so a broken GPU does not flood the log.
     warned: HashSet<u32>,
+    /// XID and ECC events of every GPU that supports them.
+    events: Option<EventSet<'static>>,
+    /// GPUs registered for XID events: their `xid_errors_total` starts at 0.
+    xid_registered: HashSet<String>,
+    /// XID errors per GPU UUID since the agent started.
+    xid_counts: HashMap<String, i64>,
+    /// Events drained by the last collection.
+    pending_events: Vec<GpuEvent>,
+    /// Processes read by the last collection.
+    processes: Vec<ProcessSample>,
+    /// Newest per-process utilisation timestamp seen per GPU (µs, NVML's clock).
+    process_util_seen: HashMap<u32, u64>,
 }
+
+/// Most events drained per collection (a storm of ECC events must not stall the loop).
+const MAX_EVENTS_PER_TICK: usize = 1000;
 
 impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,12 +120,127 @@ impl NvmlSource {
             driver = nvml.sys_driver_version().unwrap_or_default(),
             "nvml initialised"
         );
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+        let (events, xid_registered) = register_events(nvml, count);
         Ok(NvmlSource {
-            nvml: Box::leak(Box::new(nvml)),
+            nvml,
             gpm_prev: HashMap::new(),
             gpm_unsupported: HashSet::new(),
             warned: HashSet::new(),
+            events,
+            xid_registered,
+            xid_counts: HashMap::new(),
+            pending_events: Vec::new(),
+            processes: Vec::new(),
+            process_util_seen: HashMap::new(),
         })
+    }
+
+    /// Drain the event set (non-blocking) into `pending_events` and the XID counts.
+    fn drain_events(&mut self, now: u64) {
+        let Some(set) = &self.events else {
+            return;
+        };
+        for _ in 0..MAX_EVENTS_PER_TICK {
+            let event = match set.wait(0) {
+                Ok(e) => e,
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    crate::metrics::nvml_error("event set wait");
+                    debug!(error = %e, "nvml event wait failed");
+                    break;
+                }
+            };
+            let uuid = event.device.uuid().unwrap_or_default();
+            let index = event.device.index().unwrap_or(u32::MAX);
+            let (kind, code, detail) = if event.event_type.contains(EventTypes::CRITICAL_XID_ERROR)
+            {
+                *self.xid_counts.entry(uuid.clone()).or_insert(0) += 1;
+                match event.event_data {
+                    Some(XidError::Value(x)) => (
+                        "xid",
+                        i64::try_from(x).unwrap_or(i64::MAX),
+                        format!("xid {x}"),
+                    ),
+                    _ => ("xid", 0, "xid of unknown value".to_string()),
+                }
+            } else if event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                (
+                    "ecc_dbe",
+                    0,
+                    "double-bit (uncorrected) ecc error".to_string(),
+                )
+            } else if event.event_type.contains(EventTypes::SINGLE_BIT_ECC_ERROR) {
+                ("ecc_sbe", 0, "single-bit (corrected) ecc error".to_string())
+            } else {
+                continue;
+            };
+            warn!(gpu = index, %uuid, kind, code, "gpu event");
+            self.pending_events.push(GpuEvent {
+                time_unix_nano: now,
+                gpu_uuid: uuid,
+                gpu_index: index,
+                kind: kind.to_string(),
+                code,
+                detail,
+            });
+        }
+    }
+
+    /// Compute processes of one GPU with their memory and SM utilisation.
+    fn read_processes(&mut self, index: u32, device: &Device<'static>, s: &GpuSample) {
+        let Some(procs) = field(
+            index,
+            "running compute processes",
+            device.running_compute_processes(),
+        ) else {
+            return;
+        };
+        if procs.is_empty() {
+            return;
+        }
+        let seen = self.process_util_seen.get(&index).copied();
+        // Not every GPU or driver keeps per-process samples: the rows then have memory only.
+        let util = match device.process_utilization_stats(seen) {
+            Ok(u) => u,
+            Err(NvmlError::NotFound) => Vec::new(),
+            Err(e) => {
+                field::<()>(index, "process utilization", Err(e));
+                Vec::new()
+            }
+        };
+        let mut newest: HashMap<u32, (u64, u32)> = HashMap::new();
+        for u in &util {
+            let entry = newest.entry(u.pid).or_insert((u.timestamp, u.sm_util));
+            if u.timestamp >= entry.0 {
+                *entry = (u.timestamp, u.sm_util);
+            }
+        }
+        if let Some(max) = util.iter().map(|u| u.timestamp).max() {
+            self.process_util_seen.insert(index, max);
+        }
+        for p in procs {
+            let used = match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => to_i64(b),
+                UsedGpuMemory::Unavailable => None,
+            };
+            self.processes.push(ProcessSample {
+                time_unix_nano: s.time_unix_nano,
+                gpu_uuid: s.gpu_uuid.clone(),
+                gpu_index: index,
+                pid: p.pid,
+                process_name: None,
+                job: None,
+                used_memory_bytes: used,
+                // A process with no sample in the window did not use the SMs: 0, but only if
+                // the GPU gives per-process samples at all.
+                sm_utilization: match newest.get(&p.pid) {
+                    Some((_, sm)) => Some(percent_to_ratio(f64::from(*sm))),
+                    None if !util.is_empty() || seen.is_some() => Some(0.0),
+                    None => None,
+                },
+            });
+        }
     }
 
     fn warn_once(&mut self, index: u32, what: &str, error: &NvmlError) {
@@ -184,6 +322,10 @@ impl NvmlSource {
         .and_then(to_i64);
         read_field_values(index, &device, &mut s);
         self.read_gpm(index, &device, &mut s);
+        if self.xid_registered.contains(&s.gpu_uuid) {
+            s.xid_errors_total = Some(self.xid_counts.get(&s.gpu_uuid).copied().unwrap_or(0));
+        }
+        self.read_processes(index, &device, &s);
         Some(s)
     }
 
@@ -242,17 +384,86 @@ impl Source for NvmlSource {
             context: "counting gpus",
             source,
         })?;
+        self.processes.clear();
+        self.drain_events(now_unix_nano);
         Ok((0..count)
             .filter_map(|i| self.read_gpu(i, now_unix_nano))
             .collect())
     }
+
+    fn processes(&mut self) -> Vec<ProcessSample> {
+        std::mem::take(&mut self.processes)
+    }
+
+    fn events(&mut self) -> Vec<GpuEvent> {
+        std::mem::take(&mut self.pending_events)
+    }
+}
+
+/// One event set with every GPU that supports XID / ECC events registered. Returns the set (if
+/// any GPU could be registered) and the UUIDs registered for XID events.
+fn register_events(
+    nvml: &'static Nvml,
+    count: u32,
+) -> (Option<EventSet<'static>>, HashSet<String>) {
+    let wanted = EventTypes::CRITICAL_XID_ERROR
+        | EventTypes::DOUBLE_BIT_ECC_ERROR
+        | EventTypes::SINGLE_BIT_ECC_ERROR;
+    let mut set: Option<EventSet<'static>> = None;
+    let mut xid = HashSet::new();
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let Ok(uuid) = device.uuid() else {
+            continue;
+        };
+        let types = match device.supported_event_types() {
+            Ok(t) => t & wanted,
+            Err(e) => {
+                debug!(gpu = index, error = %e, "no nvml events on this gpu");
+                continue;
+            }
+        };
+        if types.is_empty() {
+            continue;
+        }
+        let current = match set.take() {
+            Some(s) => s,
+            None => match nvml.create_event_set() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "cannot create an nvml event set: xid and ecc events are not watched");
+                    return (None, HashSet::new());
+                }
+            },
+        };
+        match device.register_events(types, current) {
+            Ok(s) => {
+                set = Some(s);
+                if types.contains(EventTypes::CRITICAL_XID_ERROR) {
+                    xid.insert(uuid);
+                }
+            }
+            // The wrapper released the set: the GPUs registered before are lost with it.
+            Err(e) => {
+                warn!(gpu = index, error = %e.error, "cannot watch nvml events on this gpu");
+                xid.clear();
+            }
+        }
+    }
+    (set, xid)
 }
 
 /// `Ok` → `Some`; `Err` → `None` with a debug log naming the field.
-fn field<T>(index: u32, what: &str, r: Result<T, NvmlError>) -> Option<T> {
+fn field<T>(index: u32, what: &'static str, r: Result<T, NvmlError>) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e) => {
+            // "Not supported" is what the GPU is, not an error of the call.
+            if !matches!(e, NvmlError::NotSupported) {
+                crate::metrics::nvml_error(what);
+            }
             debug!(gpu = index, field = what, error = %e, "nvml field not available");
             None
         }

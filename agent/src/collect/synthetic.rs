@@ -719,6 +719,10 @@ impl Source for Fleet {
     fn simulated(&self) -> bool {
         true
     }
+
+    fn attributable(&self) -> bool {
+        false
+    }
 }
 
 /// A free GPU: no process, or the 2.5 s after one exited.

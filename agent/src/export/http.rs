@@ -105,11 +105,12 @@ impl Exporter {
             .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(Error::HttpClient)?;
+        let next_seq = spool.last_seq().map_or(0, |s| s + 1);
         Ok(Exporter {
             client,
             url,
             spool,
-            next_seq: 0,
+            next_seq,
             rejected: 0,
         })
     }
@@ -132,6 +133,11 @@ impl Exporter {
     /// Requests dropped because the endpoint rejected them (4xx other than 429).
     pub fn rejected(&self) -> u64 {
         self.rejected
+    }
+
+    /// Bytes waiting in the spool.
+    pub fn queued_bytes(&self) -> u64 {
+        self.spool.bytes()
     }
 
     /// Queue `req` behind anything still waiting, then send the queue oldest-first.
@@ -160,6 +166,12 @@ impl Exporter {
     }
 
     async fn drain(&mut self, mine: Option<u64>) -> Result<()> {
+        let result = self.drain_inner(mine).await;
+        crate::metrics::spool_state(self.spool.len(), self.spool.bytes(), self.spool.dropped());
+        result
+    }
+
+    async fn drain_inner(&mut self, mine: Option<u64>) -> Result<()> {
         let mut mine_rejected = None;
         while let Some(entry) = self.spool.front() {
             let seq = entry.seq;
@@ -167,6 +179,7 @@ impl Exporter {
             match post(&self.client, &self.url, body).await {
                 Outcome::Sent => {
                     debug!(request = seq, url = %self.url, "exported");
+                    crate::metrics::exported();
                     self.spool.pop_front();
                 }
                 Outcome::Rejected { status, body } => {
@@ -179,6 +192,7 @@ impl Exporter {
                     );
                     self.spool.pop_front();
                     self.rejected += 1;
+                    crate::metrics::export_rejected();
                     if Some(seq) == mine {
                         mine_rejected = Some(Error::ExportRejected {
                             url: self.url.clone(),
@@ -188,6 +202,7 @@ impl Exporter {
                     }
                 }
                 Outcome::Retry(reason) => {
+                    crate::metrics::export_failed();
                     return Err(Error::ExportRetry {
                         url: self.url.clone(),
                         reason,

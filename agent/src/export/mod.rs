@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod otlp;
+pub mod prometheus;
 pub mod queue;
 
 pub use http::{Exporter, metrics_url};

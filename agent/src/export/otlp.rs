@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use crate::collect::GpuSample;
+use crate::collect::{GpuEvent, GpuSample, ProcessSample};
 
 /// Instrumentation scope name on every request.
 pub const SCOPE_NAME: &str = "gpuwatch-agent";
@@ -247,13 +247,153 @@ fn point_attributes(s: &GpuSample) -> Vec<KeyValue> {
     if let Some(mig) = &s.mig_instance {
         attrs.push(string_kv("gpu.mig.instance", mig));
     }
-    if let Some(job) = &s.job {
-        attrs.push(string_kv("job.id", &job.id));
-        attrs.push(string_kv("job.user", &job.user));
-        attrs.push(string_kv("job.name", &job.name));
-        attrs.push(string_kv("job.scheduler", &job.scheduler));
-    }
+    push_job(&mut attrs, s.job.as_ref());
     attrs
+}
+
+/// `job.*` attributes; an unknown user or name (empty) is left out rather than sent empty.
+fn push_job(attrs: &mut Vec<KeyValue>, job: Option<&crate::collect::JobLabels>) {
+    let Some(job) = job else {
+        return;
+    };
+    attrs.push(string_kv("job.id", &job.id));
+    if !job.user.is_empty() {
+        attrs.push(string_kv("job.user", &job.user));
+    }
+    if !job.name.is_empty() {
+        attrs.push(string_kv("job.name", &job.name));
+    }
+    attrs.push(string_kv("job.scheduler", &job.scheduler));
+}
+
+/// Metric name of a process's GPU memory (`gpu_processes.used_memory_bytes`).
+pub const PROCESS_MEMORY_METRIC: &str = "gpu.process.memory.usage";
+/// Metric name of a process's SM utilisation (`gpu_processes.sm_utilization`).
+pub const PROCESS_SM_METRIC: &str = "gpu.process.sm.utilization";
+
+/// The attributes of one process's points: the GPU (`hw.id`, `gpu.index`), `process.pid`,
+/// `process.executable.name`, and the job.
+fn process_attributes(p: &ProcessSample) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        string_kv("hw.id", &p.gpu_uuid),
+        int_kv("gpu.index", i64::from(p.gpu_index)),
+        int_kv("process.pid", i64::from(p.pid)),
+    ];
+    if let Some(name) = &p.process_name {
+        attrs.push(string_kv("process.executable.name", name));
+    }
+    push_job(&mut attrs, p.job.as_ref());
+    attrs
+}
+
+/// `gpu.process.memory.usage` (By, int) and `gpu.process.sm.utilization` (ratio) gauges, one
+/// point per process and value known.
+pub fn process_metrics(procs: &[ProcessSample]) -> Vec<Metric> {
+    let mut memory = Vec::new();
+    let mut sm = Vec::new();
+    for p in procs {
+        let attrs = process_attributes(p);
+        if let Some(m) = p.used_memory_bytes {
+            memory.push(NumberDataPoint {
+                attributes: attrs.clone(),
+                time_unix_nano: p.time_unix_nano,
+                value: Some(number_data_point::Value::AsInt(m)),
+                ..Default::default()
+            });
+        }
+        if let Some(u) = p.sm_utilization.filter(|u| u.is_finite()) {
+            sm.push(NumberDataPoint {
+                attributes: attrs,
+                time_unix_nano: p.time_unix_nano,
+                value: Some(number_data_point::Value::AsDouble(u)),
+                ..Default::default()
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for (name, unit, description, points) in [
+        (
+            PROCESS_MEMORY_METRIC,
+            "By",
+            "GPU memory used by the process",
+            memory,
+        ),
+        (
+            PROCESS_SM_METRIC,
+            "1",
+            "fraction of the GPU's SM time the process used",
+            sm,
+        ),
+    ] {
+        if points.is_empty() {
+            continue;
+        }
+        out.push(Metric {
+            name: name.to_string(),
+            description: description.to_string(),
+            unit: unit.to_string(),
+            data: Some(metric::Data::Gauge(Gauge {
+                data_points: points,
+            })),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+/// Metric name of a GPU event (`gpu_events`): one point per event, value = the XID (0 for ECC).
+pub const EVENT_METRIC: &str = "gpu.event";
+
+/// `gpu.event` gauge points, one per event, with `hw.id`, `gpu.index`, `gpu.event.kind` and
+/// `gpu.event.detail`; the value is the event's code.
+pub fn event_metrics(events: &[GpuEvent]) -> Vec<Metric> {
+    if events.is_empty() {
+        return Vec::new();
+    }
+    let points = events
+        .iter()
+        .map(|e| NumberDataPoint {
+            attributes: vec![
+                string_kv("hw.id", &e.gpu_uuid),
+                int_kv("gpu.index", i64::from(e.gpu_index)),
+                string_kv("gpu.event.kind", &e.kind),
+                string_kv("gpu.event.detail", &e.detail),
+            ],
+            time_unix_nano: e.time_unix_nano,
+            value: Some(number_data_point::Value::AsInt(e.code)),
+            ..Default::default()
+        })
+        .collect();
+    vec![Metric {
+        name: EVENT_METRIC.to_string(),
+        description: "a GPU event (XID, ECC); the value is the XID number, 0 for ECC".to_string(),
+        unit: "1".to_string(),
+        data: Some(metric::Data::Gauge(Gauge {
+            data_points: points,
+        })),
+        ..Default::default()
+    }]
+}
+
+/// [`encode`] plus the processes' metrics ([`process_metrics`]) and the events
+/// ([`event_metrics`]) in the same request.
+pub fn encode_collection(
+    samples: &[GpuSample],
+    procs: &[ProcessSample],
+    events: &[GpuEvent],
+    resource: &[(String, String)],
+) -> ExportMetricsServiceRequest {
+    let mut req = encode(samples, resource);
+    let mut extra = process_metrics(procs);
+    extra.extend(event_metrics(events));
+    if let Some(scope) = req
+        .resource_metrics
+        .first_mut()
+        .and_then(|r| r.scope_metrics.first_mut())
+    {
+        scope.metrics.extend(extra);
+    }
+    req
 }
 
 /// Encode `samples` as one OTLP request with `resource` as the resource attributes (at least
@@ -317,6 +457,86 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
             }],
             ..Default::default()
         }],
+    }
+}
+
+#[cfg(test)]
+mod collection_tests {
+    use super::*;
+    use crate::collect::JobLabels;
+
+    #[test]
+    fn processes_and_events_travel_with_the_gpus() {
+        let gpu = GpuSample::empty(7, "GPU-a".into(), 0, "m".into());
+        let p = ProcessSample {
+            time_unix_nano: 7,
+            gpu_uuid: "GPU-a".into(),
+            gpu_index: 0,
+            pid: 4242,
+            process_name: Some("python3".into()),
+            job: Some(JobLabels {
+                id: "12".into(),
+                user: "alice".into(),
+                name: String::new(),
+                scheduler: "slurm".into(),
+            }),
+            used_memory_bytes: Some(1 << 30),
+            sm_utilization: Some(0.5),
+        };
+        let e = GpuEvent {
+            time_unix_nano: 7,
+            gpu_uuid: "GPU-a".into(),
+            gpu_index: 0,
+            kind: "xid".into(),
+            code: 79,
+            detail: "xid 79".into(),
+        };
+        let req = encode_collection(&[gpu], &[p], &[e], &[]);
+        let metrics = &req.resource_metrics[0].scope_metrics[0].metrics;
+        let find = |n: &str| {
+            metrics
+                .iter()
+                .find(|m| m.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+        };
+        let Some(metric::Data::Gauge(g)) = &find(PROCESS_MEMORY_METRIC).data else {
+            panic!("gauge")
+        };
+        let point = &g.data_points[0];
+        assert_eq!(point.value, Some(number_data_point::Value::AsInt(1 << 30)));
+        let keys: Vec<&str> = point.attributes.iter().map(|a| a.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "hw.id",
+                "gpu.index",
+                "process.pid",
+                "process.executable.name",
+                "job.id",
+                "job.user",
+                "job.scheduler"
+            ]
+        );
+        let Some(metric::Data::Gauge(g)) = &find(PROCESS_SM_METRIC).data else {
+            panic!("gauge")
+        };
+        assert_eq!(
+            g.data_points[0].value,
+            Some(number_data_point::Value::AsDouble(0.5))
+        );
+        let Some(metric::Data::Gauge(g)) = &find(EVENT_METRIC).data else {
+            panic!("gauge")
+        };
+        assert_eq!(
+            g.data_points[0].value,
+            Some(number_data_point::Value::AsInt(79))
+        );
+        assert!(
+            g.data_points[0]
+                .attributes
+                .iter()
+                .any(|a| a.key == "gpu.event.kind")
+        );
     }
 }
 

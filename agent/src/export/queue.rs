@@ -35,6 +35,12 @@ pub trait Spool: Send {
     }
     /// Requests dropped because the spool was full, since it was created.
     fn dropped(&self) -> u64;
+    /// Bytes of the requests waiting.
+    fn bytes(&self) -> u64;
+    /// The highest `seq` held, so that a new exporter numbers its requests after it.
+    fn last_seq(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A [`Spool`] in memory: lost when the agent stops.
@@ -43,6 +49,7 @@ pub struct MemoryQueue {
     items: VecDeque<Encoded>,
     capacity: usize,
     dropped: u64,
+    bytes: u64,
 }
 
 impl MemoryQueue {
@@ -53,6 +60,7 @@ impl MemoryQueue {
             items: VecDeque::with_capacity(capacity.min(64)),
             capacity,
             dropped: 0,
+            bytes: 0,
         }
     }
 }
@@ -67,10 +75,11 @@ impl Spool for MemoryQueue {
     fn push(&mut self, item: Encoded) -> Option<Encoded> {
         let evicted = if self.items.len() >= self.capacity {
             self.dropped += 1;
-            self.items.pop_front()
+            self.pop_front()
         } else {
             None
         };
+        self.bytes += item.body.len() as u64;
         self.items.push_back(item);
         debug_assert!(self.items.len() <= self.capacity);
         evicted
@@ -81,7 +90,9 @@ impl Spool for MemoryQueue {
     }
 
     fn pop_front(&mut self) -> Option<Encoded> {
-        self.items.pop_front()
+        let item = self.items.pop_front()?;
+        self.bytes -= item.body.len() as u64;
+        Some(item)
     }
 
     fn len(&self) -> usize {
@@ -90,6 +101,10 @@ impl Spool for MemoryQueue {
 
     fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 

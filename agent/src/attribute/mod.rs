@@ -1,0 +1,246 @@
+//! Which job owns each GPU and each GPU process.
+//!
+//! Every collection, [`Attributor::apply`] labels the samples with a [`JobLabels`]:
+//!
+//! 1. each GPU process from its `/proc/<pid>/environ` (`SLURM_JOB_ID`, `SLURM_JOB_USER`,
+//!    `SLURM_JOB_NAME`), or else from the Slurm job id in its `/proc/<pid>/cgroup`
+//!    ([`proc`]);
+//! 2. each GPU from the job mapping directory written by the Slurm prolog/epilog
+//!    ([`slurm`], dcgm-exporter's `--hpc-job-mapping-dir` layout), so that a GPU allocated to
+//!    a job with no process on it still carries the job;
+//! 3. a GPU with no mapping file takes the job of its first process that has one.
+//!
+//! When a GPU's mapping file lists several jobs (a shared GPU), the job of a process on it
+//! that is listed wins; otherwise the last line (the newest job). The directory and `/proc` are
+//! read again at every collection, so a job starting or ending is seen at the next tick
+//! without a restart.
+
+pub mod proc;
+pub mod slurm;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tracing::{debug, warn};
+
+use crate::collect::{GpuSample, JobLabels, ProcessSample};
+
+/// Scheduler name of Slurm jobs.
+pub const SLURM: &str = "slurm";
+
+/// Default `--job-mapping-dir`.
+pub const DEFAULT_JOB_MAPPING_DIR: &str = "/run/gpuwatch/jobs";
+
+/// Attributes samples to jobs from the mapping directory and `/proc`.
+#[derive(Debug)]
+pub struct Attributor {
+    mapping_dir: PathBuf,
+    proc_root: PathBuf,
+    warned: bool,
+}
+
+impl Attributor {
+    /// Reads the mapping from `mapping_dir` and processes from `proc_root` (`/proc`).
+    pub fn new(mapping_dir: &Path, proc_root: &Path) -> Self {
+        Attributor {
+            mapping_dir: mapping_dir.to_path_buf(),
+            proc_root: proc_root.to_path_buf(),
+            warned: false,
+        }
+    }
+
+    /// Label `gpus` and `procs` with their jobs (replacing any previous label).
+    pub fn apply(&mut self, gpus: &mut [GpuSample], procs: &mut [ProcessSample]) {
+        for p in procs.iter_mut() {
+            let info = proc::read_process(&self.proc_root, p.pid);
+            if p.process_name.is_none() {
+                p.process_name = info.name;
+            }
+            p.job = info.job;
+        }
+        let mapping = match slurm::read_mapping_dir(&self.mapping_dir) {
+            Ok(m) => {
+                self.warned = false;
+                m
+            }
+            Err(e) => {
+                if self.warned {
+                    debug!(error = %e, "job mapping dir unreadable");
+                } else {
+                    warn!(error = %e, "job mapping dir unreadable: gpus are labelled from their processes only");
+                    self.warned = true;
+                }
+                HashMap::new()
+            }
+        };
+        for gpu in gpus.iter_mut() {
+            let on_gpu: Vec<&JobLabels> = procs
+                .iter()
+                .filter(|p| p.gpu_uuid == gpu.gpu_uuid)
+                .filter_map(|p| p.job.as_ref())
+                .collect();
+            let key = slurm::mapping_key(gpu.gpu_index, gpu.mig_instance.as_deref());
+            gpu.job = match mapping.get(&key) {
+                Some(ids) if !ids.is_empty() => {
+                    if let Some(job) = on_gpu.iter().find(|j| ids.contains(&j.id)) {
+                        Some((*job).clone())
+                    } else {
+                        let id = &ids[ids.len() - 1];
+                        let mut job = slurm::read_job_info(&self.mapping_dir, id);
+                        // A process of the same job elsewhere may know more.
+                        if let Some(known) = procs
+                            .iter()
+                            .filter_map(|p| p.job.as_ref())
+                            .find(|j| j.id == *id)
+                        {
+                            if job.user.is_empty() {
+                                job.user.clone_from(&known.user);
+                            }
+                            if job.name.is_empty() {
+                                job.name.clone_from(&known.name);
+                            }
+                        }
+                        Some(job)
+                    }
+                }
+                _ => on_gpu.first().map(|j| (*j).clone()),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32) -> GpuSample {
+        GpuSample::empty(1, format!("GPU-{index}"), index, "m".into())
+    }
+
+    fn process(index: u32, pid: u32) -> ProcessSample {
+        ProcessSample {
+            time_unix_nano: 1,
+            gpu_uuid: format!("GPU-{index}"),
+            gpu_index: index,
+            pid,
+            process_name: None,
+            job: None,
+            used_memory_bytes: None,
+            sm_utilization: None,
+        }
+    }
+
+    struct Dirs {
+        root: PathBuf,
+    }
+
+    impl Dirs {
+        fn new(tag: &str) -> Self {
+            let root =
+                std::env::temp_dir().join(format!("gpuwatch-attr-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(root.join("jobs/.jobs")).unwrap();
+            std::fs::create_dir_all(root.join("proc")).unwrap();
+            Dirs { root }
+        }
+        fn jobs(&self) -> PathBuf {
+            self.root.join("jobs")
+        }
+        fn proc(&self) -> PathBuf {
+            self.root.join("proc")
+        }
+        fn fake_process(&self, pid: u32, environ: &[(&str, &str)], cgroup: &str) {
+            let dir = self.proc().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut env = Vec::new();
+            for (k, v) in environ {
+                env.extend_from_slice(format!("{k}={v}").as_bytes());
+                env.push(0);
+            }
+            std::fs::write(dir.join("environ"), env).unwrap();
+            std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+            std::fs::write(dir.join("comm"), "python3\n").unwrap();
+        }
+    }
+
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+
+    #[test]
+    fn mapping_dir_labels_idle_gpus_and_processes_label_theirs() {
+        let d = Dirs::new("a");
+        std::fs::write(d.jobs().join("1"), "77\n").unwrap();
+        std::fs::write(d.jobs().join(".jobs/77"), "user=bob\nname=notebook\n").unwrap();
+        d.fake_process(
+            4242,
+            &[
+                ("SLURM_JOB_ID", "55"),
+                ("SLURM_JOB_USER", "alice"),
+                ("SLURM_JOB_NAME", "train"),
+            ],
+            "0::/\n",
+        );
+        d.fake_process(
+            4343,
+            &[("PATH", "/bin")],
+            "0::/system.slice/slurmstepd.scope/job_56/step_0/user/task_0\n",
+        );
+        let mut gpus = vec![gpu(0), gpu(1), gpu(2), gpu(3)];
+        let mut procs = vec![process(0, 4242), process(2, 4343), process(3, 999_999)];
+        let mut a = Attributor::new(&d.jobs(), &d.proc());
+        a.apply(&mut gpus, &mut procs);
+        let job0 = gpus[0].job.as_ref().unwrap();
+        assert_eq!(
+            (job0.id.as_str(), job0.user.as_str(), job0.name.as_str()),
+            ("55", "alice", "train")
+        );
+        assert_eq!(job0.scheduler, "slurm");
+        let job1 = gpus[1].job.as_ref().unwrap();
+        assert_eq!(
+            (job1.id.as_str(), job1.user.as_str(), job1.name.as_str()),
+            ("77", "bob", "notebook")
+        );
+        assert_eq!(gpus[2].job.as_ref().unwrap().id, "56");
+        // A process that vanished: no job, no panic.
+        assert_eq!(gpus[3].job, None);
+        assert_eq!(procs[0].process_name.as_deref(), Some("python3"));
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "55");
+        assert_eq!(procs[2].job, None);
+
+        // The job on GPU 1 ends: the epilog removes the file; the next tick drops the label.
+        std::fs::remove_file(d.jobs().join("1")).unwrap();
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(gpus[1].job, None);
+    }
+
+    #[test]
+    fn shared_gpu_prefers_the_listed_job_with_a_process() {
+        let d = Dirs::new("b");
+        std::fs::write(d.jobs().join("0"), "10\n11\n").unwrap();
+        d.fake_process(
+            5000,
+            &[("SLURM_JOB_ID", "10"), ("SLURM_JOB_USER", "carol")],
+            "",
+        );
+        let mut gpus = vec![gpu(0)];
+        let mut a = Attributor::new(&d.jobs(), &d.proc());
+        a.apply(&mut gpus, &mut []);
+        assert_eq!(gpus[0].job.as_ref().unwrap().id, "11");
+        let mut procs = vec![process(0, 5000)];
+        a.apply(&mut gpus, &mut procs);
+        let job = gpus[0].job.as_ref().unwrap();
+        assert_eq!((job.id.as_str(), job.user.as_str()), ("10", "carol"));
+    }
+
+    #[test]
+    fn missing_mapping_dir_is_not_an_error() {
+        let d = Dirs::new("c");
+        let mut gpus = vec![gpu(0)];
+        let mut a = Attributor::new(&d.root.join("absent"), &d.proc());
+        a.apply(&mut gpus, &mut []);
+        assert_eq!(gpus[0].job, None);
+    }
+}

@@ -1,0 +1,182 @@
+//! What `/proc/<pid>` says about a GPU process: its name, and its job from the environment
+//! (`SLURM_JOB_ID`, `SLURM_JOB_USER`, `SLURM_JOB_NAME`) or, failing that, from its cgroup path
+//! (`…/job_<id>/…`, as Slurm's cgroup plugins name them). Every read may fail (the process
+//! exited, or belongs to another user and the agent is not root): the answer is then "unknown",
+//! never an error.
+
+use std::path::Path;
+
+use crate::attribute::SLURM;
+use crate::collect::JobLabels;
+
+/// Environment variables are read from at most this many bytes of `environ`.
+const MAX_ENVIRON: u64 = 1 << 20;
+
+/// What was learnt about one process.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// `/proc/<pid>/comm`, trimmed.
+    pub name: Option<String>,
+    /// The job, if its environment or cgroup names one.
+    pub job: Option<JobLabels>,
+    /// The Kubernetes pod UID from the cgroup path, if any.
+    pub pod_uid: Option<String>,
+}
+
+/// Read `<proc_root>/<pid>/{comm,environ,cgroup}`.
+pub fn read_process(proc_root: &Path, pid: u32) -> ProcessInfo {
+    let dir = proc_root.join(pid.to_string());
+    let name = std::fs::read_to_string(dir.join("comm"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    let environ = read_limited(&dir.join("environ")).unwrap_or_default();
+    let cgroup = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+    let job = job_from_environ(&environ).or_else(|| {
+        slurm_job_from_cgroup(&cgroup).map(|id| JobLabels {
+            id,
+            user: String::new(),
+            name: String::new(),
+            scheduler: SLURM.to_string(),
+        })
+    });
+    ProcessInfo {
+        name,
+        job,
+        pod_uid: pod_uid_from_cgroup(&cgroup),
+    }
+}
+
+fn read_limited(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    f.take(MAX_ENVIRON).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// The Slurm job in a NUL-separated `environ`.
+pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
+    let mut id = None;
+    let mut user = String::new();
+    let mut name = String::new();
+    for entry in environ.split(|b| *b == 0) {
+        let Ok(entry) = std::str::from_utf8(entry) else {
+            continue;
+        };
+        let Some((k, v)) = entry.split_once('=') else {
+            continue;
+        };
+        match k {
+            "SLURM_JOB_ID" => id = Some(v.trim().to_string()),
+            // Older Slurm and some launchers only set SLURM_JOBID.
+            "SLURM_JOBID" if id.is_none() => id = Some(v.trim().to_string()),
+            "SLURM_JOB_USER" => user = v.trim().to_string(),
+            "SLURM_JOB_NAME" => name = v.trim().to_string(),
+            _ => {}
+        }
+    }
+    let id = id.filter(|i| !i.is_empty())?;
+    Some(JobLabels {
+        id,
+        user,
+        name,
+        scheduler: SLURM.to_string(),
+    })
+}
+
+/// The Slurm job id in a `/proc/<pid>/cgroup` (v1 `/slurm/uid_1000/job_42/step_0`, v2
+/// `/system.slice/slurmstepd.scope/job_42/step_0/…`).
+pub fn slurm_job_from_cgroup(cgroup: &str) -> Option<String> {
+    for line in cgroup.lines() {
+        // hierarchy-id:controllers:path
+        let path = line.splitn(3, ':').nth(2)?;
+        for part in path.split('/') {
+            if let Some(id) = part.strip_prefix("job_")
+                && !id.is_empty()
+                && id.bytes().all(|b| b.is_ascii_digit())
+            {
+                return Some(id.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// The Kubernetes pod UID in a `/proc/<pid>/cgroup`: cgroupfs
+/// `/kubepods/burstable/pod<uid>/<container>` or systemd
+/// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/…`.
+pub fn pod_uid_from_cgroup(cgroup: &str) -> Option<String> {
+    for line in cgroup.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        if !path.contains("kubepods") {
+            continue;
+        }
+        for part in path.split('/') {
+            let part = part.strip_suffix(".slice").unwrap_or(part);
+            let Some(pos) = part.rfind("pod") else {
+                continue;
+            };
+            let uid = part[pos + 3..].replace('_', "-");
+            if uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+                return Some(uid);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environ() {
+        let env = b"PATH=/bin\0SLURM_JOB_ID=123\0SLURM_JOB_USER=alice\0SLURM_JOB_NAME=train llm\0";
+        let job = job_from_environ(env).unwrap();
+        assert_eq!(job.id, "123");
+        assert_eq!(job.user, "alice");
+        assert_eq!(job.name, "train llm");
+        assert_eq!(job_from_environ(b"PATH=/bin\0"), None);
+        assert_eq!(job_from_environ(b"SLURM_JOB_ID=\0"), None);
+        assert_eq!(
+            job_from_environ(b"\xff\xfe\0SLURM_JOBID=9").unwrap().id,
+            "9"
+        );
+    }
+
+    #[test]
+    fn cgroups() {
+        assert_eq!(
+            slurm_job_from_cgroup("0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n"),
+            Some("42".into())
+        );
+        assert_eq!(
+            slurm_job_from_cgroup("12:devices:/slurm/uid_1000/job_7/step_batch\n"),
+            Some("7".into())
+        );
+        assert_eq!(slurm_job_from_cgroup("0::/user.slice\n"), None);
+        assert_eq!(slurm_job_from_cgroup("garbage"), None);
+        assert_eq!(
+            pod_uid_from_cgroup(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_a1b2_c3d4e5f60718.slice/cri-containerd-abc.scope\n"
+            ),
+            Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".into())
+        );
+        assert_eq!(
+            pod_uid_from_cgroup(
+                "11:memory:/kubepods/besteffort/pod1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/abc\n"
+            ),
+            Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".into())
+        );
+        assert_eq!(pod_uid_from_cgroup("0::/system.slice\n"), None);
+    }
+
+    #[test]
+    fn a_vanished_process_is_unknown() {
+        let info = read_process(Path::new("/nonexistent-proc"), 1);
+        assert_eq!(info, ProcessInfo::default());
+    }
+}

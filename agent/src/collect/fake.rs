@@ -1,0 +1,196 @@
+//! A simulated NVML for hosts without GPUs (`--source fake`), used by the Slurm end-to-end
+//! test. It stands where [`super::nvml::NvmlSource`] stands, behind the same [`Source`] trait,
+//! so the attribution, the exporters and the spool run exactly as they do on real GPUs.
+//!
+//! GPU `i` is the device node `<dev-dir>/nvidia<i>` (the test makes them with `mknod`, as
+//! Slurm's gres needs). Like the real driver, the fake knows a process is on a GPU when the
+//! process holds the GPU's device node open: it scans `/proc/<pid>/fd` for links to the node.
+//! A GPU with a process reads busy (utilisation 1, 300 W); one without reads idle (0, 70 W).
+//! Values are plain and predictable; nothing here pretends to be a calibrated simulation
+//! (that is [`super::synthetic::Fleet`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::collect::{GpuSample, ProcessSample, Source};
+use crate::error::Result;
+
+/// Memory the fake GPU reports in use with no process, bytes.
+const IDLE_MEMORY: i64 = 512 << 20;
+/// Memory each process uses, bytes.
+const PROCESS_MEMORY: i64 = 1 << 30;
+/// Memory installed, bytes.
+const TOTAL_MEMORY: i64 = 80 << 30;
+
+/// The simulated NVML: `gpus` GPUs whose processes are those holding
+/// `<dev_dir>/nvidia<index>` open.
+#[derive(Debug)]
+pub struct FakeNvml {
+    gpus: u32,
+    dev_dir: PathBuf,
+    proc_root: PathBuf,
+    energy_joules: Vec<f64>,
+    last_time: Option<u64>,
+    processes: Vec<ProcessSample>,
+}
+
+impl FakeNvml {
+    /// `gpus` fake GPUs with device nodes in `dev_dir`, processes read from `proc_root`
+    /// (normally `/proc`).
+    pub fn new(gpus: u32, dev_dir: &Path, proc_root: &Path) -> Self {
+        FakeNvml {
+            gpus,
+            dev_dir: dev_dir.to_path_buf(),
+            proc_root: proc_root.to_path_buf(),
+            energy_joules: vec![0.0; gpus as usize],
+            last_time: None,
+            processes: Vec::new(),
+        }
+    }
+
+    /// The UUID of fake GPU `index`.
+    pub fn uuid(index: u32) -> String {
+        format!("GPU-fa4e0000-0000-4000-8000-{index:012x}")
+    }
+
+    /// pid → GPU indices whose device node it holds open.
+    fn holders(&self) -> HashMap<u32, Vec<u32>> {
+        let nodes: Vec<PathBuf> = (0..self.gpus)
+            .map(|i| self.dev_dir.join(format!("nvidia{i}")))
+            .collect();
+        let mut found: HashMap<u32, Vec<u32>> = HashMap::new();
+        let Ok(entries) = std::fs::read_dir(&self.proc_root) else {
+            return found;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // Processes may exit while we look, or be unreadable: skip them.
+            let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                let Ok(target) = std::fs::read_link(fd.path()) else {
+                    continue;
+                };
+                if let Some(index) = nodes.iter().position(|n| *n == target) {
+                    let list = found.entry(pid).or_default();
+                    let index = index as u32;
+                    if !list.contains(&index) {
+                        list.push(index);
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+impl Source for FakeNvml {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn collect(&mut self, now_unix_nano: u64) -> Result<Vec<GpuSample>> {
+        let holders = self.holders();
+        let dt = self
+            .last_time
+            .map_or(0.0, |t| now_unix_nano.saturating_sub(t) as f64 / 1e9);
+        self.last_time = Some(now_unix_nano);
+        let mut per_gpu: Vec<Vec<u32>> = vec![Vec::new(); self.gpus as usize];
+        let mut pids: Vec<&u32> = holders.keys().collect();
+        pids.sort();
+        for pid in pids {
+            for &i in &holders[pid] {
+                per_gpu[i as usize].push(*pid);
+            }
+        }
+        self.processes.clear();
+        let mut samples = Vec::with_capacity(self.gpus as usize);
+        for index in 0..self.gpus {
+            let procs = &per_gpu[index as usize];
+            let busy = !procs.is_empty();
+            let mut s = GpuSample::empty(
+                now_unix_nano,
+                Self::uuid(index),
+                index,
+                "Simulated GPU (fake NVML)".to_string(),
+            );
+            let power = if busy { 300.0 } else { 70.0 };
+            let energy = &mut self.energy_joules[index as usize];
+            *energy += power * dt;
+            s.gpu_utilization = Some(if busy { 1.0 } else { 0.0 });
+            s.memory_utilization = Some(if busy { 0.3 } else { 0.0 });
+            s.memory_used_bytes = Some(IDLE_MEMORY + PROCESS_MEMORY * procs.len() as i64);
+            s.memory_total_bytes = Some(TOTAL_MEMORY);
+            s.power_watts = Some(power);
+            s.energy_joules = Some(*energy);
+            s.temperature_celsius = Some(if busy { 60.0 } else { 40.0 });
+            s.sm_clock_mhz = Some(if busy { 1980 } else { 345 });
+            s.memory_clock_mhz = Some(2619);
+            s.clock_event_reasons = Some(if busy { 0 } else { 1 });
+            s.ecc_sbe_volatile_total = Some(0);
+            s.ecc_dbe_volatile_total = Some(0);
+            s.xid_errors_total = Some(0);
+            for &pid in procs {
+                self.processes.push(ProcessSample {
+                    time_unix_nano: now_unix_nano,
+                    gpu_uuid: s.gpu_uuid.clone(),
+                    gpu_index: index,
+                    pid,
+                    process_name: None,
+                    job: None,
+                    used_memory_bytes: Some(PROCESS_MEMORY),
+                    sm_utilization: Some(1.0 / procs.len() as f64),
+                });
+            }
+            samples.push(s);
+        }
+        Ok(samples)
+    }
+
+    fn simulated(&self) -> bool {
+        true
+    }
+
+    fn processes(&mut self) -> Vec<ProcessSample> {
+        self.processes.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_holding_the_node_is_on_that_gpu() {
+        let dir = std::env::temp_dir().join(format!("gpuwatch-fake-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A plain file stands for the device node: what matters is the open descriptor.
+        std::fs::write(dir.join("nvidia1"), b"").unwrap();
+        let held = std::fs::File::open(dir.join("nvidia1")).unwrap();
+        let mut fake = FakeNvml::new(2, &dir, Path::new("/proc"));
+        let samples = fake.collect(1_000_000_000).unwrap();
+        assert_eq!(samples.len(), 2);
+        assert_eq!(samples[0].gpu_utilization, Some(0.0));
+        assert_eq!(samples[1].gpu_utilization, Some(1.0));
+        let procs = fake.processes();
+        assert!(
+            procs
+                .iter()
+                .any(|p| p.pid == std::process::id() && p.gpu_index == 1),
+            "{procs:?}"
+        );
+        assert!(procs.iter().all(|p| p.gpu_index == 1));
+        drop(held);
+        let samples = fake.collect(2_000_000_000).unwrap();
+        assert_eq!(samples[1].gpu_utilization, Some(0.0));
+        assert_eq!(samples[1].energy_joules, Some(70.0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

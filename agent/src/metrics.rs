@@ -1,0 +1,214 @@
+//! The agent's own metrics: constant names, bounded label sets, process-wide counters. They are
+//! served on `/metrics` beside the GPU metrics ([`crate::export::prometheus`]).
+//!
+//! | name | type | meaning |
+//! | --- | --- | --- |
+//! | `gpuwatch_agent_build_info{version}` | gauge | always 1 |
+//! | `gpuwatch_agent_collections_total` | counter | collections done |
+//! | `gpuwatch_agent_collection_errors_total` | counter | collections that failed as a whole |
+//! | `gpuwatch_agent_collection_duration_seconds` | gauge | time the last collection took |
+//! | `gpuwatch_agent_collection_seconds_total` | counter | time spent collecting |
+//! | `gpuwatch_agent_gpus` | gauge | GPUs (and MIG instances) read by the last collection |
+//! | `gpuwatch_agent_gpu_processes` | gauge | GPU processes seen by the last collection |
+//! | `gpuwatch_agent_nvml_errors_total{call}` | counter | NVML calls that failed, by call |
+//! | `gpuwatch_agent_exported_requests_total` | counter | requests the endpoint accepted |
+//! | `gpuwatch_agent_export_failures_total` | counter | send attempts that failed and will be retried |
+//! | `gpuwatch_agent_export_rejected_total` | counter | requests the endpoint refused for good (4xx) |
+//! | `gpuwatch_agent_spool_requests` | gauge | requests waiting in the spool |
+//! | `gpuwatch_agent_spool_bytes` | gauge | bytes waiting in the spool |
+//! | `gpuwatch_agent_spool_dropped_total` | counter | oldest requests dropped because the spool was full |
+//!
+//! The NVML call names are the fixed strings the NVML source passes (about 20), so the label set
+//! stays bounded.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static COLLECTIONS: AtomicU64 = AtomicU64::new(0);
+static COLLECTION_ERRORS: AtomicU64 = AtomicU64::new(0);
+static COLLECTION_LAST_NANOS: AtomicU64 = AtomicU64::new(0);
+static COLLECTION_TOTAL_NANOS: AtomicU64 = AtomicU64::new(0);
+static GPUS: AtomicU64 = AtomicU64::new(0);
+static GPU_PROCESSES: AtomicU64 = AtomicU64::new(0);
+static EXPORTED: AtomicU64 = AtomicU64::new(0);
+static EXPORT_FAILURES: AtomicU64 = AtomicU64::new(0);
+static EXPORT_REJECTED: AtomicU64 = AtomicU64::new(0);
+static SPOOL_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static SPOOL_BYTES: AtomicU64 = AtomicU64::new(0);
+static SPOOL_DROPPED: AtomicU64 = AtomicU64::new(0);
+static NVML_ERRORS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// A collection finished in `nanos`, reading `gpus` GPUs and `processes` processes.
+pub fn collection_done(nanos: u64, gpus: usize, processes: usize) {
+    COLLECTIONS.fetch_add(1, Ordering::Relaxed);
+    COLLECTION_LAST_NANOS.store(nanos, Ordering::Relaxed);
+    COLLECTION_TOTAL_NANOS.fetch_add(nanos, Ordering::Relaxed);
+    GPUS.store(gpus as u64, Ordering::Relaxed);
+    GPU_PROCESSES.store(processes as u64, Ordering::Relaxed);
+}
+
+/// A collection failed as a whole.
+pub fn collection_failed() {
+    COLLECTION_ERRORS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// An NVML call failed.
+pub fn nvml_error(call: &'static str) {
+    let mut map = NVML_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    *map.entry(call).or_insert(0) += 1;
+}
+
+/// The endpoint accepted a request.
+pub fn exported() {
+    EXPORTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A send failed and will be retried.
+pub fn export_failed() {
+    EXPORT_FAILURES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The endpoint refused a request for good.
+pub fn export_rejected() {
+    EXPORT_REJECTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The spool's state after a send.
+pub fn spool_state(requests: usize, bytes: u64, dropped_total: u64) {
+    SPOOL_REQUESTS.store(requests as u64, Ordering::Relaxed);
+    SPOOL_BYTES.store(bytes, Ordering::Relaxed);
+    SPOOL_DROPPED.store(dropped_total, Ordering::Relaxed);
+}
+
+/// Requests dropped by the spool so far (as last reported).
+pub fn spool_dropped() -> u64 {
+    SPOOL_DROPPED.load(Ordering::Relaxed)
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn one(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// Append the agent's own metrics in the Prometheus text format.
+pub fn render(out: &mut String) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    family(
+        out,
+        "gpuwatch_agent_build_info",
+        "gauge",
+        "gpuwatch-agent build, always 1",
+    );
+    let _ = writeln!(
+        out,
+        "gpuwatch_agent_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    one(
+        out,
+        "gpuwatch_agent_collections_total",
+        "counter",
+        "collections done",
+        load(&COLLECTIONS),
+    );
+    one(
+        out,
+        "gpuwatch_agent_collection_errors_total",
+        "counter",
+        "collections that failed as a whole",
+        load(&COLLECTION_ERRORS),
+    );
+    one(
+        out,
+        "gpuwatch_agent_collection_duration_seconds",
+        "gauge",
+        "time the last collection took",
+        load(&COLLECTION_LAST_NANOS) / 1e9,
+    );
+    one(
+        out,
+        "gpuwatch_agent_collection_seconds_total",
+        "counter",
+        "time spent collecting",
+        load(&COLLECTION_TOTAL_NANOS) / 1e9,
+    );
+    one(
+        out,
+        "gpuwatch_agent_gpus",
+        "gauge",
+        "GPUs and MIG instances read by the last collection",
+        load(&GPUS),
+    );
+    one(
+        out,
+        "gpuwatch_agent_gpu_processes",
+        "gauge",
+        "GPU processes seen by the last collection",
+        load(&GPU_PROCESSES),
+    );
+    family(
+        out,
+        "gpuwatch_agent_nvml_errors_total",
+        "counter",
+        "NVML calls that failed, by call",
+    );
+    {
+        let map = NVML_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+        for (call, n) in map.iter() {
+            let _ = writeln!(
+                out,
+                "gpuwatch_agent_nvml_errors_total{{call=\"{}\"}} {n}",
+                crate::export::prometheus::escape_label(call)
+            );
+        }
+    }
+    one(
+        out,
+        "gpuwatch_agent_exported_requests_total",
+        "counter",
+        "requests the endpoint accepted",
+        load(&EXPORTED),
+    );
+    one(
+        out,
+        "gpuwatch_agent_export_failures_total",
+        "counter",
+        "send attempts that failed and will be retried",
+        load(&EXPORT_FAILURES),
+    );
+    one(
+        out,
+        "gpuwatch_agent_export_rejected_total",
+        "counter",
+        "requests the endpoint refused for good",
+        load(&EXPORT_REJECTED),
+    );
+    one(
+        out,
+        "gpuwatch_agent_spool_requests",
+        "gauge",
+        "requests waiting in the spool",
+        load(&SPOOL_REQUESTS),
+    );
+    one(
+        out,
+        "gpuwatch_agent_spool_bytes",
+        "gauge",
+        "bytes waiting in the spool",
+        load(&SPOOL_BYTES),
+    );
+    one(
+        out,
+        "gpuwatch_agent_spool_dropped_total",
+        "counter",
+        "oldest requests dropped because the spool was full",
+        load(&SPOOL_DROPPED),
+    );
+}

@@ -1,0 +1,56 @@
+#!/bin/bash
+# gpuwatch Slurm prolog: record which job owns which GPU, for gpuwatch-agent (and
+# dcgm-exporter, which reads the same layout with --hpc-job-mapping-dir).
+#
+# Install: Prolog=/etc/slurm/gpuwatch-prolog.sh in slurm.conf (with Epilog=…epilog.sh), on every
+# GPU node. It runs as root (SlurmdUser) with SLURM_JOB_ID, SLURM_JOB_USER and the job's GPUs in
+# SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES / GPU_DEVICE_ORDINAL), as Slurm's prolog environment
+# gives them.
+#
+# Layout of GPUWATCH_JOB_MAPPING_DIR (default /run/gpuwatch/jobs, the agent's --job-mapping-dir):
+#   <gpu index>        one job id per line (several lines when jobs share the GPU)
+#   .jobs/<job id>     user=<SLURM_JOB_USER> and name=<SLURM_JOB_NAME>, read by gpuwatch-agent
+#                      so an idle allocated GPU still shows who holds it
+# A MIG site writes `<gpu index>.<gpu instance>` files the same way.
+#
+# Never fails the job: every problem is logged to stderr (slurmd's log) and the script exits 0.
+set -u
+DIR="${GPUWATCH_JOB_MAPPING_DIR:-/run/gpuwatch/jobs}"
+JOB="${SLURM_JOB_ID:-}"
+GPUS="${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-${GPU_DEVICE_ORDINAL:-}}}"
+
+log() { echo "gpuwatch prolog: $*" >&2; }
+
+if [[ -z "$JOB" ]]; then
+  log "SLURM_JOB_ID is not set: nothing to record"
+  exit 0
+fi
+if [[ -z "$GPUS" || "$GPUS" == "NoDevFiles" ]]; then
+  exit 0
+fi
+if ! mkdir -p "$DIR/.jobs" 2>/dev/null; then
+  log "cannot create $DIR: check GPUWATCH_JOB_MAPPING_DIR"
+  exit 0
+fi
+chmod 755 "$DIR" "$DIR/.jobs" 2>/dev/null
+
+(
+  flock -w 10 9 || { log "cannot lock $DIR/.lock"; exit 0; }
+  IFS=',' read -ra gpus <<< "$GPUS"
+  for gpu in "${gpus[@]}"; do
+    gpu="${gpu// /}"
+    if [[ ! "$gpu" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+      log "skipping GPU $gpu: not an index"
+      continue
+    fi
+    file="$DIR/$gpu"
+    if [[ -f "$file" ]] && grep -qx -- "$JOB" "$file"; then
+      continue
+    fi
+    # Write a new file and rename it, so a reader never sees half a file.
+    { [[ -f "$file" ]] && cat "$file"; echo "$JOB"; } > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"
+  done
+  info="$DIR/.jobs/$JOB"
+  printf 'user=%s\nname=%s\n' "${SLURM_JOB_USER:-}" "${SLURM_JOB_NAME:-}" > "$info.tmp.$$" && mv -f "$info.tmp.$$" "$info"
+) 9>"$DIR/.lock"
+exit 0

@@ -1,0 +1,266 @@
+//! Slurm attribution with a real single-node Slurm (tests/setup/slurm.sh): two jobs on fake
+//! GPUs 0 and 1, the prolog/epilog of deploy/slurm writing the job mapping dir, and the agent
+//! with its simulated NVML (`--source fake`) reading that dir and `/proc`. One job holds its
+//! GPU open (a "process" on the GPU), the other holds the allocation only (the idle-GPU case).
+//! Checked through SQL on the real server: each GPU carries its job while it runs, the process
+//! row carries its pid and job, and the labels go when the jobs end, without an agent restart.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use gpuwatch_e2e::{TestAgent, TestServer};
+use serde_json::Value;
+
+use crate::{eventually, rows};
+
+/// The Slurm of tests/setup/slurm.sh: started by [`Slurm::start`], stopped on drop, with the
+/// test's jobs cancelled.
+struct Slurm {
+    conf: String,
+    dir: PathBuf,
+    jobs: Vec<String>,
+}
+
+impl Slurm {
+    fn start() -> Slurm {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("setup/slurm.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .expect("run tests/setup/slurm.sh");
+        assert!(
+            out.status.success(),
+            "tests/setup/slurm.sh failed (install Slurm with `apt-get install -y slurm-wlm munge`, as .ci/run does):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let get = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("slurm.sh printed no {key}: {text}"))
+                .to_string()
+        };
+        Slurm {
+            conf: get("SLURM_CONF"),
+            dir: PathBuf::from(get("GPUWATCH_SLURM_DIR")),
+            jobs: Vec::new(),
+        }
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf).current_dir(&self.dir);
+        c
+    }
+
+    /// Submit a one-GPU batch job running `script`; returns its id.
+    fn sbatch(&mut self, name: &str, script: &str) -> String {
+        let out = self
+            .cmd("sbatch")
+            .args(["--parsable", "--gres=gpu:1", "-J", name, "-o", "/dev/null"])
+            .arg("--wrap")
+            .arg(script)
+            .output()
+            .expect("sbatch");
+        assert!(
+            out.status.success(),
+            "sbatch: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        assert!(!id.is_empty(), "sbatch printed no job id");
+        self.jobs.push(id.clone());
+        id
+    }
+
+    fn scancel(&self, id: &str) {
+        let _ = self.cmd("scancel").arg(id).status();
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        for id in &self.jobs {
+            self.scancel(id);
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("setup/slurm.sh");
+        let _ = Command::new("bash").arg(script).arg("stop").status();
+    }
+}
+
+/// The newest `gpu_metrics` row of each GPU of host `host`.
+async fn latest(server: &TestServer, host: &str) -> Vec<Value> {
+    rows(
+        server,
+        &format!(
+            "SELECT gpu_index, job_id, job_user, job_name, scheduler, gpu_utilization \
+             FROM gpu_metrics m WHERE host = '{host}' AND time = \
+             (SELECT max(time) FROM gpu_metrics WHERE host = '{host}') ORDER BY gpu_index"
+        ),
+    )
+    .await
+}
+
+fn field<'a>(row: &'a Value, key: &str) -> &'a Value {
+    row.get(key).unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
+    let mut slurm = Slurm::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("data"))
+        .start();
+    let host = "slurm-e2e";
+    let mapping = slurm.dir.join("jobs");
+    let fake = slurm.dir.join("fakegpu");
+
+    // Each job writes the GPU Slurm gave it, so the test knows where to look.
+    let busy = slurm.sbatch(
+        "train-a",
+        &format!(
+            "echo $SLURM_JOB_GPUS > {d}/gpus.$SLURM_JOB_ID; exec 3<{f}/nvidia$SLURM_JOB_GPUS; exec sleep 120",
+            d = slurm.dir.display(),
+            f = fake.display()
+        ),
+    );
+    let idle = slurm.sbatch(
+        "idle-b",
+        &format!(
+            "echo $SLURM_JOB_GPUS > {d}/gpus.$SLURM_JOB_ID; exec sleep 120",
+            d = slurm.dir.display()
+        ),
+    );
+    let gpu_of = |id: &str| -> Option<u32> {
+        std::fs::read_to_string(slurm.dir.join(format!("gpus.{id}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    eventually(Duration::from_secs(30), "both jobs running", || async {
+        gpu_of(&busy).is_some() && gpu_of(&idle).is_some()
+    })
+    .await;
+    let busy_gpu = gpu_of(&busy).expect("gpu of the busy job");
+    let idle_gpu = gpu_of(&idle).expect("gpu of the idle job");
+    assert_ne!(busy_gpu, idle_gpu, "two one-GPU jobs share a GPU");
+
+    let endpoint = server.otlp_url();
+    let _agent = TestAgent::start(&[
+        "--source",
+        "fake",
+        "--synthetic-gpus",
+        "2",
+        "--fake-dev-dir",
+        fake.to_str().expect("utf-8 path"),
+        "--job-mapping-dir",
+        mapping.to_str().expect("utf-8 path"),
+        "--interval",
+        "500ms",
+        "--endpoint",
+        &endpoint,
+        "--host",
+        host,
+        "--metrics-addr",
+        "off",
+    ]);
+
+    let expect_running = |r: &[Value]| -> bool {
+        r.len() == 2
+            && r.iter().all(|row| {
+                let index = field(row, "gpu_index").as_u64();
+                let job = field(row, "job_id").as_str();
+                if index == Some(u64::from(busy_gpu)) {
+                    job == Some(busy.as_str())
+                        && field(row, "job_user").as_str() == Some("root")
+                        && field(row, "job_name").as_str() == Some("train-a")
+                        && field(row, "gpu_utilization").as_f64() == Some(1.0)
+                } else {
+                    job == Some(idle.as_str())
+                        && field(row, "job_user").as_str() == Some("root")
+                        && field(row, "gpu_utilization").as_f64() == Some(0.0)
+                }
+            })
+    };
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        last = latest(&server, host).await;
+        if expect_running(&last) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        expect_running(&last),
+        "gpu {busy_gpu} should carry job {busy} (train-a, with a process) and gpu {idle_gpu} job {idle} (idle, allocation only); newest rows: {last:?}"
+    );
+    for row in &last {
+        assert_eq!(field(row, "scheduler").as_str(), Some("slurm"), "{row}");
+    }
+
+    // The per-process row: the job's pid on the busy GPU, with its job.
+    let pid = Command::new("pgrep")
+        .args(["-f", "-n", "^sleep 120$"])
+        .output()
+        .expect("pgrep");
+    let procs = rows(
+        &server,
+        &format!(
+            "SELECT labels['process.pid'] AS pid, labels['job.id'] AS job, labels['gpu.index'] AS gpu, value \
+             FROM metrics WHERE metric = 'gpu.process.memory.usage' AND labels['host.name'] = '{host}' \
+             ORDER BY time DESC LIMIT 1"
+        ),
+    )
+    .await;
+    assert_eq!(
+        procs.len(),
+        1,
+        "no gpu.process.memory.usage point: {procs:?}"
+    );
+    assert_eq!(
+        field(&procs[0], "job").as_str(),
+        Some(busy.as_str()),
+        "{procs:?}"
+    );
+    assert_eq!(
+        field(&procs[0], "gpu").as_str(),
+        Some(busy_gpu.to_string().as_str()),
+        "{procs:?}"
+    );
+    let pids = String::from_utf8_lossy(&pid.stdout).to_string();
+    assert!(
+        field(&procs[0], "pid")
+            .as_str()
+            .is_some_and(|p| !p.is_empty()
+                && std::fs::read_to_string(format!("/proc/{p}/environ"))
+                    .is_ok_and(|e| e.contains(&format!("SLURM_JOB_ID={busy}")))),
+        "process row's pid is not a process of job {busy}: {procs:?} (newest sleep: {pids})"
+    );
+
+    // The jobs end: the epilog empties the mapping dir, the agent drops the labels.
+    slurm.scancel(&busy);
+    slurm.scancel(&idle);
+    eventually(
+        Duration::from_secs(30),
+        "labels gone after the jobs end",
+        || async {
+            let r = latest(&server, host).await;
+            r.len() == 2 && r.iter().all(|row| field(row, "job_id").is_null())
+        },
+    )
+    .await;
+    assert!(
+        !mapping.join(busy_gpu.to_string()).exists()
+            && !mapping.join(idle_gpu.to_string()).exists(),
+        "the epilog left mapping files behind"
+    );
+}

@@ -1,0 +1,224 @@
+#!/bin/bash
+# The agent on a real GPU (driven with the `device` tool; see docs/agent-gpu-test.md).
+#
+#   bash tests/gpu/run.sh AGENT_BINARY OUT_DIR
+#
+# Starts a PyTorch bf16 matrix-multiply job with SLURM_JOB_ID/USER/NAME in its environment and
+# checks, on GPU 0:
+#   * while it runs: the GPU carries the job (from /proc/<pid>/environ of its process),
+#     gpu_utilization >= 0.9, tensor_active > 0.5, a process row for the job's pid;
+#   * after it ends: gpu_utilization < 0.1, tensor_active < 0.05, no job, no process row;
+#   * the agent's readings against pynvml and nvidia-smi read at the same moment, within the
+#     tolerances printed;
+#   * /metrics: dcgm-exporter names with hpc_job="<job id>" while the job runs;
+#   * overhead: CPU time per second and RSS of the agent at a 1 s interval with every collector
+#     on, beside a pynvml loop reading the same counters and `nvidia-smi --query-gpu=… -l 1`,
+#     all three over the same 40 s.
+# Prints PASS/FAIL lines and exits 1 if any check fails. Needs python3 with torch and pynvml.
+set -u
+AGENT="$(realpath "${1:?usage: run.sh AGENT_BINARY OUT_DIR}")"
+OUT="${2:?usage: run.sh AGENT_BINARY OUT_DIR}"
+mkdir -p "$OUT"
+W="$(mktemp -d)"
+JOB=4242
+BENCH_S=40
+export PYTHONUNBUFFERED=1
+
+echo "== machine"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+"$AGENT" --version
+python3 -c 'import torch, pynvml; print("torch", torch.__version__, "pynvml", getattr(pynvml, "__version__", "?"))'
+
+cat > "$W/matmul.py" <<'PY'
+import os, sys, time, torch
+secs = float(sys.argv[1])
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + secs
+n = 0
+while time.time() < end:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+    n += 20
+print(f"matmul: {n} products of 8192^3 in {secs:.0f} s, {2*8192**3*n/secs/1e12:.0f} TFLOP/s", flush=True)
+PY
+
+cat > "$W/nvml_loop.py" <<'PY'
+# The same counters as the agent, read with pynvml once a second: the comparison for overhead.
+import sys, time, pynvml as n
+secs = float(sys.argv[1])
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+fields = [82, 143, 145]  # memory temperature, remapped rows
+gpm_prev = None
+gpm_ok = hasattr(n, "nvmlGpmSampleAlloc")
+end = time.time() + secs
+while time.time() < end:
+    t0 = time.time()
+    for f in (n.nvmlDeviceGetUtilizationRates, n.nvmlDeviceGetMemoryInfo, n.nvmlDeviceGetPowerUsage,
+              n.nvmlDeviceGetTotalEnergyConsumption, n.nvmlDeviceGetCurrentClocksThrottleReasons,
+              n.nvmlDeviceGetComputeRunningProcesses, n.nvmlDeviceGetUUID, n.nvmlDeviceGetName):
+        try: f(h)
+        except n.NVMLError: pass
+    for args in ((n.nvmlDeviceGetTemperature, 0), (n.nvmlDeviceGetClockInfo, 1), (n.nvmlDeviceGetClockInfo, 2),
+                 (n.nvmlDeviceGetPcieThroughput, 0), (n.nvmlDeviceGetPcieThroughput, 1)):
+        try: args[0](h, args[1])
+        except n.NVMLError: pass
+    for err in (0, 1):
+        try: n.nvmlDeviceGetTotalEccErrors(h, err, 1)
+        except n.NVMLError: pass
+    try: n.nvmlDeviceGetFieldValues(h, fields)
+    except n.NVMLError: pass
+    try: n.nvmlDeviceGetProcessUtilization(h, 0)
+    except n.NVMLError: pass
+    if gpm_ok:
+        try:
+            s = n.nvmlGpmSampleAlloc(); n.nvmlGpmSampleGet(h, s)
+            if gpm_prev is not None:
+                m = n.c_nvmlGpmMetricsGet_t()
+                m.version = n.NVML_GPM_METRICS_GET_VERSION
+                m.numMetrics = 9
+                m.sample1 = gpm_prev; m.sample2 = s
+                for i, mid in enumerate([1, 2, 5, 10, 11, 12, 13, 60, 61]):
+                    m.metrics[i].metricId = mid
+                n.nvmlGpmMetricsGet(m)
+                n.nvmlGpmSampleFree(gpm_prev)
+            gpm_prev = s
+        except Exception as e:
+            gpm_ok = False
+            print("pynvml loop: gpm unavailable:", e, file=sys.stderr)
+    time.sleep(max(0.0, 1.0 - (time.time() - t0)))
+PY
+
+cat > "$W/snapshot.py" <<'PY'
+# pynvml readings of GPU 0 at this moment, as JSON.
+import json, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+m = n.nvmlDeviceGetMemoryInfo(h); u = n.nvmlDeviceGetUtilizationRates(h)
+print(json.dumps({"memory_used": m.used, "memory_total": m.total, "util": u.gpu,
+  "power_mw": n.nvmlDeviceGetPowerUsage(h), "energy_mj": n.nvmlDeviceGetTotalEnergyConsumption(h),
+  "temp": n.nvmlDeviceGetTemperature(h, 0), "sm_clock": n.nvmlDeviceGetClockInfo(h, 1),
+  "mem_clock": n.nvmlDeviceGetClockInfo(h, 2),
+  "pids": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]}))
+PY
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+rss_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+echo "== the job: PyTorch bf16 matmul with SLURM_JOB_ID=$JOB"
+SLURM_JOB_ID=$JOB SLURM_JOB_USER=gpuwatch-test SLURM_JOB_NAME=matmul \
+  python3 "$W/matmul.py" 60 > "$W/job.log" 2>&1 &
+JOB_PID=$!
+echo "job pid $JOB_PID"
+
+# The agent running as in production: every collector, 1 s, /metrics on, spool on disk (the
+# endpoint is down: nothing listens on port 9).
+"$AGENT" --source nvml --interval 1s --metrics-addr 127.0.0.1:9400 --endpoint http://127.0.0.1:9 \
+  --buffer-dir "$W/spool" --job-mapping-dir "$W/no-slurm-here" --log-level error 2> "$W/agent.log" &
+AGENT_PID=$!
+sleep 10
+
+echo "== overhead: ${BENCH_S} s side by side, while the job runs"
+python3 "$W/nvml_loop.py" $BENCH_S 2> "$W/loop.log" &
+LOOP_PID=$!
+nvidia-smi --query-gpu=utilization.gpu,utilization.memory,memory.used,memory.total,power.draw,temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks_event_reasons.active,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pcie.link.gen.current --format=csv,noheader -l 1 > /dev/null 2> "$W/smi.log" &
+SMI_PID=$!
+A0=$(cpu_ticks $AGENT_PID); L0=$(cpu_ticks $LOOP_PID); S0=$(cpu_ticks $SMI_PID)
+T0=$(date +%s.%N)
+
+sleep 5
+echo "== during the job: agent --once, with pynvml and nvidia-smi read around it"
+python3 "$W/snapshot.py" > "$W/before.json"
+"$AGENT" --source nvml --once --job-mapping-dir "$W/no-slurm-here" --log-level error > "$OUT/during.json"
+python3 "$W/snapshot.py" > "$W/after_once.json"
+nvidia-smi --query-gpu=utilization.gpu,memory.used,power.draw,temperature.gpu,clocks.sm --format=csv,noheader,nounits > "$W/smi_during.csv"
+curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_during.txt"
+
+sleep $((BENCH_S - 8))
+T1=$(date +%s.%N)
+A1=$(cpu_ticks $AGENT_PID); L1=$(cpu_ticks $LOOP_PID); S1=$(cpu_ticks $SMI_PID)
+ARSS=$(rss_kib $AGENT_PID); LRSS=$(rss_kib $LOOP_PID); SRSS=$(rss_kib $SMI_PID)
+wait $LOOP_PID
+if kill -0 $SMI_PID 2>/dev/null; then echo "nvidia-smi -l 1 ran the whole time"; else echo "WARNING: nvidia-smi -l 1 exited early:"; cat "$W/smi.log"; fi
+kill $SMI_PID 2>/dev/null
+cat "$W/loop.log"
+
+echo "== the job ends"
+kill $JOB_PID 2>/dev/null; wait $JOB_PID 2>/dev/null
+cat "$W/job.log"
+sleep 6
+"$AGENT" --source nvml --once --job-mapping-dir "$W/no-slurm-here" --log-level error > "$OUT/after.json"
+curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_after.txt"
+kill $AGENT_PID; wait $AGENT_PID 2>/dev/null
+echo "agent log (errors only):"; cat "$W/agent.log"
+
+python3 - "$OUT" "$W" "$JOB" "$JOB_PID" "$T0" "$T1" "$A0" "$A1" "$L0" "$L1" "$S0" "$S1" "$ARSS" "$LRSS" "$SRSS" <<'PY' | tee "$OUT/checks.txt"
+import json, os, sys
+out, w, job, job_pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+t0, t1 = float(sys.argv[5]), float(sys.argv[6])
+a0, a1, l0, l1, s0, s1 = map(int, sys.argv[7:13])
+arss, lrss, srss = map(int, sys.argv[13:16])
+hz = os.sysconf("SC_CLK_TCK")
+fails = 0
+def check(ok, what):
+    global fails
+    print(("PASS " if ok else "FAIL ") + what)
+    fails += 0 if ok else 1
+during = json.load(open(f"{out}/during.json")); after = json.load(open(f"{out}/after.json"))
+before = json.load(open(f"{w}/before.json")); after_once = json.load(open(f"{w}/after_once.json"))
+g = next(x for x in during["gpus"] if x["gpu_index"] == 0)
+ga = next(x for x in after["gpus"] if x["gpu_index"] == 0)
+print("during:", json.dumps({k: g[k] for k in ("gpu_utilization", "tensor_active", "sm_active", "dram_active", "power_watts", "sm_clock_mhz", "memory_used_bytes", "clock_event_reasons", "job")}))
+print("after: ", json.dumps({k: ga[k] for k in ("gpu_utilization", "tensor_active", "sm_active", "power_watts", "job")}))
+job_l = g.get("job") or {}
+check(job_l.get("id") == job and job_l.get("user") == "gpuwatch-test" and job_l.get("name") == "matmul",
+      f"gpu 0 carries job {job} (gpuwatch-test, matmul) while it runs: {job_l}")
+check((g["gpu_utilization"] or 0) >= 0.9, f"gpu_utilization >= 0.9 while it runs: {g['gpu_utilization']}")
+check((g["tensor_active"] or 0) > 0.5, f"tensor_active > 0.5 while it runs: {g['tensor_active']}")
+procs = [p for p in during["processes"] if p["pid"] == job_pid]
+check(len(procs) == 1 and (procs[0]["used_memory_bytes"] or 0) > (256 << 20) and (procs[0].get("job") or {}).get("id") == job,
+      f"a process row for pid {job_pid} with its memory and job: {procs}")
+if procs:
+    print(f"     per-process sm_utilization: {procs[0]['sm_utilization']}")
+check(ga["gpu_utilization"] is not None and ga["gpu_utilization"] < 0.1, f"gpu_utilization < 0.1 after: {ga['gpu_utilization']}")
+check(ga["tensor_active"] is not None and ga["tensor_active"] < 0.05, f"tensor_active < 0.05 after: {ga['tensor_active']}")
+check(ga.get("job") is None, f"no job after: {ga.get('job')}")
+check(not [p for p in after["processes"] if p["pid"] == job_pid], "no process row for the job after")
+# Against pynvml read just before and just after the agent's second reading.
+lo_e, hi_e = before["energy_mj"] / 1000, after_once["energy_mj"] / 1000
+check(lo_e <= g["energy_joules"] <= hi_e, f"energy {g['energy_joules']:.1f} J between pynvml's {lo_e:.1f} and {hi_e:.1f}")
+mem = [before["memory_used"], after_once["memory_used"]]
+check(min(mem) - (64 << 20) <= g["memory_used_bytes"] <= max(mem) + (64 << 20), f"memory used {g['memory_used_bytes']} within 64 MiB of pynvml {mem}")
+check(g["memory_total_bytes"] == before["memory_total"], f"memory total {g['memory_total_bytes']} == pynvml {before['memory_total']}")
+temps = [before["temp"], after_once["temp"]]
+check(min(temps) - 3 <= g["temperature_celsius"] <= max(temps) + 3, f"temperature {g['temperature_celsius']} within 3 C of pynvml {temps}")
+pw = [before["power_mw"] / 1000, after_once["power_mw"] / 1000]
+check(min(pw) * 0.8 <= g["power_watts"] <= max(pw) * 1.2, f"power {g['power_watts']} W within 20 % of pynvml {pw}")
+clk = [before["sm_clock"], after_once["sm_clock"]]
+check(min(clk) * 0.9 <= g["sm_clock_mhz"] <= max(clk) * 1.1, f"sm clock {g['sm_clock_mhz']} within 10 % of pynvml {clk}")
+smi = [x.strip() for x in open(f"{w}/smi_during.csv").read().split(",")]
+check(float(smi[0]) >= 90, f"nvidia-smi agrees the GPU is busy: utilization.gpu {smi[0]} %, power {smi[2]} W, sm clock {smi[4]} MHz")
+m = open(f"{out}/metrics_during.txt").read()
+tensor = [l for l in m.splitlines() if l.startswith("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{") and 'gpu="0"' in l]
+check(bool(tensor) and f'hpc_job="{job}"' in tensor[0] and float(tensor[0].rsplit(" ", 1)[1]) > 0.5,
+      f"/metrics: {tensor[0] if tensor else 'no DCGM_FI_PROF_PIPE_TENSOR_ACTIVE'}")
+ma = open(f"{out}/metrics_after.txt").read()
+util_after = [l for l in ma.splitlines() if l.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="0"' in l]
+check(bool(util_after) and "hpc_job" not in util_after[0], f"/metrics after: {util_after[0] if util_after else 'none'}")
+secs = t1 - t0
+def per_s(c0, c1): return (c1 - c0) / hz / secs * 1000
+a, l, s = per_s(a0, a1), per_s(l0, l1), per_s(s0, s1)
+print(f"overhead over {secs:.1f} s, 1 s interval, 1 GPU:")
+print(f"  gpuwatch-agent : {a:7.2f} ms CPU/s  peak RSS {arss/1024:6.1f} MiB")
+print(f"  pynvml loop    : {l:7.2f} ms CPU/s  peak RSS {lrss/1024:6.1f} MiB  ({l/a if a else float('inf'):.1f}x the agent's CPU)")
+print(f"  nvidia-smi -l 1: {s:7.2f} ms CPU/s  peak RSS {srss/1024:6.1f} MiB  ({s/a if a else float('inf'):.1f}x the agent's CPU)")
+print(f"  (clock tick {1000/hz:.0f} ms: figures below ~{1000/hz/secs:.2f} ms/s are at the resolution limit)")
+check(arss < 20 * 1024, f"agent peak RSS under 20 MiB: {arss/1024:.1f} MiB")
+check(a < 1.0, f"agent under 1 ms CPU per second per GPU: {a:.2f}")
+print("RESULT:", "all checks passed" if fails == 0 else f"{fails} check(s) failed")
+sys.exit(1 if fails else 0)
+PY
+rc=${PIPESTATUS[0]}
+rm -rf "$W"
+exit $rc
