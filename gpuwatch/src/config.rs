@@ -33,6 +33,12 @@ pub struct FileConfig {
     pub insecure_no_auth: Option<bool>,
     /// `--log-level`
     pub log_level: Option<String>,
+    /// `--wal-sync`: `"always"` or `"interval"`
+    pub wal_sync: Option<crate::server::WalSync>,
+    /// `--wal-sync-interval`, e.g. `"100ms"`
+    pub wal_sync_interval: Option<String>,
+    /// `--max-buffer-bytes`
+    pub max_buffer_bytes: Option<usize>,
     /// `--synthetic-hosts` (demo)
     pub synthetic_hosts: Option<usize>,
     /// `--synthetic-gpus` (demo)

@@ -236,8 +236,8 @@ mod tests {
         let store = Arc::new(
             Store::open(
                 StoreConfig {
-                    data_dir: dir.path().to_path_buf(),
                     wal_sync: false,
+                    ..StoreConfig::new(dir.path())
                 },
                 Arc::new(SystemClock),
             )
@@ -300,8 +300,8 @@ mod tests {
         let store = Arc::new(
             Store::open(
                 StoreConfig {
-                    data_dir: dir.path().to_path_buf(),
                     wal_sync: false,
+                    ..StoreConfig::new(dir.path())
                 },
                 Arc::new(SystemClock),
             )

@@ -1,11 +1,16 @@
 //! The store: WAL, buffer and Parquet files tied together.
 //!
-//! A write is appended to the WAL (and fsynced) and added to the buffer under one lock, so the
-//! buffer and the WAL always hold the same writes. A persist rotates the WAL, freezes the buffer,
+//! A write is appended to the WAL and added to the buffer under one lock, so the buffer and the
+//! WAL always hold the same writes; the lock is then released and the writer waits for the WAL's
+//! group commit to make its record durable (one fsync shared by every writer waiting at that
+//! moment) before the write is acknowledged. A persist rotates the WAL, freezes the buffer,
 //! writes the frozen batches as Parquet, records the files and the last covered WAL segment in the
 //! catalog, then drops the frozen batches and the covered segments. Queries see the active buffer,
 //! the frozen one and the catalog's files; the frozen batches are swapped for their files in one
 //! step, so a query never sees a row twice or misses one.
+//!
+//! Every change of the catalog (persist, compaction, retention) is a read-modify-write under one
+//! lock, saved atomically before it is installed, so they never undo each other.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +24,7 @@ use crate::clock::Clock;
 use crate::ingest::WriteBatch;
 use crate::persist::{self, Catalog, FileMeta};
 use crate::schema::Table;
-use crate::wal::{self, Wal};
+use crate::wal::{self, GroupCommit, Wal};
 use crate::{Error, Result};
 
 /// How the store is set up.
@@ -27,8 +32,28 @@ use crate::{Error, Result};
 pub struct StoreConfig {
     /// Where the WAL, the catalog and the Parquet files live.
     pub data_dir: PathBuf,
-    /// Fsync every WAL append before acknowledging it (`--wal-sync always`).
+    /// Fsync (group commit) every WAL append before acknowledging it (`--wal-sync always`).
+    /// When false (`--wal-sync interval`), writes are acknowledged once in the page cache and the
+    /// owner calls [`Store::sync_wal`] periodically: a process crash loses nothing, a machine
+    /// crash may lose the writes of the last interval.
     pub wal_sync: bool,
+    /// A WAL segment is closed and a new one started once it holds this many bytes.
+    pub wal_segment_bytes: u64,
+    /// The in-memory buffer's cap. At half of it a persist is requested early; at the cap writes
+    /// are refused with [`Error::BufferFull`]. Replay at start persists whenever it reaches half.
+    pub max_buffer_bytes: usize,
+}
+
+impl StoreConfig {
+    /// Defaults for a data directory: fsync before ack, 64 MiB segments, 1 GiB buffer.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            wal_sync: true,
+            wal_segment_bytes: 64 << 20,
+            max_buffer_bytes: 1 << 30,
+        }
+    }
 }
 
 /// Counters the server exposes on `/metrics`.
@@ -48,6 +73,14 @@ pub struct StoreStats {
     pub persisted_rows: AtomicU64,
     /// WAL records replayed at start.
     pub replayed_records: AtomicU64,
+    /// Writes refused because the buffer was full.
+    pub rejected_buffer_full: AtomicU64,
+    /// Writes refused because the disk was full.
+    pub rejected_disk_full: AtomicU64,
+    /// Compactions completed (one per window merged).
+    pub compactions: AtomicU64,
+    /// Files removed by retention.
+    pub retention_deleted_files: AtomicU64,
 }
 
 /// What the query side reads: a consistent view of one table.
@@ -90,7 +123,10 @@ pub struct Store {
     config: StoreConfig,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    commit: GroupCommit,
     persist_lock: Mutex<()>,
+    catalog_lock: Mutex<()>,
+    persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
 }
 
@@ -99,19 +135,60 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Writes `frozen` as Parquet files covering WAL segments up to `through`, and saves a catalog
+/// naming them. Returns the new catalog (not yet installed) and the files.
+fn persist_buffers(
+    dir: &Path,
+    frozen: &Buffers,
+    through: u64,
+    mut catalog: Catalog,
+) -> Result<(Catalog, Vec<FileMeta>)> {
+    let mut files = Vec::new();
+    for (table, buf) in frozen.tables() {
+        files.extend(persist::write_table(dir, table, buf.batches(), through)?);
+    }
+    catalog.files.extend(files.iter().cloned());
+    catalog.wal_persisted_through = through;
+    catalog.save(dir)?;
+    Ok((catalog, files))
+}
+
+/// Removes WAL segments up to `through`. A failure only costs disk until the next start, which
+/// removes them.
+fn remove_segments_through(wal_dir: &Path, through: u64) {
+    if let Ok(segments) = wal::list_segments(wal_dir) {
+        for (seq, path) in segments {
+            if seq > through {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
+            }
+        }
+    }
+}
+
 impl Store {
-    /// Opens the store: loads the catalog, removes leftovers of an interrupted persist, replays
-    /// the WAL segments the catalog does not cover, and starts a new segment.
+    /// Opens the store: loads the catalog, removes leftovers of an interrupted persist or
+    /// compaction, replays the WAL segments the catalog does not cover (persisting along the way
+    /// whenever the replayed rows reach half the buffer cap, so memory stays bounded however large
+    /// the WAL), and starts a new segment.
     pub fn open(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let started = Instant::now();
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let catalog = Catalog::load(dir)?;
+        let mut catalog = Catalog::load(dir)?;
         persist::remove_orphans(dir, &catalog)?;
+        if !catalog.retired.is_empty() {
+            // No query of an earlier process can still read them.
+            catalog.retired.clear();
+            catalog.save(dir)?;
+        }
         let wal_dir = dir.join("wal");
         let stats = StoreStats::default();
         let mut active = Buffers::default();
         let mut last_seq = catalog.wal_persisted_through;
+        let replay_limit = (config.max_buffer_bytes / 2).max(1);
         for (seq, path) in wal::list_segments(&wal_dir)? {
             last_seq = last_seq.max(seq);
             if seq <= catalog.wal_persisted_through {
@@ -129,8 +206,20 @@ impl Store {
                 tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
                     "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
             }
+            if active.bytes() >= replay_limit {
+                let (saved, files) = persist_buffers(dir, &active, seq, catalog)?;
+                catalog = saved;
+                remove_segments_through(&wal_dir, seq);
+                tracing::info!(
+                    through = seq,
+                    files = files.len(),
+                    "replay reached half the buffer cap: persisted"
+                );
+                stats.persists.fetch_add(1, Ordering::Relaxed);
+                active = Buffers::default();
+            }
         }
-        let wal = Wal::create(&wal_dir, last_seq + 1, config.wal_sync)?;
+        let wal = Wal::create(&wal_dir, last_seq + 1)?;
         tracing::info!(
             data_dir = %dir.display(),
             files = catalog.files.len(),
@@ -148,7 +237,10 @@ impl Store {
                 frozen: None,
                 catalog,
             }),
+            commit: GroupCommit::default(),
             persist_lock: Mutex::new(()),
+            catalog_lock: Mutex::new(()),
+            persist_wanted: tokio::sync::Notify::new(),
             stats,
         })
     }
@@ -156,6 +248,11 @@ impl Store {
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
     }
 
     /// The injected clock.
@@ -166,6 +263,16 @@ impl Store {
     /// Counters.
     pub fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+
+    /// Fsyncs performed by the WAL's group commit.
+    pub fn wal_fsyncs(&self) -> u64 {
+        self.commit.fsyncs()
+    }
+
+    /// Notified when the buffer reaches half its cap: the owner should persist now.
+    pub fn persist_wanted(&self) -> &tokio::sync::Notify {
+        &self.persist_wanted
     }
 
     /// Rows and bytes buffered in memory (active and frozen).
@@ -184,17 +291,71 @@ impl Store {
         lock(&self.state).catalog.files.len()
     }
 
-    /// Makes a write durable (WAL, fsynced) and visible to queries. When this returns `Ok`, the
-    /// write survives a crash of the process.
+    /// A copy of the current catalog.
+    pub fn catalog(&self) -> Catalog {
+        lock(&self.state).catalog.clone()
+    }
+
+    /// Makes a write durable (WAL, fsynced through the group commit unless `wal_sync` is off) and
+    /// visible to queries. When this returns `Ok`, the write survives a crash of the process.
+    /// Refuses the write with [`Error::BufferFull`] when the buffer is at its cap, and with an
+    /// I/O error ([`Error::is_disk_full`]) when the disk is full; nothing is stored then.
     pub fn write(&self, write: &WriteBatch) -> Result<()> {
         if write.is_empty() {
             return Ok(());
         }
         let payload = wal::encode_payload(write)?;
-        let mut s = lock(&self.state);
-        s.wal.append(&payload)?;
-        s.active.push(write)?;
-        drop(s);
+        let incoming: usize = write
+            .batches
+            .iter()
+            .map(|(_, b)| b.get_array_memory_size())
+            .sum();
+        let limit = self.config.max_buffer_bytes;
+        let pos = {
+            let mut s = lock(&self.state);
+            let held = s.active.bytes() + s.frozen.as_ref().map(Buffers::bytes).unwrap_or(0);
+            if held > 0 && held + incoming > limit {
+                drop(s);
+                self.persist_wanted.notify_one();
+                self.stats
+                    .rejected_buffer_full
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Error::BufferFull { held, limit });
+            }
+            let pos = match s.wal.append(&payload) {
+                Ok(p) => p,
+                Err(e) => {
+                    if s.wal.is_broken() {
+                        self.commit.fail(s.wal.seq(), &e.to_string());
+                    }
+                    if e.is_disk_full() {
+                        self.stats
+                            .rejected_disk_full
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(e);
+                }
+            };
+            // Cannot fail for a batch of the table's schema; if it did, the record would be
+            // replayed at the next start although the write was refused (at least once).
+            s.active.push(write)?;
+            if s.active.bytes() >= limit / 2 {
+                self.persist_wanted.notify_one();
+            }
+            if s.wal.bytes() >= self.config.wal_segment_bytes
+                && let Err(e) = s.wal.rotate()
+            {
+                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the current one");
+            }
+            pos
+        };
+        if self.config.wal_sync {
+            self.commit.wait_durable(
+                pos,
+                || lock(&self.state).wal.sync_target(),
+                |seq| lock(&self.state).wal.mark_broken(seq),
+            )?;
+        }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .rows
@@ -203,6 +364,34 @@ impl Store {
             .wal_bytes
             .fetch_add(payload.len() as u64 + 8, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Makes every write appended so far durable (used with `wal_sync` off, on a timer).
+    pub fn sync_wal(&self) -> Result<()> {
+        let pos = lock(&self.state).wal.position();
+        self.commit.wait_durable(
+            pos,
+            || lock(&self.state).wal.sync_target(),
+            |seq| lock(&self.state).wal.mark_broken(seq),
+        )
+    }
+
+    /// Applies `change` to a copy of the current catalog, saves it atomically, then installs it
+    /// (together with `install`, under the state lock). Serialised with every other catalog
+    /// change.
+    fn change_catalog<T>(
+        &self,
+        change: impl FnOnce(&mut Catalog) -> Result<T>,
+        install: impl FnOnce(&mut State),
+    ) -> Result<T> {
+        let _serial = lock(&self.catalog_lock);
+        let mut catalog = lock(&self.state).catalog.clone();
+        let out = change(&mut catalog)?;
+        catalog.save(&self.config.data_dir)?;
+        let mut s = lock(&self.state);
+        s.catalog = catalog;
+        install(&mut s);
+        Ok(out)
     }
 
     /// Writes everything buffered to Parquet and truncates the WAL. Returns `None` when there was
@@ -225,19 +414,7 @@ impl Store {
                 self.stats
                     .persisted_rows
                     .fetch_add(report.rows, Ordering::Relaxed);
-                // The covered segments are no longer needed; a failure here only costs disk
-                // until the next start, which removes them.
-                let wal_dir = self.config.data_dir.join("wal");
-                if let Ok(segments) = wal::list_segments(&wal_dir) {
-                    for (seq, path) in segments {
-                        if seq > through {
-                            continue;
-                        }
-                        if let Err(e) = std::fs::remove_file(&path) {
-                            tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
-                        }
-                    }
-                }
+                remove_segments_through(&self.config.data_dir.join("wal"), through);
                 Ok(Some(report))
             }
             Err(e) => {
@@ -254,15 +431,26 @@ impl Store {
         let dir = &self.config.data_dir;
         let mut files = Vec::new();
         for (table, buf) in frozen.tables() {
-            files.extend(persist::write_table(dir, table, buf.batches(), through)?);
+            match persist::write_table(dir, table, buf.batches(), through) {
+                Ok(f) => files.extend(f),
+                Err(e) => {
+                    persist::remove_files(dir, &files);
+                    return Err(e);
+                }
+            }
         }
-        let mut catalog = lock(&self.state).catalog.clone();
-        catalog.files.extend(files.iter().cloned());
-        catalog.wal_persisted_through = through;
-        catalog.save(dir)?;
-        let mut s = lock(&self.state);
-        s.catalog = catalog;
-        s.frozen = None;
+        let saved = self.change_catalog(
+            |c| {
+                c.files.extend(files.iter().cloned());
+                c.wal_persisted_through = through;
+                Ok(())
+            },
+            |s| s.frozen = None,
+        );
+        if let Err(e) = saved {
+            persist::remove_files(dir, &files);
+            return Err(e);
+        }
         let rows = files.iter().map(|f| f.rows).sum();
         Ok(PersistReport {
             files,

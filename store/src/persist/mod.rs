@@ -21,7 +21,7 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::WriterProperties;
 
-pub use catalog::{CATALOG_FILE, Catalog, FileMeta};
+pub use catalog::{CATALOG_FILE, Catalog, FileMeta, Retired};
 
 use crate::schema::Table;
 use crate::wal::sync_dir;
@@ -155,7 +155,19 @@ fn write_file(
         max_time,
         rows: batch.num_rows() as u64,
         bytes,
+        level: 0,
     })
+}
+
+/// Removes files just written whose catalog update failed (best effort: a leftover is removed at
+/// the next start).
+pub fn remove_files(data_dir: &Path, files: &[FileMeta]) {
+    for f in files {
+        let path = data_dir.join(&f.path);
+        if let Err(e) = fs::remove_file(&path) {
+            tracing::warn!(file = %path.display(), error = %e, "could not remove a file whose catalog update failed");
+        }
+    }
 }
 
 /// Removes files under `tables/` that the catalog does not name (leftovers of an interrupted

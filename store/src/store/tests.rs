@@ -11,14 +11,7 @@ use crate::schema::value_index;
 const T0: i64 = 1_800_000_000_000_000_000;
 
 fn open(dir: &Path) -> Store {
-    Store::open(
-        StoreConfig {
-            data_dir: dir.to_path_buf(),
-            wal_sync: true,
-        },
-        Arc::new(ManualClock::new(T0)),
-    )
-    .expect("open")
+    Store::open(StoreConfig::new(dir), Arc::new(ManualClock::new(T0))).expect("open")
 }
 
 fn write_of(i: usize) -> WriteBatch {
@@ -167,4 +160,95 @@ fn parquet_files_are_sorted_and_zstd() {
         let b = (uuids.value(i), times.value(i));
         assert!(a <= b, "rows out of order at {i}: {a:?} > {b:?}");
     }
+}
+
+#[test]
+fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let small = |dir: &Path| StoreConfig {
+        wal_segment_bytes: 4096,
+        max_buffer_bytes: 64 * 1024,
+        ..StoreConfig::new(dir)
+    };
+    let n = 300;
+    {
+        let s = Store::open(
+            StoreConfig {
+                // Large enough that nothing is refused while writing.
+                max_buffer_bytes: 1 << 30,
+                ..small(dir.path())
+            },
+            Arc::new(ManualClock::new(T0)),
+        )
+        .expect("open");
+        for i in 0..n {
+            s.write(&write_of(i)).expect("write");
+        }
+    }
+    let segs = wal::list_segments(&dir.path().join("wal")).expect("list");
+    assert!(segs.len() > 10, "rotated by size: {} segments", segs.len());
+    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    assert!(
+        s.file_count() > 0,
+        "replay persisted on the way instead of holding everything"
+    );
+    assert!(s.buffered().1 < 64 * 1024, "{:?}", s.buffered());
+    assert!(s.stats().persists.load(Ordering::Relaxed) > 1);
+    assert_eq!(powers(&s), expected(n));
+    drop(s);
+    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    assert_eq!(
+        powers(&s),
+        expected(n),
+        "nothing doubled by a second replay"
+    );
+}
+
+#[test]
+fn a_full_buffer_refuses_writes_until_a_persist_frees_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Store::open(
+        StoreConfig {
+            max_buffer_bytes: 32 * 1024,
+            ..StoreConfig::new(dir.path())
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("open");
+    let mut acked = 0;
+    let err = loop {
+        match s.write(&write_of(acked)) {
+            Ok(()) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "the cap never applied");
+    };
+    assert!(matches!(err, Error::BufferFull { .. }), "{err}");
+    assert!(err.to_string().contains("--max-buffer-bytes"), "{err}");
+    assert!(s.buffered().1 <= 32 * 1024);
+    s.persist().expect("persist");
+    s.write(&write_of(acked)).expect("room again");
+    assert_eq!(powers(&s), expected(acked + 1));
+}
+
+#[test]
+fn concurrent_writers_share_fsyncs_through_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Arc::new(open(dir.path()));
+    std::thread::scope(|scope| {
+        for w in 0..8 {
+            let s = Arc::clone(&s);
+            scope.spawn(move || {
+                for i in 0..25 {
+                    s.write(&write_of(w * 25 + i)).expect("write");
+                }
+            });
+        }
+    });
+    assert_eq!(powers(&s), expected(200));
+    assert!(
+        s.wal_fsyncs() < 200,
+        "{} fsyncs for 200 writes",
+        s.wal_fsyncs()
+    );
 }
