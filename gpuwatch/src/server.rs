@@ -484,6 +484,21 @@ async fn self_metrics(State(app): State<App>) -> Response {
             store.file_count() as u64,
         );
     }
+    if let Some(engine) = app.engine.get() {
+        let s = engine.scan_stats();
+        line(
+            "gpuwatch_query_files_scanned_total",
+            "counter",
+            "Parquet files read by queries",
+            s.files_scanned.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_query_files_pruned_total",
+            "counter",
+            "Parquet files skipped by queries because the catalog's time range cannot match",
+            s.files_pruned.load(Ordering::Relaxed),
+        );
+    }
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
