@@ -77,6 +77,10 @@ struct ServeArgs {
     /// when it is full, writes get 503 with Retry-After until a persist frees it.
     #[arg(long, env = "GPUWATCH_MAX_BUFFER_BYTES", default_value_t = 1 << 30)]
     max_buffer_bytes: usize,
+    /// How often persisted files are compacted (small files of an hour merged, rollups of
+    /// closed hours built) and retention applied.
+    #[arg(long, env = "GPUWATCH_COMPACTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    compaction_interval: Duration,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -155,6 +159,21 @@ fn serve_config(
         &mut args.wal_sync_interval,
         file.wal_sync_interval,
     )?;
+    apply_duration(
+        m,
+        "compaction_interval",
+        &mut args.compaction_interval,
+        file.compaction_interval.clone(),
+    )?;
+    if args.compaction_interval.is_zero() {
+        return Err(Error::Config(
+            "--compaction-interval must be above zero".into(),
+        ));
+    }
+    let retention = match &file.retention {
+        Some(r) => r.resolve()?,
+        None => gpuwatch_store::RetentionConfig::default(),
+    };
     if args.wal_sync_interval.is_zero() {
         return Err(Error::Config(
             "--wal-sync-interval must be above zero".into(),
@@ -195,6 +214,8 @@ fn serve_config(
         wal_sync: args.wal_sync,
         wal_sync_interval: args.wal_sync_interval,
         max_buffer_bytes: args.max_buffer_bytes,
+        compaction_interval: args.compaction_interval,
+        retention,
     })
 }
 

@@ -48,6 +48,10 @@ pub struct ServeConfig {
     pub wal_sync_interval: Duration,
     /// Cap of the in-memory write buffer.
     pub max_buffer_bytes: usize,
+    /// How often compaction, rollups and retention run.
+    pub compaction_interval: Duration,
+    /// Retention per table.
+    pub retention: gpuwatch_store::RetentionConfig,
 }
 
 /// `--wal-sync`: when the WAL is fsynced.
@@ -146,8 +150,17 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let store_config = StoreConfig {
         wal_sync: config.wal_sync == WalSync::Always,
         max_buffer_bytes: config.max_buffer_bytes,
+        retention: config.retention.clone(),
+        compaction: gpuwatch_store::CompactionConfig {
+            // Replaced files outlive every query that may still read them.
+            grace: gpuwatch_store::CompactionConfig::default()
+                .grace
+                .max(config.query_timeout * 2),
+            ..Default::default()
+        },
         ..StoreConfig::new(config.data_dir.clone())
     };
+    let compact_every = config.compaction_interval;
     let query_timeout = config.query_timeout;
     let persist_every = config.persist_interval;
     let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
@@ -190,6 +203,31 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                     let s = Arc::clone(&s);
                     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.sync_wal()).await {
                         tracing::error!(error = %e, "periodic write-ahead log fsync failed");
+                    }
+                }
+            });
+        }
+        {
+            let s = Arc::clone(&store);
+            let mut rx = persist_rx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(compact_every);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = rx.changed() => return,
+                    }
+                    let s = Arc::clone(&s);
+                    match tokio::task::spawn_blocking(move || s.maintain()).await {
+                        Ok(Ok(r)) if r != gpuwatch_store::MaintenanceReport::default() => {
+                            tracing::info!(windows = r.windows_compacted, merged = r.files_merged,
+                                rollups = r.rollup_files, expired = r.files_expired,
+                                deleted = r.files_deleted, "compaction and retention");
+                        }
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::error!(error = %e, "compaction failed; retried at the next interval"),
+                        Err(e) => tracing::error!(error = %e, "compaction task failed"),
                     }
                 }
             });
@@ -439,6 +477,18 @@ async fn self_metrics(State(app): State<App>) -> Response {
             "counter",
             "Rows written to Parquet",
             s.persisted_rows.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_compactions_total",
+            "counter",
+            "Hour windows compacted",
+            s.compactions.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_retention_expired_files_total",
+            "counter",
+            "Files dropped by retention",
+            s.retention_deleted_files.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_wal_fsyncs_total",

@@ -21,8 +21,9 @@ use arrow::array::RecordBatch;
 
 use crate::buffer::Buffers;
 use crate::clock::Clock;
+use crate::compact::{self, CompactionConfig, HOUR_NANOS, MaintenanceReport, RetentionConfig};
 use crate::ingest::WriteBatch;
-use crate::persist::{self, Catalog, FileMeta};
+use crate::persist::{self, Catalog, FileMeta, Retired};
 use crate::schema::Table;
 use crate::wal::{self, GroupCommit, Wal};
 use crate::{Error, Result};
@@ -42,6 +43,10 @@ pub struct StoreConfig {
     /// The in-memory buffer's cap. At half of it a persist is requested early; at the cap writes
     /// are refused with [`Error::BufferFull`]. Replay at start persists whenever it reaches half.
     pub max_buffer_bytes: usize,
+    /// Compaction of the persisted files.
+    pub compaction: CompactionConfig,
+    /// Retention per table.
+    pub retention: RetentionConfig,
 }
 
 impl StoreConfig {
@@ -52,6 +57,8 @@ impl StoreConfig {
             wal_sync: true,
             wal_segment_bytes: 64 << 20,
             max_buffer_bytes: 1 << 30,
+            compaction: CompactionConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -126,6 +133,7 @@ pub struct Store {
     commit: GroupCommit,
     persist_lock: Mutex<()>,
     catalog_lock: Mutex<()>,
+    maintain_lock: Mutex<()>,
     persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
 }
@@ -240,6 +248,7 @@ impl Store {
             commit: GroupCommit::default(),
             persist_lock: Mutex::new(()),
             catalog_lock: Mutex::new(()),
+            maintain_lock: Mutex::new(()),
             persist_wanted: tokio::sync::Notify::new(),
             stats,
         })
@@ -457,6 +466,217 @@ impl Store {
             rows,
             wal_persisted_through: through,
         })
+    }
+}
+
+fn nanos(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// One maintenance pass: retention, then compaction and rollups of the windows that need
+    /// it, then deletion of retired files whose grace period is over. Safe to run beside
+    /// writes, persists and queries.
+    pub fn maintain(&self) -> Result<MaintenanceReport> {
+        let _one_at_a_time = lock(&self.maintain_lock);
+        let now = self.clock.now_nanos();
+        let mut report = MaintenanceReport::default();
+        self.expire(now, &mut report)?;
+        self.compact(now, &mut report)?;
+        self.delete_retired(now, &mut report)?;
+        Ok(report)
+    }
+
+    fn expire(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let retention = &self.config.retention;
+        let doomed: Vec<String> = self
+            .catalog()
+            .files
+            .iter()
+            .filter(|f| {
+                let Some(table) = Table::from_name(&f.table) else {
+                    return false;
+                };
+                let Some(keep) = retention.keep_nanos(table) else {
+                    return false;
+                };
+                // Raw samples go only once their hour is rolled up.
+                let rolled = table != Table::GpuMetrics || f.level >= 1;
+                f.max_time < now.saturating_sub(keep) && rolled
+            })
+            .map(|f| f.path.clone())
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        self.change_catalog(
+            |c| {
+                c.files.retain(|f| !doomed.contains(&f.path));
+                c.retired.extend(doomed.iter().map(|p| Retired {
+                    path: p.clone(),
+                    at: now,
+                }));
+                Ok(())
+            },
+            |_| {},
+        )?;
+        report.files_expired += doomed.len();
+        self.stats
+            .retention_deleted_files
+            .fetch_add(doomed.len() as u64, Ordering::Relaxed);
+        tracing::info!(
+            files = doomed.len(),
+            "retention: files past their table's retention dropped"
+        );
+        Ok(())
+    }
+
+    fn compact(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let cfg = &self.config.compaction;
+        let mut windows: std::collections::BTreeMap<(Table, i64), Vec<FileMeta>> =
+            Default::default();
+        for f in self.catalog().files {
+            if let Some(t @ (Table::GpuMetrics | Table::Metrics)) = Table::from_name(&f.table) {
+                windows
+                    .entry((t, compact::window_of(&f)))
+                    .or_default()
+                    .push(f);
+            }
+        }
+        for ((table, hour), files) in windows {
+            let end = (hour + 1).saturating_mul(HOUR_NANOS);
+            let closed = end.saturating_add(nanos(cfg.close_after)) <= now;
+            let needed = files.len() >= cfg.max_files_per_window.max(2)
+                || (closed && (files.len() > 1 || files[0].level == 0));
+            if needed {
+                self.compact_window(table, hour, &files, closed, now, report)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn compact_window(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+        now: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let dir = &self.config.data_dir;
+        let merged = persist::sort_batch(table, &compact::read_files(dir, table, inputs)?)?;
+        let id = self.catalog().next_id;
+        let name = format!("c{id:020}");
+        let mut written: Vec<FileMeta> = Vec::new();
+        let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
+            let mut meta = persist::write_file(dir, t, batch, hour, &name)?;
+            meta.level = u8::from(closed);
+            written.push(meta);
+            Ok(())
+        };
+        let mut result = write(table, &merged);
+        if closed && table == Table::GpuMetrics {
+            for rollup in [Table::GpuMetrics1m, Table::GpuMetrics1h] {
+                result =
+                    result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
+            }
+        }
+        if let Err(e) = result {
+            persist::remove_files(dir, &written);
+            return Err(e);
+        }
+        let input_paths: Vec<&str> = inputs.iter().map(|f| f.path.as_str()).collect();
+        let rollups = written.len() - 1;
+        let changed = self.change_catalog(
+            |c| {
+                // A concurrent change (retention) took an input away: leave the window be.
+                if !input_paths
+                    .iter()
+                    .all(|p| c.files.iter().any(|f| f.path == *p))
+                {
+                    return Ok(false);
+                }
+                let replaced = |f: &FileMeta| {
+                    input_paths.contains(&f.path.as_str())
+                        || (rollups > 0
+                            && (f.table == Table::GpuMetrics1m.name()
+                                || f.table == Table::GpuMetrics1h.name())
+                            && compact::window_of(f) == hour)
+                };
+                let gone: Vec<String> = c
+                    .files
+                    .iter()
+                    .filter(|f| replaced(f))
+                    .map(|f| f.path.clone())
+                    .collect();
+                c.files.retain(|f| !replaced(f));
+                c.files.extend(written.iter().cloned());
+                c.retired
+                    .extend(gone.into_iter().map(|path| Retired { path, at: now }));
+                c.next_id = id + 1;
+                Ok(true)
+            },
+            |_| {},
+        );
+        match changed {
+            Ok(true) => {
+                report.windows_compacted += 1;
+                report.files_merged += inputs.len();
+                report.rollup_files += rollups;
+                self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    table = table.name(),
+                    hour,
+                    files = inputs.len(),
+                    closed,
+                    "window compacted"
+                );
+                Ok(())
+            }
+            Ok(false) => {
+                persist::remove_files(dir, &written);
+                Ok(())
+            }
+            Err(e) => {
+                persist::remove_files(dir, &written);
+                Err(e)
+            }
+        }
+    }
+
+    fn delete_retired(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let grace = nanos(self.config.compaction.grace);
+        let due: Vec<String> = self
+            .catalog()
+            .retired
+            .iter()
+            .filter(|r| r.at.saturating_add(grace) <= now)
+            .map(|r| r.path.clone())
+            .collect();
+        let mut deleted = Vec::new();
+        for rel in due {
+            let path = self.config.data_dir.join(&rel);
+            match std::fs::remove_file(&path) {
+                Ok(()) => deleted.push(rel),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(rel),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "could not delete a retired file; retrying later")
+                }
+            }
+        }
+        if deleted.is_empty() {
+            return Ok(());
+        }
+        self.change_catalog(
+            |c| {
+                c.retired.retain(|r| !deleted.contains(&r.path));
+                Ok(())
+            },
+            |_| {},
+        )?;
+        report.files_deleted += deleted.len();
+        Ok(())
     }
 }
 

@@ -110,21 +110,29 @@ pub fn write_table(
         } else {
             filter_record_batch(&sorted, &mask)?
         };
-        out.push(write_file(data_dir, table, &part, *hour, seq)?);
+        out.push(write_file(
+            data_dir,
+            table,
+            &part,
+            *hour,
+            &format!("{seq:020}"),
+        )?);
     }
     Ok(out)
 }
 
-fn write_file(
+/// Writes `batch` (rows of one hour, sorted) as `tables/<table>/<date>/<HH>/<name>.parquet`:
+/// fsynced and renamed into place; the catalog is not touched.
+pub fn write_file(
     data_dir: &Path,
     table: Table,
     batch: &RecordBatch,
     hour: i64,
-    seq: u64,
+    name: &str,
 ) -> Result<FileMeta> {
     let start = chrono::DateTime::from_timestamp(hour * 3600, 0).unwrap_or_default();
     let rel = format!(
-        "tables/{}/{}/{}/{seq:020}.parquet",
+        "tables/{}/{}/{}/{name}.parquet",
         table.name(),
         start.format("%Y-%m-%d"),
         start.format("%H")
