@@ -33,6 +33,16 @@ pub struct FileConfig {
     pub insecure_no_auth: Option<bool>,
     /// `--log-level`
     pub log_level: Option<String>,
+    /// `--wal-sync`: `"always"` or `"interval"`
+    pub wal_sync: Option<crate::server::WalSync>,
+    /// `--wal-sync-interval`, e.g. `"100ms"`
+    pub wal_sync_interval: Option<String>,
+    /// `--max-buffer-bytes`
+    pub max_buffer_bytes: Option<usize>,
+    /// `--compaction-interval`, e.g. `"1m"`
+    pub compaction_interval: Option<String>,
+    /// `[retention]`: how long each table keeps its data.
+    pub retention: Option<RetentionFile>,
     /// `--synthetic-hosts` (demo)
     pub synthetic_hosts: Option<usize>,
     /// `--synthetic-gpus` (demo)
@@ -41,6 +51,58 @@ pub struct FileConfig {
     pub interval: Option<String>,
     /// `--backfill` (demo)
     pub backfill: Option<String>,
+}
+
+/// The `[retention]` table: a duration per table (`"30d"`, `"1y"`), or `"forever"`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionFile {
+    /// Raw samples (default 30d).
+    pub gpu_metrics: Option<String>,
+    /// Other metrics (default 30d).
+    pub metrics: Option<String>,
+    /// 1-minute rollups (default 365d).
+    pub gpu_metrics_1m: Option<String>,
+    /// 1-hour rollups (default 1825d).
+    pub gpu_metrics_1h: Option<String>,
+}
+
+impl RetentionFile {
+    /// Applies the file's keys over the defaults.
+    pub fn resolve(&self) -> Result<gpuwatch_store::RetentionConfig> {
+        let mut r = gpuwatch_store::RetentionConfig::default();
+        let keys = [
+            ("gpu_metrics", &self.gpu_metrics, &mut r.gpu_metrics),
+            ("metrics", &self.metrics, &mut r.metrics),
+            (
+                "gpu_metrics_1m",
+                &self.gpu_metrics_1m,
+                &mut r.gpu_metrics_1m,
+            ),
+            (
+                "gpu_metrics_1h",
+                &self.gpu_metrics_1h,
+                &mut r.gpu_metrics_1h,
+            ),
+        ];
+        for (key, text, target) in keys {
+            let Some(text) = text else { continue };
+            *target = if text == "forever" {
+                None
+            } else {
+                let d = parse_duration(text).map_err(|e| {
+                    Error::Config(format!("config key retention.{key}: {e} (or \"forever\")"))
+                })?;
+                if d.is_zero() {
+                    return Err(Error::Config(format!(
+                        "config key retention.{key}: must be above zero (or \"forever\")"
+                    )));
+                }
+                Some(d)
+            };
+        }
+        Ok(r)
+    }
 }
 
 impl FileConfig {
@@ -129,6 +191,21 @@ mod tests {
             }
         }
         assert!(seen >= 1, "no deploy/gpuwatch.*.example.toml found");
+    }
+
+    #[test]
+    fn retention_keys_override_the_defaults() {
+        let f: FileConfig =
+            toml::from_str("[retention]\ngpu_metrics = \"7d\"\ngpu_metrics_1h = \"forever\"\n")
+                .expect("parse");
+        let r = f.retention.expect("section").resolve().expect("resolve");
+        assert_eq!(r.gpu_metrics, Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(r.gpu_metrics_1h, None);
+        assert_eq!(r.gpu_metrics_1m, Some(Duration::from_secs(365 * 86400)));
+        let bad: FileConfig = toml::from_str("[retention]\nmetrics = \"soon\"\n").expect("parse");
+        let e = bad.retention.expect("section").resolve().expect_err("bad");
+        assert!(e.to_string().contains("retention.metrics"), "{e}");
+        assert!(toml::from_str::<FileConfig>("[retention]\nraw = \"1d\"\n").is_err());
     }
 
     #[test]

@@ -65,6 +65,22 @@ struct ServeArgs {
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
+    /// When the write-ahead log is fsynced: `always` before every acknowledgement (concurrent
+    /// writes share one fsync), or `interval` every --wal-sync-interval, which is weaker: a
+    /// machine crash (not a process crash) may lose the last interval's acknowledged writes.
+    #[arg(long, env = "GPUWATCH_WAL_SYNC", value_enum, default_value = "always")]
+    wal_sync: server::WalSync,
+    /// With --wal-sync interval: how often the write-ahead log is fsynced.
+    #[arg(long, env = "GPUWATCH_WAL_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    wal_sync_interval: Duration,
+    /// Cap of the in-memory write buffer, in bytes: at half of it the buffer is persisted early;
+    /// when it is full, writes get 503 with Retry-After until a persist frees it.
+    #[arg(long, env = "GPUWATCH_MAX_BUFFER_BYTES", default_value_t = 1 << 30)]
+    max_buffer_bytes: usize,
+    /// How often persisted files are compacted (small files of an hour merged, rollups of
+    /// closed hours built) and retention applied.
+    #[arg(long, env = "GPUWATCH_COMPACTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    compaction_interval: Duration,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -130,6 +146,39 @@ fn serve_config(
         file.insecure_no_auth,
     );
     apply(m, "log_level", &mut args.log_level, file.log_level);
+    apply(m, "wal_sync", &mut args.wal_sync, file.wal_sync);
+    apply(
+        m,
+        "max_buffer_bytes",
+        &mut args.max_buffer_bytes,
+        file.max_buffer_bytes,
+    );
+    apply_duration(
+        m,
+        "wal_sync_interval",
+        &mut args.wal_sync_interval,
+        file.wal_sync_interval,
+    )?;
+    apply_duration(
+        m,
+        "compaction_interval",
+        &mut args.compaction_interval,
+        file.compaction_interval.clone(),
+    )?;
+    if args.compaction_interval.is_zero() {
+        return Err(Error::Config(
+            "--compaction-interval must be above zero".into(),
+        ));
+    }
+    let retention = match &file.retention {
+        Some(r) => r.resolve()?,
+        None => gpuwatch_store::RetentionConfig::default(),
+    };
+    if args.wal_sync_interval.is_zero() {
+        return Err(Error::Config(
+            "--wal-sync-interval must be above zero".into(),
+        ));
+    }
     apply_duration(
         m,
         "query_timeout",
@@ -162,6 +211,11 @@ fn serve_config(
         max_body_bytes: args.max_body_bytes,
         query_timeout: args.query_timeout,
         insecure_no_auth: args.insecure_no_auth,
+        wal_sync: args.wal_sync,
+        wal_sync_interval: args.wal_sync_interval,
+        max_buffer_bytes: args.max_buffer_bytes,
+        compaction_interval: args.compaction_interval,
+        retention,
     })
 }
 

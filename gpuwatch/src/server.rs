@@ -42,6 +42,27 @@ pub struct ServeConfig {
     pub query_timeout: Duration,
     /// Allow non-loopback listeners without auth.
     pub insecure_no_auth: bool,
+    /// When a write is fsynced.
+    pub wal_sync: WalSync,
+    /// With `--wal-sync interval`, how often the WAL is fsynced.
+    pub wal_sync_interval: Duration,
+    /// Cap of the in-memory write buffer.
+    pub max_buffer_bytes: usize,
+    /// How often compaction, rollups and retention run.
+    pub compaction_interval: Duration,
+    /// Retention per table.
+    pub retention: gpuwatch_store::RetentionConfig,
+}
+
+/// `--wal-sync`: when the WAL is fsynced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WalSync {
+    /// Before every acknowledgement (group commit: concurrent writes share one fsync).
+    Always,
+    /// Every `--wal-sync-interval`: a machine crash may lose the last interval's acknowledged
+    /// writes (a process crash loses nothing).
+    Interval,
 }
 
 /// Shared by the handlers.
@@ -127,11 +148,22 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
     let store_config = StoreConfig {
-        data_dir: config.data_dir.clone(),
-        wal_sync: true,
+        wal_sync: config.wal_sync == WalSync::Always,
+        max_buffer_bytes: config.max_buffer_bytes,
+        retention: config.retention.clone(),
+        compaction: gpuwatch_store::CompactionConfig {
+            // Replaced files outlive every query that may still read them.
+            grace: gpuwatch_store::CompactionConfig::default()
+                .grace
+                .max(config.query_timeout * 2),
+            ..Default::default()
+        },
+        ..StoreConfig::new(config.data_dir.clone())
     };
+    let compact_every = config.compaction_interval;
     let query_timeout = config.query_timeout;
     let persist_every = config.persist_interval;
+    let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
     let mut persist_rx = rx.clone();
     tasks.push(tokio::spawn(async move {
         let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
@@ -158,11 +190,57 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         }
         let _ = open_app.store.set(Arc::clone(&store));
         tracing::info!("ready: accepting writes and queries");
+        if let Some(every) = sync_every {
+            let s = Arc::clone(&store);
+            let mut rx = persist_rx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = rx.changed() => return,
+                    }
+                    let s = Arc::clone(&s);
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.sync_wal()).await {
+                        tracing::error!(error = %e, "periodic write-ahead log fsync failed");
+                    }
+                }
+            });
+        }
+        {
+            let s = Arc::clone(&store);
+            let mut rx = persist_rx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(compact_every);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = rx.changed() => return,
+                    }
+                    let s = Arc::clone(&s);
+                    match tokio::task::spawn_blocking(move || s.maintain()).await {
+                        Ok(Ok(r)) if r != gpuwatch_store::MaintenanceReport::default() => {
+                            tracing::info!(windows = r.windows_compacted, merged = r.files_merged,
+                                rollups = r.rollup_files, expired = r.files_expired,
+                                deleted = r.files_deleted, "compaction and retention");
+                        }
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::error!(error = %e, "compaction failed; retried at the next interval"),
+                        Err(e) => tracing::error!(error = %e, "compaction task failed"),
+                    }
+                }
+            });
+        }
         let mut tick = tokio::time::interval(persist_every);
         tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => persist(&store).await,
+                _ = store.persist_wanted().notified() => {
+                    tracing::info!("write buffer at half its cap: persisting early");
+                    persist(&store).await;
+                }
                 _ = persist_rx.changed() => break,
             }
         }
@@ -252,6 +330,20 @@ fn store_error(e: &gpuwatch_store::Error) -> Response {
     match e {
         E::TooLarge { .. } => error_response(Status::PayloadTooLarge, &e.to_string()),
         E::NotReady => error_response(Status::Unavailable, &e.to_string()),
+        E::BufferFull { .. } => error_response(Status::Unavailable, &e.to_string()),
+        _ if e.is_disk_full() => {
+            tracing::error!(error = %e, "disk full: refusing writes until space is freed");
+            let mut resp = error_response(
+                Status::Unavailable,
+                &format!(
+                    "disk full, write not stored: free space in the data directory and retry ({e})"
+                ),
+            );
+            *resp.status_mut() = StatusCode::INSUFFICIENT_STORAGE;
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            resp
+        }
         _ if e.is_client_error() => error_response(Status::BadRequest, &e.to_string()),
         _ => {
             tracing::error!(error = %e, "write failed");
@@ -387,6 +479,36 @@ async fn self_metrics(State(app): State<App>) -> Response {
             s.persisted_rows.load(Ordering::Relaxed),
         );
         line(
+            "gpuwatch_compactions_total",
+            "counter",
+            "Hour windows compacted",
+            s.compactions.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_retention_expired_files_total",
+            "counter",
+            "Files dropped by retention",
+            s.retention_deleted_files.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_wal_fsyncs_total",
+            "counter",
+            "Write-ahead log fsyncs (one is shared by every write waiting for it)",
+            store.wal_fsyncs(),
+        );
+        line(
+            "gpuwatch_writes_rejected_buffer_full_total",
+            "counter",
+            "Writes refused with 503 because the write buffer was full",
+            s.rejected_buffer_full.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_writes_rejected_disk_full_total",
+            "counter",
+            "Writes refused with 507 because the disk was full",
+            s.rejected_disk_full.load(Ordering::Relaxed),
+        );
+        line(
             "gpuwatch_wal_replayed_records_total",
             "counter",
             "WAL records replayed at start",
@@ -410,6 +532,21 @@ async fn self_metrics(State(app): State<App>) -> Response {
             "gauge",
             "Parquet files in the catalog",
             store.file_count() as u64,
+        );
+    }
+    if let Some(engine) = app.engine.get() {
+        let s = engine.scan_stats();
+        line(
+            "gpuwatch_query_files_scanned_total",
+            "counter",
+            "Parquet files read by queries",
+            s.files_scanned.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_query_files_pruned_total",
+            "counter",
+            "Parquet files skipped by queries because the catalog's time range cannot match",
+            s.files_pruned.load(Ordering::Relaxed),
         );
     }
     let mut resp = (StatusCode::OK, out).into_response();

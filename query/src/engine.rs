@@ -6,12 +6,14 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, Session, TableProvider};
+use datafusion::common::ScalarValue;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
@@ -19,7 +21,9 @@ use datafusion::datasource::listing::{
 use datafusion::error::Result as DfResult;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::logical_expr::{
+    Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown, TableType,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -34,6 +38,7 @@ use crate::{Result, gate};
 pub struct StoreTable {
     table: Table,
     store: Arc<dyn ReadStore>,
+    stats: Arc<ScanStats>,
 }
 
 impl fmt::Debug for StoreTable {
@@ -47,7 +52,16 @@ impl fmt::Debug for StoreTable {
 impl StoreTable {
     /// A provider for `table`.
     pub fn new(table: Table, store: Arc<dyn ReadStore>) -> Self {
-        Self { table, store }
+        Self::with_stats(table, store, Arc::default())
+    }
+
+    /// A provider for `table` that counts the files it scans and skips in `stats`.
+    pub fn with_stats(table: Table, store: Arc<dyn ReadStore>, stats: Arc<ScanStats>) -> Self {
+        Self {
+            table,
+            store,
+            stats,
+        }
     }
 }
 
@@ -76,6 +90,20 @@ impl TableProvider for StoreTable {
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let TableSnapshot { batches, files } = self.store.snapshot(self.table);
+        // Prune by the catalog's time range of each file: a file that cannot hold a row passing
+        // the `time` filters is never opened.
+        let (lo, hi) = time_range(filters);
+        let before = files.len();
+        let files: Vec<_> = files
+            .into_iter()
+            .filter(|(_, meta)| meta.max_time >= lo && meta.min_time <= hi)
+            .collect();
+        self.stats
+            .files_pruned
+            .fetch_add((before - files.len()) as u64, Ordering::Relaxed);
+        self.stats
+            .files_scanned
+            .fetch_add(files.len() as u64, Ordering::Relaxed);
         let schema = self.table.schema();
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
 
@@ -109,6 +137,94 @@ impl TableProvider for StoreTable {
     }
 }
 
+/// Files a scan read and skipped, over the engine's life (exposed on `/metrics`).
+#[derive(Debug, Default)]
+pub struct ScanStats {
+    /// Parquet files handed to a scan.
+    pub files_scanned: AtomicU64,
+    /// Parquet files skipped because their time range cannot match the query's `time` filters.
+    pub files_pruned: AtomicU64,
+}
+
+/// Nanoseconds since the epoch of a timestamp literal.
+fn literal_nanos(e: &Expr) -> Option<i64> {
+    let Expr::Literal(v, _) = e else {
+        return None;
+    };
+    match v {
+        ScalarValue::TimestampNanosecond(Some(t), _) => Some(*t),
+        ScalarValue::TimestampMicrosecond(Some(t), _) => t.checked_mul(1_000),
+        ScalarValue::TimestampMillisecond(Some(t), _) => t.checked_mul(1_000_000),
+        ScalarValue::TimestampSecond(Some(t), _) => t.checked_mul(1_000_000_000),
+        _ => None,
+    }
+}
+
+fn is_time(e: &Expr) -> bool {
+    matches!(e, Expr::Column(c) if c.name == "time")
+}
+
+/// Narrows `[lo, hi]` (inclusive, ns) to what rows passing `e` can have as `time`. Anything it
+/// does not understand leaves the range as it is (the filter is applied to the rows anyway).
+fn narrow(e: &Expr, lo: &mut i64, hi: &mut i64) {
+    match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            if *op == Operator::And {
+                narrow(left, lo, hi);
+                narrow(right, lo, hi);
+                return;
+            }
+            let (op, t) = if is_time(left) {
+                match literal_nanos(right) {
+                    Some(t) => (*op, t),
+                    None => return,
+                }
+            } else if is_time(right) {
+                match (literal_nanos(left), op.swap()) {
+                    (Some(t), Some(op)) => (op, t),
+                    _ => return,
+                }
+            } else {
+                return;
+            };
+            match op {
+                Operator::Gt => *lo = (*lo).max(t.saturating_add(1)),
+                Operator::GtEq => *lo = (*lo).max(t),
+                Operator::Lt => *hi = (*hi).min(t.saturating_sub(1)),
+                Operator::LtEq => *hi = (*hi).min(t),
+                Operator::Eq => {
+                    *lo = (*lo).max(t);
+                    *hi = (*hi).min(t);
+                }
+                _ => {}
+            }
+        }
+        Expr::Between(Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        }) if is_time(expr) => {
+            if let Some(t) = literal_nanos(low) {
+                *lo = (*lo).max(t);
+            }
+            if let Some(t) = literal_nanos(high) {
+                *hi = (*hi).min(t);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The inclusive `time` range (ns) rows must be in to pass every filter.
+pub fn time_range(filters: &[Expr]) -> (i64, i64) {
+    let (mut lo, mut hi) = (i64::MIN, i64::MAX);
+    for f in filters {
+        narrow(f, &mut lo, &mut hi);
+    }
+    (lo, hi)
+}
+
 /// Limits and settings of the engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -138,6 +254,7 @@ pub struct QueryResult {
 pub struct QueryEngine {
     ctx: SessionContext,
     config: EngineConfig,
+    stats: Arc<ScanStats>,
 }
 
 impl fmt::Debug for QueryEngine {
@@ -155,14 +272,24 @@ impl QueryEngine {
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
         let ctx = SessionContext::new_with_config(session);
+        let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(
                 table.name(),
-                Arc::new(StoreTable::new(table, Arc::clone(&store))),
+                Arc::new(StoreTable::with_stats(
+                    table,
+                    Arc::clone(&store),
+                    Arc::clone(&stats),
+                )),
             )
             .map_err(Error::from)?;
         }
-        Ok(Self { ctx, config })
+        Ok(Self { ctx, config, stats })
+    }
+
+    /// Files scanned and pruned so far.
+    pub fn scan_stats(&self) -> &ScanStats {
+        &self.stats
     }
 
     /// The DataFusion context (for other front ends such as the Postgres wire protocol).
@@ -236,8 +363,8 @@ mod tests {
         let store = Arc::new(
             Store::open(
                 StoreConfig {
-                    data_dir: dir.path().to_path_buf(),
                     wal_sync: false,
+                    ..StoreConfig::new(dir.path())
                 },
                 Arc::new(SystemClock),
             )
@@ -295,13 +422,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn files_outside_the_time_filter_are_never_scanned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    wal_sync: false,
+                    ..StoreConfig::new(dir.path())
+                },
+                Arc::new(SystemClock),
+            )
+            .expect("store"),
+        );
+        let engine = QueryEngine::new(
+            Arc::clone(&store) as Arc<dyn ReadStore>,
+            EngineConfig::default(),
+        )
+        .expect("engine");
+        // Three hours, one persist each: three files per table.
+        for hour in 0..3i64 {
+            for i in 0..4 {
+                write(&store, hour * 3600 + i);
+            }
+            store.persist().expect("persist");
+        }
+        assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 3);
+        let scanned = || engine.scan_stats().files_scanned.load(Ordering::Relaxed);
+        let pruned = || engine.scan_stats().files_pruned.load(Ordering::Relaxed);
+        let t = |s: i64| format!("to_timestamp_seconds({})", 1_800_000_000 + s);
+        let cases = [
+            (format!("time >= {}", t(3600)), 8, 2),
+            (format!("time < {}", t(3600)), 4, 1),
+            (format!("time > {}", t(3)), 8, 2),
+            (format!("time BETWEEN {} AND {}", t(3600), t(3601)), 2, 1),
+            (format!("time >= {} AND time < {}", t(7200), t(9000)), 4, 1),
+            (format!("{} <= time", t(7203)), 1, 1),
+            (format!("time = {}", t(2)), 1, 1),
+            ("time < now() - interval '3650 days'".to_string(), 0, 0),
+            ("gpu_uuid = 'GPU-1'".to_string(), 6, 3),
+        ];
+        for (filter, rows, files) in cases {
+            let (s0, p0) = (scanned(), pruned());
+            let sql = format!("SELECT count(*) FROM gpu_metrics WHERE {filter}");
+            assert_eq!(count(&engine, &sql).await, rows, "{sql}");
+            assert_eq!(scanned() - s0, files, "files scanned for {sql}");
+            assert_eq!(pruned() - p0, 3 - files, "files pruned for {sql}");
+        }
+    }
+
+    #[tokio::test]
     async fn csv_flattens_maps_and_json_keeps_nulls() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(
             Store::open(
                 StoreConfig {
-                    data_dir: dir.path().to_path_buf(),
                     wal_sync: false,
+                    ..StoreConfig::new(dir.path())
                 },
                 Arc::new(SystemClock),
             )

@@ -25,6 +25,12 @@ pub enum Error {
     #[error("the store is not ready yet (write-ahead log replay in progress): retry shortly")]
     NotReady,
 
+    /// The write buffer holds `--max-buffer-bytes` and a persist has not freed it yet.
+    #[error(
+        "write buffer full ({held} of {limit} bytes held until the next persist finishes): retry after a few seconds, or raise --max-buffer-bytes"
+    )]
+    BufferFull { held: usize, limit: usize },
+
     /// An I/O failure on a file of the store.
     #[error("i/o error on {path}: {source}")]
     Io {
@@ -62,6 +68,20 @@ impl Error {
         Self::Malformed {
             what,
             detail: detail.to_string().to_lowercase(),
+        }
+    }
+
+    /// True when the disk (or quota) is full: the write was not stored and may be retried once
+    /// space is freed.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Self::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::StorageFull
+                    || source.kind() == std::io::ErrorKind::QuotaExceeded
+                    || source.raw_os_error() == Some(28)
+            }
+            Self::Parquet(e) => e.to_string().contains("No space left on device"),
+            _ => false,
         }
     }
 

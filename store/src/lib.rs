@@ -6,10 +6,13 @@
 //! [`Store::persist`], run periodically by the server, writes the buffer as sorted, zstd-compressed
 //! Parquet files ([`persist`]), records them in the catalog and truncates the WAL. At start,
 //! [`Store::open`] replays whatever the catalog does not cover. The query engine reads through the
-//! narrow [`ReadStore`] trait.
+//! narrow [`ReadStore`] trait. [`Store::maintain`], run periodically, merges the small files of
+//! each hour ([`compact`]), builds the `gpu_metrics_1m` and `gpu_metrics_1h` rollups of closed
+//! hours, and drops files past their table's retention.
 
 pub mod buffer;
 pub mod clock;
+pub mod compact;
 mod error;
 pub mod ingest;
 pub mod persist;
@@ -17,6 +20,7 @@ pub mod schema;
 mod store;
 pub mod wal;
 
+pub use compact::{CompactionConfig, MaintenanceReport, RetentionConfig};
 pub use error::{Error, Result};
 pub use ingest::WriteBatch;
 pub use store::{PersistReport, ReadStore, Store, StoreConfig, StoreStats, TableSnapshot};

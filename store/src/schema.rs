@@ -158,6 +158,35 @@ static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+/// Rollup columns of one value column: `<col>_min`, `<col>_max`, `<col>_avg`, `<col>_last`.
+pub const ROLLUP_SUFFIXES: [&str; 4] = ["min", "max", "avg", "last"];
+
+fn rollup_schema() -> SchemaRef {
+    let raw = GPU_METRICS.clone();
+    let mut fields: Vec<Field> = raw.fields()[..=LABEL_COLUMNS.len()]
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("samples", DataType::Int64, false));
+    for c in VALUE_COLUMNS {
+        let ty = match c.ty {
+            ValueType::Float => DataType::Float64,
+            ValueType::Int => DataType::Int64,
+        };
+        for suffix in ROLLUP_SUFFIXES {
+            let t = if suffix == "avg" {
+                DataType::Float64
+            } else {
+                ty.clone()
+            };
+            fields.push(Field::new(format!("{}_{suffix}", c.column), t, true));
+        }
+    }
+    Arc::new(Schema::new(fields))
+}
+
+static GPU_METRICS_ROLLUP: LazyLock<SchemaRef> = LazyLock::new(rollup_schema);
+
 /// The tables the store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
@@ -165,17 +194,37 @@ pub enum Table {
     GpuMetrics,
     /// Every other metric received.
     Metrics,
+    /// `gpu_metrics` rolled up per minute (built when an hour is compacted).
+    GpuMetrics1m,
+    /// `gpu_metrics` rolled up per hour (built when an hour is compacted).
+    GpuMetrics1h,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 2] = [Table::GpuMetrics, Table::Metrics];
+    pub const ALL: [Table; 4] = [
+        Table::GpuMetrics,
+        Table::Metrics,
+        Table::GpuMetrics1m,
+        Table::GpuMetrics1h,
+    ];
+
+    /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
+    pub fn rollup_nanos(self) -> Option<i64> {
+        match self {
+            Table::GpuMetrics1m => Some(60_000_000_000),
+            Table::GpuMetrics1h => Some(3_600_000_000_000),
+            _ => None,
+        }
+    }
 
     /// SQL name.
     pub fn name(self) -> &'static str {
         match self {
             Table::GpuMetrics => "gpu_metrics",
             Table::Metrics => "metrics",
+            Table::GpuMetrics1m => "gpu_metrics_1m",
+            Table::GpuMetrics1h => "gpu_metrics_1h",
         }
     }
 
@@ -189,6 +238,8 @@ impl Table {
         match self {
             Table::GpuMetrics => 1,
             Table::Metrics => 2,
+            Table::GpuMetrics1m => 3,
+            Table::GpuMetrics1h => 4,
         }
     }
 
@@ -202,13 +253,16 @@ impl Table {
         match self {
             Table::GpuMetrics => GPU_METRICS.clone(),
             Table::Metrics => METRICS.clone(),
+            Table::GpuMetrics1m | Table::GpuMetrics1h => GPU_METRICS_ROLLUP.clone(),
         }
     }
 
     /// Columns the persisted files are sorted by (the last is always `time`).
     pub fn sort_columns(self) -> &'static [&'static str] {
         match self {
-            Table::GpuMetrics => &["host", "gpu_uuid", "time"],
+            Table::GpuMetrics | Table::GpuMetrics1m | Table::GpuMetrics1h => {
+                &["host", "gpu_uuid", "time"]
+            }
             Table::Metrics => &["metric", "time"],
         }
     }

@@ -1,11 +1,16 @@
 //! The store: WAL, buffer and Parquet files tied together.
 //!
-//! A write is appended to the WAL (and fsynced) and added to the buffer under one lock, so the
-//! buffer and the WAL always hold the same writes. A persist rotates the WAL, freezes the buffer,
+//! A write is appended to the WAL and added to the buffer under one lock, so the buffer and the
+//! WAL always hold the same writes; the lock is then released and the writer waits for the WAL's
+//! group commit to make its record durable (one fsync shared by every writer waiting at that
+//! moment) before the write is acknowledged. A persist rotates the WAL, freezes the buffer,
 //! writes the frozen batches as Parquet, records the files and the last covered WAL segment in the
 //! catalog, then drops the frozen batches and the covered segments. Queries see the active buffer,
 //! the frozen one and the catalog's files; the frozen batches are swapped for their files in one
 //! step, so a query never sees a row twice or misses one.
+//!
+//! Every change of the catalog (persist, compaction, retention) is a read-modify-write under one
+//! lock, saved atomically before it is installed, so they never undo each other.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,10 +21,11 @@ use arrow::array::RecordBatch;
 
 use crate::buffer::Buffers;
 use crate::clock::Clock;
+use crate::compact::{self, CompactionConfig, HOUR_NANOS, MaintenanceReport, RetentionConfig};
 use crate::ingest::WriteBatch;
-use crate::persist::{self, Catalog, FileMeta};
+use crate::persist::{self, Catalog, FileMeta, Retired};
 use crate::schema::Table;
-use crate::wal::{self, Wal};
+use crate::wal::{self, GroupCommit, Wal};
 use crate::{Error, Result};
 
 /// How the store is set up.
@@ -27,8 +33,34 @@ use crate::{Error, Result};
 pub struct StoreConfig {
     /// Where the WAL, the catalog and the Parquet files live.
     pub data_dir: PathBuf,
-    /// Fsync every WAL append before acknowledging it (`--wal-sync always`).
+    /// Fsync (group commit) every WAL append before acknowledging it (`--wal-sync always`).
+    /// When false (`--wal-sync interval`), writes are acknowledged once in the page cache and the
+    /// owner calls [`Store::sync_wal`] periodically: a process crash loses nothing, a machine
+    /// crash may lose the writes of the last interval.
     pub wal_sync: bool,
+    /// A WAL segment is closed and a new one started once it holds this many bytes.
+    pub wal_segment_bytes: u64,
+    /// The in-memory buffer's cap. At half of it a persist is requested early; at the cap writes
+    /// are refused with [`Error::BufferFull`]. Replay at start persists whenever it reaches half.
+    pub max_buffer_bytes: usize,
+    /// Compaction of the persisted files.
+    pub compaction: CompactionConfig,
+    /// Retention per table.
+    pub retention: RetentionConfig,
+}
+
+impl StoreConfig {
+    /// Defaults for a data directory: fsync before ack, 64 MiB segments, 1 GiB buffer.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            wal_sync: true,
+            wal_segment_bytes: 64 << 20,
+            max_buffer_bytes: 1 << 30,
+            compaction: CompactionConfig::default(),
+            retention: RetentionConfig::default(),
+        }
+    }
 }
 
 /// Counters the server exposes on `/metrics`.
@@ -48,6 +80,14 @@ pub struct StoreStats {
     pub persisted_rows: AtomicU64,
     /// WAL records replayed at start.
     pub replayed_records: AtomicU64,
+    /// Writes refused because the buffer was full.
+    pub rejected_buffer_full: AtomicU64,
+    /// Writes refused because the disk was full.
+    pub rejected_disk_full: AtomicU64,
+    /// Compactions completed (one per window merged).
+    pub compactions: AtomicU64,
+    /// Files removed by retention.
+    pub retention_deleted_files: AtomicU64,
 }
 
 /// What the query side reads: a consistent view of one table.
@@ -90,7 +130,11 @@ pub struct Store {
     config: StoreConfig,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    commit: GroupCommit,
     persist_lock: Mutex<()>,
+    catalog_lock: Mutex<()>,
+    maintain_lock: Mutex<()>,
+    persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
 }
 
@@ -99,19 +143,60 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Writes `frozen` as Parquet files covering WAL segments up to `through`, and saves a catalog
+/// naming them. Returns the new catalog (not yet installed) and the files.
+fn persist_buffers(
+    dir: &Path,
+    frozen: &Buffers,
+    through: u64,
+    mut catalog: Catalog,
+) -> Result<(Catalog, Vec<FileMeta>)> {
+    let mut files = Vec::new();
+    for (table, buf) in frozen.tables() {
+        files.extend(persist::write_table(dir, table, buf.batches(), through)?);
+    }
+    catalog.files.extend(files.iter().cloned());
+    catalog.wal_persisted_through = through;
+    catalog.save(dir)?;
+    Ok((catalog, files))
+}
+
+/// Removes WAL segments up to `through`. A failure only costs disk until the next start, which
+/// removes them.
+fn remove_segments_through(wal_dir: &Path, through: u64) {
+    if let Ok(segments) = wal::list_segments(wal_dir) {
+        for (seq, path) in segments {
+            if seq > through {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
+            }
+        }
+    }
+}
+
 impl Store {
-    /// Opens the store: loads the catalog, removes leftovers of an interrupted persist, replays
-    /// the WAL segments the catalog does not cover, and starts a new segment.
+    /// Opens the store: loads the catalog, removes leftovers of an interrupted persist or
+    /// compaction, replays the WAL segments the catalog does not cover (persisting along the way
+    /// whenever the replayed rows reach half the buffer cap, so memory stays bounded however large
+    /// the WAL), and starts a new segment.
     pub fn open(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let started = Instant::now();
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let catalog = Catalog::load(dir)?;
+        let mut catalog = Catalog::load(dir)?;
         persist::remove_orphans(dir, &catalog)?;
+        if !catalog.retired.is_empty() {
+            // No query of an earlier process can still read them.
+            catalog.retired.clear();
+            catalog.save(dir)?;
+        }
         let wal_dir = dir.join("wal");
         let stats = StoreStats::default();
         let mut active = Buffers::default();
         let mut last_seq = catalog.wal_persisted_through;
+        let replay_limit = (config.max_buffer_bytes / 2).max(1);
         for (seq, path) in wal::list_segments(&wal_dir)? {
             last_seq = last_seq.max(seq);
             if seq <= catalog.wal_persisted_through {
@@ -129,8 +214,20 @@ impl Store {
                 tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
                     "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
             }
+            if active.bytes() >= replay_limit {
+                let (saved, files) = persist_buffers(dir, &active, seq, catalog)?;
+                catalog = saved;
+                remove_segments_through(&wal_dir, seq);
+                tracing::info!(
+                    through = seq,
+                    files = files.len(),
+                    "replay reached half the buffer cap: persisted"
+                );
+                stats.persists.fetch_add(1, Ordering::Relaxed);
+                active = Buffers::default();
+            }
         }
-        let wal = Wal::create(&wal_dir, last_seq + 1, config.wal_sync)?;
+        let wal = Wal::create(&wal_dir, last_seq + 1)?;
         tracing::info!(
             data_dir = %dir.display(),
             files = catalog.files.len(),
@@ -148,7 +245,11 @@ impl Store {
                 frozen: None,
                 catalog,
             }),
+            commit: GroupCommit::default(),
             persist_lock: Mutex::new(()),
+            catalog_lock: Mutex::new(()),
+            maintain_lock: Mutex::new(()),
+            persist_wanted: tokio::sync::Notify::new(),
             stats,
         })
     }
@@ -156,6 +257,11 @@ impl Store {
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
     }
 
     /// The injected clock.
@@ -166,6 +272,16 @@ impl Store {
     /// Counters.
     pub fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+
+    /// Fsyncs performed by the WAL's group commit.
+    pub fn wal_fsyncs(&self) -> u64 {
+        self.commit.fsyncs()
+    }
+
+    /// Notified when the buffer reaches half its cap: the owner should persist now.
+    pub fn persist_wanted(&self) -> &tokio::sync::Notify {
+        &self.persist_wanted
     }
 
     /// Rows and bytes buffered in memory (active and frozen).
@@ -184,17 +300,71 @@ impl Store {
         lock(&self.state).catalog.files.len()
     }
 
-    /// Makes a write durable (WAL, fsynced) and visible to queries. When this returns `Ok`, the
-    /// write survives a crash of the process.
+    /// A copy of the current catalog.
+    pub fn catalog(&self) -> Catalog {
+        lock(&self.state).catalog.clone()
+    }
+
+    /// Makes a write durable (WAL, fsynced through the group commit unless `wal_sync` is off) and
+    /// visible to queries. When this returns `Ok`, the write survives a crash of the process.
+    /// Refuses the write with [`Error::BufferFull`] when the buffer is at its cap, and with an
+    /// I/O error ([`Error::is_disk_full`]) when the disk is full; nothing is stored then.
     pub fn write(&self, write: &WriteBatch) -> Result<()> {
         if write.is_empty() {
             return Ok(());
         }
         let payload = wal::encode_payload(write)?;
-        let mut s = lock(&self.state);
-        s.wal.append(&payload)?;
-        s.active.push(write)?;
-        drop(s);
+        let incoming: usize = write
+            .batches
+            .iter()
+            .map(|(_, b)| b.get_array_memory_size())
+            .sum();
+        let limit = self.config.max_buffer_bytes;
+        let pos = {
+            let mut s = lock(&self.state);
+            let held = s.active.bytes() + s.frozen.as_ref().map(Buffers::bytes).unwrap_or(0);
+            if held > 0 && held + incoming > limit {
+                drop(s);
+                self.persist_wanted.notify_one();
+                self.stats
+                    .rejected_buffer_full
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Error::BufferFull { held, limit });
+            }
+            let pos = match s.wal.append(&payload) {
+                Ok(p) => p,
+                Err(e) => {
+                    if s.wal.is_broken() {
+                        self.commit.fail(s.wal.seq(), &e.to_string());
+                    }
+                    if e.is_disk_full() {
+                        self.stats
+                            .rejected_disk_full
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(e);
+                }
+            };
+            // Cannot fail for a batch of the table's schema; if it did, the record would be
+            // replayed at the next start although the write was refused (at least once).
+            s.active.push(write)?;
+            if s.active.bytes() >= limit / 2 {
+                self.persist_wanted.notify_one();
+            }
+            if s.wal.bytes() >= self.config.wal_segment_bytes
+                && let Err(e) = s.wal.rotate()
+            {
+                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the current one");
+            }
+            pos
+        };
+        if self.config.wal_sync {
+            self.commit.wait_durable(
+                pos,
+                || lock(&self.state).wal.sync_target(),
+                |seq| lock(&self.state).wal.mark_broken(seq),
+            )?;
+        }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .rows
@@ -203,6 +373,34 @@ impl Store {
             .wal_bytes
             .fetch_add(payload.len() as u64 + 8, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Makes every write appended so far durable (used with `wal_sync` off, on a timer).
+    pub fn sync_wal(&self) -> Result<()> {
+        let pos = lock(&self.state).wal.position();
+        self.commit.wait_durable(
+            pos,
+            || lock(&self.state).wal.sync_target(),
+            |seq| lock(&self.state).wal.mark_broken(seq),
+        )
+    }
+
+    /// Applies `change` to a copy of the current catalog, saves it atomically, then installs it
+    /// (together with `install`, under the state lock). Serialised with every other catalog
+    /// change.
+    fn change_catalog<T>(
+        &self,
+        change: impl FnOnce(&mut Catalog) -> Result<T>,
+        install: impl FnOnce(&mut State),
+    ) -> Result<T> {
+        let _serial = lock(&self.catalog_lock);
+        let mut catalog = lock(&self.state).catalog.clone();
+        let out = change(&mut catalog)?;
+        catalog.save(&self.config.data_dir)?;
+        let mut s = lock(&self.state);
+        s.catalog = catalog;
+        install(&mut s);
+        Ok(out)
     }
 
     /// Writes everything buffered to Parquet and truncates the WAL. Returns `None` when there was
@@ -225,19 +423,7 @@ impl Store {
                 self.stats
                     .persisted_rows
                     .fetch_add(report.rows, Ordering::Relaxed);
-                // The covered segments are no longer needed; a failure here only costs disk
-                // until the next start, which removes them.
-                let wal_dir = self.config.data_dir.join("wal");
-                if let Ok(segments) = wal::list_segments(&wal_dir) {
-                    for (seq, path) in segments {
-                        if seq > through {
-                            continue;
-                        }
-                        if let Err(e) = std::fs::remove_file(&path) {
-                            tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
-                        }
-                    }
-                }
+                remove_segments_through(&self.config.data_dir.join("wal"), through);
                 Ok(Some(report))
             }
             Err(e) => {
@@ -254,21 +440,243 @@ impl Store {
         let dir = &self.config.data_dir;
         let mut files = Vec::new();
         for (table, buf) in frozen.tables() {
-            files.extend(persist::write_table(dir, table, buf.batches(), through)?);
+            match persist::write_table(dir, table, buf.batches(), through) {
+                Ok(f) => files.extend(f),
+                Err(e) => {
+                    persist::remove_files(dir, &files);
+                    return Err(e);
+                }
+            }
         }
-        let mut catalog = lock(&self.state).catalog.clone();
-        catalog.files.extend(files.iter().cloned());
-        catalog.wal_persisted_through = through;
-        catalog.save(dir)?;
-        let mut s = lock(&self.state);
-        s.catalog = catalog;
-        s.frozen = None;
+        let saved = self.change_catalog(
+            |c| {
+                c.files.extend(files.iter().cloned());
+                c.wal_persisted_through = through;
+                Ok(())
+            },
+            |s| s.frozen = None,
+        );
+        if let Err(e) = saved {
+            persist::remove_files(dir, &files);
+            return Err(e);
+        }
         let rows = files.iter().map(|f| f.rows).sum();
         Ok(PersistReport {
             files,
             rows,
             wal_persisted_through: through,
         })
+    }
+}
+
+fn nanos(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// One maintenance pass: retention, then compaction and rollups of the windows that need
+    /// it, then deletion of retired files whose grace period is over. Safe to run beside
+    /// writes, persists and queries.
+    pub fn maintain(&self) -> Result<MaintenanceReport> {
+        let _one_at_a_time = lock(&self.maintain_lock);
+        let now = self.clock.now_nanos();
+        let mut report = MaintenanceReport::default();
+        self.expire(now, &mut report)?;
+        self.compact(now, &mut report)?;
+        self.delete_retired(now, &mut report)?;
+        Ok(report)
+    }
+
+    fn expire(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let retention = &self.config.retention;
+        let doomed: Vec<String> = self
+            .catalog()
+            .files
+            .iter()
+            .filter(|f| {
+                let Some(table) = Table::from_name(&f.table) else {
+                    return false;
+                };
+                let Some(keep) = retention.keep_nanos(table) else {
+                    return false;
+                };
+                // Raw samples go only once their hour is rolled up.
+                let rolled = table != Table::GpuMetrics || f.level >= 1;
+                f.max_time < now.saturating_sub(keep) && rolled
+            })
+            .map(|f| f.path.clone())
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        self.change_catalog(
+            |c| {
+                c.files.retain(|f| !doomed.contains(&f.path));
+                c.retired.extend(doomed.iter().map(|p| Retired {
+                    path: p.clone(),
+                    at: now,
+                }));
+                Ok(())
+            },
+            |_| {},
+        )?;
+        report.files_expired += doomed.len();
+        self.stats
+            .retention_deleted_files
+            .fetch_add(doomed.len() as u64, Ordering::Relaxed);
+        tracing::info!(
+            files = doomed.len(),
+            "retention: files past their table's retention dropped"
+        );
+        Ok(())
+    }
+
+    fn compact(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let cfg = &self.config.compaction;
+        let mut windows: std::collections::BTreeMap<(Table, i64), Vec<FileMeta>> =
+            Default::default();
+        for f in self.catalog().files {
+            if let Some(t @ (Table::GpuMetrics | Table::Metrics)) = Table::from_name(&f.table) {
+                windows
+                    .entry((t, compact::window_of(&f)))
+                    .or_default()
+                    .push(f);
+            }
+        }
+        for ((table, hour), files) in windows {
+            let end = (hour + 1).saturating_mul(HOUR_NANOS);
+            let closed = end.saturating_add(nanos(cfg.close_after)) <= now;
+            let needed = files.len() >= cfg.max_files_per_window.max(2)
+                || (closed && (files.len() > 1 || files[0].level == 0));
+            if needed {
+                self.compact_window(table, hour, &files, closed, now, report)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn compact_window(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+        now: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let dir = &self.config.data_dir;
+        let merged = persist::sort_batch(table, &compact::read_files(dir, table, inputs)?)?;
+        let id = self.catalog().next_id;
+        let name = format!("c{id:020}");
+        let mut written: Vec<FileMeta> = Vec::new();
+        let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
+            let mut meta = persist::write_file(dir, t, batch, hour, &name)?;
+            meta.level = u8::from(closed);
+            written.push(meta);
+            Ok(())
+        };
+        let mut result = write(table, &merged);
+        if closed && table == Table::GpuMetrics {
+            for rollup in [Table::GpuMetrics1m, Table::GpuMetrics1h] {
+                result =
+                    result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
+            }
+        }
+        if let Err(e) = result {
+            persist::remove_files(dir, &written);
+            return Err(e);
+        }
+        let input_paths: Vec<&str> = inputs.iter().map(|f| f.path.as_str()).collect();
+        let rollups = written.len() - 1;
+        let changed = self.change_catalog(
+            |c| {
+                // A concurrent change (retention) took an input away: leave the window be.
+                if !input_paths
+                    .iter()
+                    .all(|p| c.files.iter().any(|f| f.path == *p))
+                {
+                    return Ok(false);
+                }
+                let replaced = |f: &FileMeta| {
+                    input_paths.contains(&f.path.as_str())
+                        || (rollups > 0
+                            && (f.table == Table::GpuMetrics1m.name()
+                                || f.table == Table::GpuMetrics1h.name())
+                            && compact::window_of(f) == hour)
+                };
+                let gone: Vec<String> = c
+                    .files
+                    .iter()
+                    .filter(|f| replaced(f))
+                    .map(|f| f.path.clone())
+                    .collect();
+                c.files.retain(|f| !replaced(f));
+                c.files.extend(written.iter().cloned());
+                c.retired
+                    .extend(gone.into_iter().map(|path| Retired { path, at: now }));
+                c.next_id = id + 1;
+                Ok(true)
+            },
+            |_| {},
+        );
+        match changed {
+            Ok(true) => {
+                report.windows_compacted += 1;
+                report.files_merged += inputs.len();
+                report.rollup_files += rollups;
+                self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    table = table.name(),
+                    hour,
+                    files = inputs.len(),
+                    closed,
+                    "window compacted"
+                );
+                Ok(())
+            }
+            Ok(false) => {
+                persist::remove_files(dir, &written);
+                Ok(())
+            }
+            Err(e) => {
+                persist::remove_files(dir, &written);
+                Err(e)
+            }
+        }
+    }
+
+    fn delete_retired(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let grace = nanos(self.config.compaction.grace);
+        let due: Vec<String> = self
+            .catalog()
+            .retired
+            .iter()
+            .filter(|r| r.at.saturating_add(grace) <= now)
+            .map(|r| r.path.clone())
+            .collect();
+        let mut deleted = Vec::new();
+        for rel in due {
+            let path = self.config.data_dir.join(&rel);
+            match std::fs::remove_file(&path) {
+                Ok(()) => deleted.push(rel),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(rel),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "could not delete a retired file; retrying later")
+                }
+            }
+        }
+        if deleted.is_empty() {
+            return Ok(());
+        }
+        self.change_catalog(
+            |c| {
+                c.retired.retain(|r| !deleted.contains(&r.path));
+                Ok(())
+            },
+            |_| {},
+        )?;
+        report.files_deleted += deleted.len();
+        Ok(())
     }
 }
 

@@ -31,6 +31,18 @@ pub struct FileMeta {
     pub rows: u64,
     /// Size in bytes.
     pub bytes: u64,
+    /// 0: written by a persist; 1: the result of compacting a window (whose rollups exist).
+    #[serde(default)]
+    pub level: u8,
+}
+
+/// A file no longer in the catalog, kept on disk until no query can still be reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    /// Path relative to the data directory.
+    pub path: String,
+    /// When it left the catalog (ns since the epoch, the store's clock).
+    pub at: i64,
 }
 
 /// The catalog's content.
@@ -43,6 +55,12 @@ pub struct Catalog {
     pub wal_persisted_through: u64,
     /// The files, in the order they were written.
     pub files: Vec<FileMeta>,
+    /// Files replaced by compaction or dropped by retention, deleted after a grace period.
+    #[serde(default)]
+    pub retired: Vec<Retired>,
+    /// The next number for a compacted file's name.
+    #[serde(default)]
+    pub next_id: u64,
 }
 
 impl Catalog {
@@ -101,7 +119,13 @@ mod tests {
                 max_time: 2,
                 rows: 3,
                 bytes: 4,
+                level: 0,
             }],
+            retired: vec![Retired {
+                path: "tables/gpu_metrics/y.parquet".into(),
+                at: 9,
+            }],
+            next_id: 2,
         };
         c.save(dir.path()).expect("save");
         assert_eq!(Catalog::load(dir.path()).expect("load"), c);

@@ -21,7 +21,7 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::WriterProperties;
 
-pub use catalog::{CATALOG_FILE, Catalog, FileMeta};
+pub use catalog::{CATALOG_FILE, Catalog, FileMeta, Retired};
 
 use crate::schema::Table;
 use crate::wal::sync_dir;
@@ -110,21 +110,29 @@ pub fn write_table(
         } else {
             filter_record_batch(&sorted, &mask)?
         };
-        out.push(write_file(data_dir, table, &part, *hour, seq)?);
+        out.push(write_file(
+            data_dir,
+            table,
+            &part,
+            *hour,
+            &format!("{seq:020}"),
+        )?);
     }
     Ok(out)
 }
 
-fn write_file(
+/// Writes `batch` (rows of one hour, sorted) as `tables/<table>/<date>/<HH>/<name>.parquet`:
+/// fsynced and renamed into place; the catalog is not touched.
+pub fn write_file(
     data_dir: &Path,
     table: Table,
     batch: &RecordBatch,
     hour: i64,
-    seq: u64,
+    name: &str,
 ) -> Result<FileMeta> {
     let start = chrono::DateTime::from_timestamp(hour * 3600, 0).unwrap_or_default();
     let rel = format!(
-        "tables/{}/{}/{}/{seq:020}.parquet",
+        "tables/{}/{}/{}/{name}.parquet",
         table.name(),
         start.format("%Y-%m-%d"),
         start.format("%H")
@@ -155,7 +163,19 @@ fn write_file(
         max_time,
         rows: batch.num_rows() as u64,
         bytes,
+        level: 0,
     })
+}
+
+/// Removes files just written whose catalog update failed (best effort: a leftover is removed at
+/// the next start).
+pub fn remove_files(data_dir: &Path, files: &[FileMeta]) {
+    for f in files {
+        let path = data_dir.join(&f.path);
+        if let Err(e) = fs::remove_file(&path) {
+            tracing::warn!(file = %path.display(), error = %e, "could not remove a file whose catalog update failed");
+        }
+    }
 }
 
 /// Removes files under `tables/` that the catalog does not name (leftovers of an interrupted

@@ -11,14 +11,7 @@ use crate::schema::value_index;
 const T0: i64 = 1_800_000_000_000_000_000;
 
 fn open(dir: &Path) -> Store {
-    Store::open(
-        StoreConfig {
-            data_dir: dir.to_path_buf(),
-            wal_sync: true,
-        },
-        Arc::new(ManualClock::new(T0)),
-    )
-    .expect("open")
+    Store::open(StoreConfig::new(dir), Arc::new(ManualClock::new(T0))).expect("open")
 }
 
 fn write_of(i: usize) -> WriteBatch {
@@ -167,4 +160,272 @@ fn parquet_files_are_sorted_and_zstd() {
         let b = (uuids.value(i), times.value(i));
         assert!(a <= b, "rows out of order at {i}: {a:?} > {b:?}");
     }
+}
+
+#[test]
+fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let small = |dir: &Path| StoreConfig {
+        wal_segment_bytes: 4096,
+        max_buffer_bytes: 64 * 1024,
+        ..StoreConfig::new(dir)
+    };
+    let n = 300;
+    {
+        let s = Store::open(
+            StoreConfig {
+                // Large enough that nothing is refused while writing.
+                max_buffer_bytes: 1 << 30,
+                ..small(dir.path())
+            },
+            Arc::new(ManualClock::new(T0)),
+        )
+        .expect("open");
+        for i in 0..n {
+            s.write(&write_of(i)).expect("write");
+        }
+    }
+    let segs = wal::list_segments(&dir.path().join("wal")).expect("list");
+    assert!(segs.len() > 10, "rotated by size: {} segments", segs.len());
+    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    assert!(
+        s.file_count() > 0,
+        "replay persisted on the way instead of holding everything"
+    );
+    assert!(s.buffered().1 < 64 * 1024, "{:?}", s.buffered());
+    assert!(s.stats().persists.load(Ordering::Relaxed) > 1);
+    assert_eq!(powers(&s), expected(n));
+    drop(s);
+    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    assert_eq!(
+        powers(&s),
+        expected(n),
+        "nothing doubled by a second replay"
+    );
+}
+
+#[test]
+fn a_full_buffer_refuses_writes_until_a_persist_frees_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Store::open(
+        StoreConfig {
+            max_buffer_bytes: 32 * 1024,
+            ..StoreConfig::new(dir.path())
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("open");
+    let mut acked = 0;
+    let err = loop {
+        match s.write(&write_of(acked)) {
+            Ok(()) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "the cap never applied");
+    };
+    assert!(matches!(err, Error::BufferFull { .. }), "{err}");
+    assert!(err.to_string().contains("--max-buffer-bytes"), "{err}");
+    assert!(s.buffered().1 <= 32 * 1024);
+    s.persist().expect("persist");
+    s.write(&write_of(acked)).expect("room again");
+    assert_eq!(powers(&s), expected(acked + 1));
+}
+
+#[test]
+fn concurrent_writers_share_fsyncs_through_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Arc::new(open(dir.path()));
+    std::thread::scope(|scope| {
+        for w in 0..8 {
+            let s = Arc::clone(&s);
+            scope.spawn(move || {
+                for i in 0..25 {
+                    s.write(&write_of(w * 25 + i)).expect("write");
+                }
+            });
+        }
+    });
+    assert_eq!(powers(&s), expected(200));
+    assert!(
+        s.wal_fsyncs() < 200,
+        "{} fsyncs for 200 writes",
+        s.wal_fsyncs()
+    );
+}
+
+fn write_at(i: usize, step_secs: i64) -> WriteBatch {
+    let mut row = GpuRow::new(T0 + i as i64 * step_secs * 1_000_000_000);
+    row.labels[0] = Some("h".into());
+    row.labels[1] = Some(format!("GPU-{}", i % 3));
+    row.values[value_index("hw.power").expect("power")] = Some(crate::ingest::Cell::F(i as f64));
+    WriteBatch::from_rows(&[row], &[]).expect("batch")
+}
+
+fn files_of(s: &Store, table: Table) -> Vec<FileMeta> {
+    s.catalog()
+        .files
+        .into_iter()
+        .filter(|f| f.table == table.name())
+        .collect()
+}
+
+#[test]
+fn compaction_merges_windows_builds_rollups_and_deletes_after_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("open");
+    // 240 samples 30 s apart (two hours), persisted in 12 slices: 6 files per hour.
+    for slice in 0..12 {
+        for i in slice * 20..(slice + 1) * 20 {
+            s.write(&write_at(i, 30)).expect("write");
+        }
+        s.persist().expect("persist");
+    }
+    assert_eq!(files_of(&s, Table::GpuMetrics).len(), 12);
+    // Both hours still open: 6 < 8 files each, nothing to do.
+    assert_eq!(s.maintain().expect("maintain").windows_compacted, 0);
+    // The first hour closes (its end + 10 min): merged into one file, rolled up.
+    clock.advance(3_600_000_000_000 + 11 * 60_000_000_000);
+    let r = s.maintain().expect("maintain");
+    assert_eq!(
+        (r.windows_compacted, r.files_merged, r.rollup_files),
+        (1, 6, 2)
+    );
+    assert_eq!(files_of(&s, Table::GpuMetrics).len(), 7);
+    assert_eq!(powers(&s), expected(240), "no row lost or doubled");
+    let m1 = files_of(&s, Table::GpuMetrics1m);
+    assert_eq!(m1.len(), 1);
+    // Two samples a minute, of two different GPUs (i % 3): 120 groups in the hour.
+    assert_eq!(m1[0].rows, 120);
+    assert_eq!(files_of(&s, Table::GpuMetrics1h)[0].rows, 3);
+    // Replaced files stay on disk for the grace period, then go.
+    let retired = s.catalog().retired;
+    assert_eq!(retired.len(), 6);
+    assert!(retired.iter().all(|r| dir.path().join(&r.path).exists()));
+    clock.advance(11 * 60_000_000_000);
+    let r = s.maintain().expect("maintain");
+    assert_eq!(r.files_deleted, 6);
+    assert!(retired.iter().all(|r| !dir.path().join(&r.path).exists()));
+    assert!(s.catalog().retired.is_empty());
+    // Late data for the closed hour re-closes it: one file again, rollups replaced.
+    s.write(&write_at(240, 0)).expect("late write");
+    s.persist().expect("persist");
+    clock.advance(3_600_000_000_000);
+    s.maintain().expect("maintain");
+    let raw = files_of(&s, Table::GpuMetrics);
+    assert_eq!(raw.len(), 2, "one file per closed hour: {raw:?}");
+    assert_eq!(files_of(&s, Table::GpuMetrics1m).len(), 2);
+    assert_eq!(files_of(&s, Table::GpuMetrics1h).len(), 2);
+    let mut want = expected(241);
+    want.sort_by(f64::total_cmp);
+    assert_eq!(powers(&s), want);
+    // And all of it survives a restart.
+    drop(s);
+    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("reopen");
+    assert_eq!(powers(&s), want);
+}
+
+#[test]
+fn an_open_window_never_holds_more_than_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::open(StoreConfig::new(dir.path()), clock).expect("open");
+    for i in 0..30 {
+        s.write(&write_of(i)).expect("write");
+        s.persist().expect("persist");
+        s.maintain().expect("maintain");
+        assert!(files_of(&s, Table::GpuMetrics).len() < 8);
+    }
+    assert_eq!(powers(&s), expected(30));
+}
+
+#[test]
+fn retention_drops_whole_files_per_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = StoreConfig {
+        retention: crate::RetentionConfig {
+            gpu_metrics: Some(std::time::Duration::from_secs(2 * 3600)),
+            ..Default::default()
+        },
+        ..StoreConfig::new(dir.path())
+    };
+    let s = Store::open(config, clock.clone()).expect("open");
+    for i in 0..240 {
+        s.write(&write_at(i, 30)).expect("write");
+    }
+    s.persist().expect("persist");
+    clock.advance(2 * 3_600_000_000_000 + 11 * 60_000_000_000);
+    s.maintain().expect("maintain");
+    assert_eq!(files_of(&s, Table::GpuMetrics).len(), 2);
+    // Three hours after the first hour ended, it is past its 2 h: raw goes, rollups stay.
+    clock.advance(3_600_000_000_000);
+    let r = s.maintain().expect("maintain");
+    assert_eq!(r.files_expired, 1);
+    assert_eq!(files_of(&s, Table::GpuMetrics).len(), 1);
+    assert_eq!(files_of(&s, Table::GpuMetrics1m).len(), 2);
+    assert_eq!(powers(&s), (120..240).map(|i| i as f64).collect::<Vec<_>>());
+}
+
+#[test]
+fn readers_never_see_missing_or_doubled_rows_while_compaction_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Arc::new(
+        Store::open(
+            StoreConfig {
+                compaction: crate::CompactionConfig {
+                    max_files_per_window: 3,
+                    ..Default::default()
+                },
+                ..StoreConfig::new(dir.path())
+            },
+            clock.clone(),
+        )
+        .expect("open"),
+    );
+    let written = Arc::new(AtomicU64::new(0));
+    let started = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            let (s, written, started, done) = (
+                Arc::clone(&s),
+                Arc::clone(&written),
+                Arc::clone(&started),
+                Arc::clone(&done),
+            );
+            scope.spawn(move || {
+                let mut checks = 0;
+                while !done.load(Ordering::SeqCst) || checks == 0 {
+                    // Rows written before the snapshot must all be there, once each.
+                    let before = written.load(Ordering::SeqCst) as usize;
+                    let got = powers(&s);
+                    let after = started.load(Ordering::SeqCst) as usize;
+                    let mut sorted = got.clone();
+                    sorted.dedup();
+                    assert_eq!(sorted.len(), got.len(), "a row seen twice");
+                    assert!(
+                        got.len() >= before && got.len() <= after,
+                        "{} rows, {before}..{after} written",
+                        got.len()
+                    );
+                    assert_eq!(got, expected(got.len()));
+                    checks += 1;
+                }
+            });
+        }
+        for i in 0..120 {
+            started.store(i as u64 + 1, Ordering::SeqCst);
+            s.write(&write_at(i, 60)).expect("write");
+            written.store(i as u64 + 1, Ordering::SeqCst);
+            if i % 5 == 4 {
+                s.persist().expect("persist");
+                clock.advance(5 * 60_000_000_000);
+                s.maintain().expect("maintain");
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    assert!(s.stats().compactions.load(Ordering::Relaxed) > 5);
 }

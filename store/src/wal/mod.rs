@@ -1,17 +1,25 @@
 //! The write-ahead log: segment files of checksummed records.
 //!
 //! A segment is `<seq:020>.wal` holding an 8-byte magic and then frames of
-//! `[len: u32 LE][crc32(payload): u32 LE][payload]`. A record is appended and fsynced before the
-//! write it carries is acknowledged. Segments are only ever appended to by the process that created
-//! them; a new process starts a new segment, so a torn tail (a crash mid-append) is simply where
-//! replay of that segment stops: every whole record before it is kept.
+//! `[len: u32 LE][crc32(payload): u32 LE][payload]`. Segments are only ever appended to by the
+//! process that created them; a new process starts a new segment, so a torn tail (a crash
+//! mid-append) is simply where replay of that segment stops: every whole record before it is kept.
+//!
+//! Appending and making durable are separate steps: [`Wal::append`] writes a frame (no fsync) and
+//! returns its end [`Position`]; [`GroupCommit`] then makes positions durable with one fsync shared
+//! by every writer waiting at that moment (see `commit.rs`). A segment is closed when it grows
+//! past its size limit or at a persist ([`Wal::rotate`]); rotation fsyncs the closed segment first,
+//! so a durable position in segment `n` implies every earlier segment is durable too.
 
+mod commit;
 mod record;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+pub use commit::{GroupCommit, SyncTarget};
 pub use record::{decode_payload, encode_payload};
 
 use crate::{Error, Result};
@@ -20,14 +28,25 @@ const MAGIC: &[u8; 8] = b"GPUWAL01";
 /// Frames larger than this are taken as corruption.
 const MAX_RECORD_BYTES: u32 = 1 << 30;
 
+/// A point in the log: the end of a record in segment `seq`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    /// Segment number.
+    pub seq: u64,
+    /// Byte offset just past the record.
+    pub offset: u64,
+}
+
 /// The open, appendable WAL.
 #[derive(Debug)]
 pub struct Wal {
     dir: PathBuf,
     seq: u64,
-    file: File,
+    file: Arc<File>,
     bytes: u64,
-    sync: bool,
+    /// The segment may hold a half frame or unsynced pages whose fsync failed: the next append
+    /// starts a new segment so that nothing is ever written after the damage.
+    broken: bool,
 }
 
 /// What reading one segment found.
@@ -40,9 +59,8 @@ pub struct SegmentReport {
 }
 
 impl Wal {
-    /// Creates segment `seq` in `dir` and makes it the one appended to. With `sync` false the
-    /// appends are not fsynced (faster, and a machine crash may lose the last acknowledged writes).
-    pub fn create(dir: &Path, seq: u64, sync: bool) -> Result<Self> {
+    /// Creates segment `seq` in `dir` and makes it the one appended to.
+    pub fn create(dir: &Path, seq: u64) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let path = segment_path(dir, seq);
         let mut file = OpenOptions::new()
@@ -50,15 +68,22 @@ impl Wal {
             .write(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        file.write_all(MAGIC).map_err(|e| Error::io(&path, e))?;
-        file.sync_all().map_err(|e| Error::io(&path, e))?;
-        sync_dir(dir)?;
+        let made = file
+            .write_all(MAGIC)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io(&path, e))
+            .and_then(|()| sync_dir(dir));
+        if let Err(e) = made {
+            // A segment without its magic would only confuse a later replay.
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             seq,
-            file,
+            file: Arc::new(file),
             bytes: MAGIC.len() as u64,
-            sync,
+            broken: false,
         })
     }
 
@@ -72,35 +97,74 @@ impl Wal {
         self.bytes
     }
 
-    /// Appends one record and, unless sync is off, fsyncs it.
-    pub fn append(&mut self, payload: &[u8]) -> Result<()> {
+    /// The end of the last record appended.
+    pub fn position(&self) -> Position {
+        Position {
+            seq: self.seq,
+            offset: self.bytes,
+        }
+    }
+
+    /// What an fsync now would make durable.
+    pub fn sync_target(&self) -> SyncTarget {
+        SyncTarget {
+            file: Arc::clone(&self.file),
+            position: self.position(),
+            path: segment_path(&self.dir, self.seq),
+        }
+    }
+
+    /// True when the current segment is damaged and the next append starts a new one.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Marks segment `seq` as damaged (its fsync failed): later appends go to a new segment.
+    pub fn mark_broken(&mut self, seq: u64) {
+        if self.seq == seq {
+            self.broken = true;
+        }
+    }
+
+    /// Appends one record (not fsynced: see [`GroupCommit`]) and returns its end position.
+    pub fn append(&mut self, payload: &[u8]) -> Result<Position> {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|l| *l <= MAX_RECORD_BYTES)
             .ok_or(Error::TooLarge {
                 limit: MAX_RECORD_BYTES as usize,
             })?;
+        if self.broken {
+            self.rotate()?;
+        }
         let mut frame = Vec::with_capacity(8 + payload.len());
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
         frame.extend_from_slice(payload);
-        let path = segment_path(&self.dir, self.seq);
-        if let Err(e) = self.file.write_all(&frame) {
-            // Leave no half frame behind for this process's later appends to follow.
-            let _ = self.file.set_len(self.bytes);
-            return Err(Error::io(&path, e));
-        }
-        if self.sync {
-            self.file.sync_data().map_err(|e| Error::io(&path, e))?;
+        if let Err(e) = (&*self.file).write_all(&frame) {
+            // Leave no half frame behind for this process's later appends to follow; if even
+            // that fails, never append to this segment again.
+            if self.file.set_len(self.bytes).is_err() {
+                self.broken = true;
+            }
+            return Err(Error::io(segment_path(&self.dir, self.seq), e));
         }
         self.bytes += frame.len() as u64;
-        Ok(())
+        Ok(self.position())
     }
 
-    /// Closes the current segment and starts the next. Returns the closed segment's number.
+    /// Fsyncs the current segment, closes it and starts the next. Returns the closed segment's
+    /// number. On error nothing changes.
     pub fn rotate(&mut self) -> Result<u64> {
         let closed = self.seq;
-        let next = Wal::create(&self.dir, closed + 1, self.sync)?;
+        if let Err(e) = self.file.sync_data() {
+            // A broken segment's records are never acknowledged (see `GroupCommit::fail`), so a
+            // failed fsync of it must not keep the log from moving on.
+            if !self.broken {
+                return Err(Error::io(segment_path(&self.dir, closed), e));
+            }
+        }
+        let next = Wal::create(&self.dir, closed + 1)?;
         *self = next;
         Ok(closed)
     }
@@ -214,7 +278,7 @@ mod tests {
     #[test]
     fn append_rotate_and_read_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::create(dir.path(), 1, true).expect("create");
+        let mut wal = Wal::create(dir.path(), 1).expect("create");
         wal.append(b"one").expect("append");
         wal.append(b"").expect("append empty");
         assert_eq!(wal.rotate().expect("rotate"), 1);
@@ -229,7 +293,7 @@ mod tests {
     fn truncation_at_every_byte_keeps_every_whole_record() {
         let dir = tempfile::tempdir().expect("tempdir");
         let records: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; usize::from(i) * 7 + 1]).collect();
-        let mut wal = Wal::create(dir.path(), 7, false).expect("create");
+        let mut wal = Wal::create(dir.path(), 7).expect("create");
         let mut ends = vec![MAGIC.len() as u64];
         for r in &records {
             wal.append(r).expect("append");
@@ -253,7 +317,7 @@ mod tests {
     #[test]
     fn a_flipped_byte_stops_replay_at_that_record() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::create(dir.path(), 1, false).expect("create");
+        let mut wal = Wal::create(dir.path(), 1).expect("create");
         for r in [b"aaaa", b"bbbb", b"cccc"] {
             wal.append(r).expect("append");
         }
@@ -267,3 +331,6 @@ mod tests {
         assert_eq!(report.torn_bytes, 2 * 12);
     }
 }
+
+#[cfg(test)]
+mod tests_prop;

@@ -1,0 +1,127 @@
+//! Compaction, rollups and retention: the background maintenance of the persisted files.
+//!
+//! - **Compaction.** Files are grouped into windows (table, hour). A window is merged into one
+//!   sorted file when it holds `max_files_per_window` files, and once it is closed (its hour
+//!   ended `close_after` ago) whatever it holds is merged into one final file. So a window never
+//!   holds more than `max_files_per_window` files, and a closed one holds one.
+//! - **Rollups.** When a closed `gpu_metrics` hour is merged, its `gpu_metrics_1m` and
+//!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) and written in the same
+//!   catalog update, replacing any earlier rollup of that hour (late data re-closes the hour).
+//! - **Retention.** Whole files whose newest row is older than their table's retention leave the
+//!   catalog (raw `gpu_metrics` only once its hour is rolled up).
+//!
+//! Every change is one atomic catalog update (see `Store::maintain`). Files that leave the catalog
+//! are not deleted at once: a query may hold a snapshot naming them. They are listed as retired
+//! and deleted `grace` later (longer than any query may run), or at the next start.
+
+pub mod rollup;
+
+use std::path::Path;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::compute::concat_batches;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::buffer::conform;
+use crate::persist::FileMeta;
+use crate::schema::Table;
+use crate::{Error, Result};
+
+/// One hour, in ns.
+pub const HOUR_NANOS: i64 = 3_600_000_000_000;
+
+/// How compaction runs.
+#[derive(Debug, Clone)]
+pub struct CompactionConfig {
+    /// An open window holding this many files is merged.
+    pub max_files_per_window: usize,
+    /// A window is closed (merged into one file, rolled up) this long after its hour ends.
+    pub close_after: Duration,
+    /// Files that left the catalog are deleted this long after (longer than any query runs).
+    pub grace: Duration,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            max_files_per_window: 8,
+            close_after: Duration::from_secs(10 * 60),
+            grace: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// How long each table keeps its files (`None`: forever).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// `gpu_metrics` (raw samples).
+    pub gpu_metrics: Option<Duration>,
+    /// `metrics`.
+    pub metrics: Option<Duration>,
+    /// `gpu_metrics_1m`.
+    pub gpu_metrics_1m: Option<Duration>,
+    /// `gpu_metrics_1h`.
+    pub gpu_metrics_1h: Option<Duration>,
+}
+
+const DAY: u64 = 24 * 3600;
+
+impl Default for RetentionConfig {
+    /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years.
+    fn default() -> Self {
+        Self {
+            gpu_metrics: Some(Duration::from_secs(30 * DAY)),
+            metrics: Some(Duration::from_secs(30 * DAY)),
+            gpu_metrics_1m: Some(Duration::from_secs(365 * DAY)),
+            gpu_metrics_1h: Some(Duration::from_secs(5 * 365 * DAY)),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The retention of `table`, in ns.
+    pub fn keep_nanos(&self, table: Table) -> Option<i64> {
+        let d = match table {
+            Table::GpuMetrics => self.gpu_metrics,
+            Table::Metrics => self.metrics,
+            Table::GpuMetrics1m => self.gpu_metrics_1m,
+            Table::GpuMetrics1h => self.gpu_metrics_1h,
+        }?;
+        Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    }
+}
+
+/// What one maintenance pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// Windows merged.
+    pub windows_compacted: usize,
+    /// Files merged away.
+    pub files_merged: usize,
+    /// Rollup files written.
+    pub rollup_files: usize,
+    /// Files dropped by retention.
+    pub files_expired: usize,
+    /// Retired files deleted from disk.
+    pub files_deleted: usize,
+}
+
+/// The hour window a file belongs to (files never span hours).
+pub fn window_of(file: &FileMeta) -> i64 {
+    file.min_time.div_euclid(HOUR_NANOS)
+}
+
+/// Reads files of `table` into one batch in the table's current schema.
+pub fn read_files(data_dir: &Path, table: Table, files: &[FileMeta]) -> Result<RecordBatch> {
+    let mut batches = Vec::new();
+    for f in files {
+        let path = data_dir.join(&f.path);
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+        for b in reader {
+            batches.push(conform(table, b?)?);
+        }
+    }
+    Ok(concat_batches(&table.schema(), &batches)?)
+}
