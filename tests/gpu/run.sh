@@ -96,7 +96,12 @@ cat > "$W/snapshot.py" <<'PY'
 import json, pynvml as n
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 m = n.nvmlDeviceGetMemoryInfo(h); u = n.nvmlDeviceGetUtilizationRates(h)
-print(json.dumps({"memory_used": m.used, "memory_total": m.total, "util": u.gpu,
+try:
+    m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+    v2 = {"memory_used_v2": m2.used, "memory_reserved_v2": m2.reserved}
+except Exception as e:
+    v2 = {"memory_v2_error": str(e)}
+print(json.dumps({**v2, "memory_used_v1": m.used, "memory_total": m.total, "util": u.gpu,
   "power_mw": n.nvmlDeviceGetPowerUsage(h), "energy_mj": n.nvmlDeviceGetTotalEnergyConsumption(h),
   "temp": n.nvmlDeviceGetTemperature(h, 0), "sm_clock": n.nvmlDeviceGetClockInfo(h, 1),
   "mem_clock": n.nvmlDeviceGetClockInfo(h, 2),
@@ -105,6 +110,44 @@ PY
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+cat > "$W/nvml_cost.py" <<'PY'
+# CPU and wall time of each NVML call the agent makes, 20 calls each, on an idle GPU.
+import time, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+calls = {
+  "utilization": lambda: n.nvmlDeviceGetUtilizationRates(h),
+  "memory info v2": lambda: n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2),
+  "power": lambda: n.nvmlDeviceGetPowerUsage(h),
+  "energy": lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),
+  "field value 83 (energy)": lambda: n.nvmlDeviceGetFieldValues(h, [83]),
+  "temperature": lambda: n.nvmlDeviceGetTemperature(h, 0),
+  "sm clock": lambda: n.nvmlDeviceGetClockInfo(h, 1),
+  "clock event reasons": lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+  "pcie tx (throughput)": lambda: n.nvmlDeviceGetPcieThroughput(h, 0),
+  "ecc corrected": lambda: n.nvmlDeviceGetTotalEccErrors(h, 0, 1),
+  "field values 82,83,143,145": lambda: n.nvmlDeviceGetFieldValues(h, [82, 83, 143, 145]),
+  "running compute processes": lambda: n.nvmlDeviceGetComputeRunningProcesses(h),
+  "process utilization": lambda: n.nvmlDeviceGetProcessUtilization(h, 0),
+  "uuid": lambda: n.nvmlDeviceGetUUID(h),
+  "name": lambda: n.nvmlDeviceGetName(h),
+}
+if hasattr(n, "nvmlGpmSampleAlloc"):
+    s = n.nvmlGpmSampleAlloc()
+    calls["gpm sample get"] = lambda: n.nvmlGpmSampleGet(h, s)
+for name, f in calls.items():
+    try:
+        f()
+    except Exception as e:
+        print(f"  {name:28s} error: {e}"); continue
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(20):
+        f()
+    c1, w1 = time.process_time(), time.perf_counter()
+    print(f"  {name:28s} cpu {(c1-c0)/20*1000:7.3f} ms  wall {(w1-w0)/20*1000:7.3f} ms per call")
+PY
+echo "== cost of each NVML call (pynvml, idle GPU; 'Not Found' = no sample yet)"
+python3 "$W/nvml_cost.py"
 
 echo "== the job: PyTorch bf16 matmul with SLURM_JOB_ID=$JOB"
 SLURM_JOB_ID=$JOB SLURM_JOB_USER=gpuwatch-test SLURM_JOB_NAME=matmul \
@@ -143,6 +186,9 @@ wait $LOOP_PID
 if kill -0 $SMI_PID 2>/dev/null; then echo "nvidia-smi -l 1 ran the whole time"; else echo "WARNING: nvidia-smi -l 1 exited early:"; cat "$W/smi.log"; fi
 kill $SMI_PID 2>/dev/null
 cat "$W/loop.log"
+
+echo "== cost of each NVML call while the job runs"
+python3 "$W/nvml_cost.py"
 
 echo "== the job ends"
 kill $JOB_PID 2>/dev/null; wait $JOB_PID 2>/dev/null
@@ -188,8 +234,12 @@ check(not [p for p in after["processes"] if p["pid"] == job_pid], "no process ro
 # Against pynvml read just before and just after the agent's second reading.
 lo_e, hi_e = before["energy_mj"] / 1000, after_once["energy_mj"] / 1000
 check(lo_e <= g["energy_joules"] <= hi_e, f"energy {g['energy_joules']:.1f} J between pynvml's {lo_e:.1f} and {hi_e:.1f}")
-mem = [before["memory_used"], after_once["memory_used"]]
-check(min(mem) - (64 << 20) <= g["memory_used_bytes"] <= max(mem) + (64 << 20), f"memory used {g['memory_used_bytes']} within 64 MiB of pynvml {mem}")
+# The agent reads nvmlDeviceGetMemoryInfo_v2 (used excludes reserved), pynvml's default is v1.
+if "memory_used_v2" in before:
+    mem = [before["memory_used_v2"], after_once["memory_used_v2"]]
+    check(min(mem) - (64 << 20) <= g["memory_used_bytes"] <= max(mem) + (64 << 20), f"memory used {g['memory_used_bytes']} within 64 MiB of pynvml v2 {mem} (v1, reserved included: {before['memory_used_v1']}, reserved {before['memory_reserved_v2']})")
+else:
+    check(False, f"pynvml has no v2 memory info to compare with: {before.get('memory_v2_error')}")
 check(g["memory_total_bytes"] == before["memory_total"], f"memory total {g['memory_total_bytes']} == pynvml {before['memory_total']}")
 temps = [before["temp"], after_once["temp"]]
 check(min(temps) - 3 <= g["temperature_celsius"] <= max(temps) + 3, f"temperature {g['temperature_celsius']} within 3 C of pynvml {temps}")
@@ -198,6 +248,7 @@ check(min(pw) * 0.8 <= g["power_watts"] <= max(pw) * 1.2, f"power {g['power_watt
 clk = [before["sm_clock"], after_once["sm_clock"]]
 check(min(clk) * 0.9 <= g["sm_clock_mhz"] <= max(clk) * 1.1, f"sm clock {g['sm_clock_mhz']} within 10 % of pynvml {clk}")
 smi = [x.strip() for x in open(f"{w}/smi_during.csv").read().split(",")]
+print(f"     nvidia-smi memory.used during: {smi[1]} MiB; agent {g['memory_used_bytes'] / 2**20:.0f} MiB")
 check(float(smi[0]) >= 90, f"nvidia-smi agrees the GPU is busy: utilization.gpu {smi[0]} %, power {smi[2]} W, sm clock {smi[4]} MHz")
 m = open(f"{out}/metrics_during.txt").read()
 tensor = [l for l in m.splitlines() if l.startswith("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{") and 'gpu="0"' in l]
@@ -209,6 +260,8 @@ check(bool(util_after) and "hpc_job" not in util_after[0], f"/metrics after: {ut
 secs = t1 - t0
 def per_s(c0, c1): return (c1 - c0) / hz / secs * 1000
 a, l, s = per_s(a0, a1), per_s(l0, l1), per_s(s0, s1)
+dur = [l for l in m.splitlines() if l.startswith("gpuwatch_agent_collection_duration_seconds ")]
+print(f"agent's last collection took {float(dur[0].split()[1])*1000:.1f} ms (wall)" if dur else "no collection duration")
 print(f"overhead over {secs:.1f} s, 1 s interval, 1 GPU:")
 print(f"  gpuwatch-agent : {a:7.2f} ms CPU/s  peak RSS {arss/1024:6.1f} MiB")
 print(f"  pynvml loop    : {l:7.2f} ms CPU/s  peak RSS {lrss/1024:6.1f} MiB  ({l/a if a else float('inf'):.1f}x the agent's CPU)")

@@ -9,12 +9,12 @@
 //! | gpu / memory utilisation | `nvmlDeviceGetUtilizationRates` | % → ratio |
 //! | memory used / total | `nvmlDeviceGetMemoryInfo` | bytes |
 //! | power | `nvmlDeviceGetPowerUsage` | mW → W |
-//! | energy | `nvmlDeviceGetTotalEnergyConsumption` | mJ → J |
+//! | energy | field value 83 (`NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`), else `nvmlDeviceGetTotalEnergyConsumption` (3.5 ms of CPU per call on an H100) | mJ → J |
 //! | temperature | `nvmlDeviceGetTemperature(GPU)` | °C |
-//! | memory temperature, remapped rows | `nvmlDeviceGetFieldValues` (ids 82, 143, 145), one call | °C, rows, 0/1 |
+//! | memory temperature, energy, remapped rows | `nvmlDeviceGetFieldValues` (ids 82, 83, 143, 145), one call | °C, mJ → J, rows, 0/1 |
 //! | SM / memory clock | `nvmlDeviceGetClockInfo` | MHz |
 //! | clock-event reasons | `nvmlDeviceGetCurrentClocksThrottleReasons` (older name, same bitmask) | bits |
-//! | PCIe tx / rx | `nvmlDeviceGetPcieThroughput` | KiB/s → B/s |
+//! | PCIe tx / rx | GPM `PCIE_TX/RX_PER_SEC` where GPM works (Hopper+), else `nvmlDeviceGetPcieThroughput` (which samples for 20 ms per call) | MiB/s or KiB/s → B/s |
 //! | ECC volatile totals | `nvmlDeviceGetTotalEccErrors(corrected/uncorrected, volatile)` | count |
 //! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart | % → ratio, MiB/s → B/s |
 //!
@@ -43,6 +43,7 @@ use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
 };
 use tracing::{debug, info, warn};
 
@@ -60,6 +61,8 @@ const GPM_METRICS: &[GpmMetricId] = &[
     GpmMetricId::Fp16Util,
     GpmMetricId::NvlinkTotalTxPerSec,
     GpmMetricId::NvlinkTotalRxPerSec,
+    GpmMetricId::PcieTxPerSec,
+    GpmMetricId::PcieRxPerSec,
 ];
 
 /// Reads every GPU of this host through NVML.
@@ -279,8 +282,6 @@ impl NvmlSource {
             s.memory_total_bytes = to_i64(m.total);
         }
         s.power_watts = field(index, "power", device.power_usage()).map(milliwatts_to_watts);
-        s.energy_joules =
-            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules);
         s.temperature_celsius = field(
             index,
             "temperature",
@@ -296,18 +297,23 @@ impl NvmlSource {
             device.current_throttle_reasons(),
         )
         .and_then(|r| to_i64(r.bits()));
-        s.pcie_tx_bytes_per_second = field(
-            index,
-            "pcie tx",
-            device.pcie_throughput(PcieUtilCounter::Send),
-        )
-        .map(kib_per_second_to_bytes);
-        s.pcie_rx_bytes_per_second = field(
-            index,
-            "pcie rx",
-            device.pcie_throughput(PcieUtilCounter::Receive),
-        )
-        .map(kib_per_second_to_bytes);
+        self.read_gpm(index, &device, &mut s);
+        // nvmlDeviceGetPcieThroughput samples the bus for 20 ms per call, most of a
+        // collection's time: where GPM gives PCIe rates (Hopper+), they come from there.
+        if self.gpm_unsupported.contains(&index) {
+            s.pcie_tx_bytes_per_second = field(
+                index,
+                "pcie tx",
+                device.pcie_throughput(PcieUtilCounter::Send),
+            )
+            .map(kib_per_second_to_bytes);
+            s.pcie_rx_bytes_per_second = field(
+                index,
+                "pcie rx",
+                device.pcie_throughput(PcieUtilCounter::Receive),
+            )
+            .map(kib_per_second_to_bytes);
+        }
         s.ecc_sbe_volatile_total = field(
             index,
             "ecc corrected",
@@ -321,7 +327,12 @@ impl NvmlSource {
         )
         .and_then(to_i64);
         read_field_values(index, &device, &mut s);
-        self.read_gpm(index, &device, &mut s);
+        // Energy comes with the field values above; the direct call costs 3.5 ms of CPU per
+        // call on an H100 (docs/agent-gpu-test.md), so it is only a fallback.
+        if s.energy_joules.is_none() {
+            s.energy_joules = field(index, "energy", device.total_energy_consumption())
+                .map(millijoules_to_joules);
+        }
         if self.xid_registered.contains(&s.gpu_uuid) {
             s.xid_errors_total = Some(self.xid_counts.get(&s.gpu_uuid).copied().unwrap_or(0));
         }
@@ -474,6 +485,7 @@ fn field<T>(index: u32, what: &'static str, r: Result<T, NvmlError>) -> Option<T
 fn read_field_values(index: u32, device: &Device<'_>, s: &mut GpuSample) {
     let ids = [
         FieldId(NVML_FI_DEV_MEMORY_TEMP),
+        FieldId(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION),
         FieldId(NVML_FI_DEV_REMAPPED_UNC),
         FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
     ];
@@ -490,6 +502,9 @@ fn read_field_values(index: u32, device: &Device<'_>, s: &mut GpuSample) {
         };
         match id.0 {
             NVML_FI_DEV_MEMORY_TEMP => s.memory_temperature_celsius = sample_value_f64(&value),
+            NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => {
+                s.energy_joules = sample_value_f64(&value).map(|mj| mj / 1000.0);
+            }
             NVML_FI_DEV_REMAPPED_UNC => s.remapped_rows_uncorrectable = sample_value_i64(&value),
             NVML_FI_DEV_REMAPPED_FAILURE => s.remapped_rows_failure = sample_value_i64(&value),
             _ => {}
@@ -514,6 +529,8 @@ fn apply_gpm(s: &mut GpuSample, id: GpmMetricId, value: f64) {
         GpmMetricId::NvlinkTotalRxPerSec => {
             s.nvlink_rx_bytes_per_second = mib_per_second_to_bytes(value)
         }
+        GpmMetricId::PcieTxPerSec => s.pcie_tx_bytes_per_second = mib_per_second_to_bytes(value),
+        GpmMetricId::PcieRxPerSec => s.pcie_rx_bytes_per_second = mib_per_second_to_bytes(value),
         _ => {}
     }
 }
