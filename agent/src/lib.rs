@@ -94,7 +94,7 @@ pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
             std::path::Path::new(PROC_ROOT),
         ))),
         SourceKind::Nvml | SourceKind::Auto => {
-            let source = NvmlSource::new()?;
+            let source = NvmlSource::with_slow_interval(opts.slow_interval)?;
             if opts.source == SourceKind::Auto {
                 info!("source auto: libnvidia-ml.so.1 loaded, using nvml");
             }
@@ -118,10 +118,16 @@ pub fn resource_attributes(opts: &AgentOptions, simulated: bool) -> Vec<(String,
 /// `opts.interval` collect, encode and export. With `opts.once`, collect once, print the samples
 /// as JSON to stdout and return without sending anything.
 pub async fn run(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let source = build_source(&opts)?;
     if opts.once {
+        // One look for debugging: every counter read fresh, none estimated.
+        let opts = AgentOptions {
+            slow_interval: Duration::ZERO,
+            ..opts
+        };
+        let source = build_source(&opts)?;
         return print_once(&opts, source).await;
     }
+    let source = build_source(&opts)?;
     run_with_source(&opts, source, shutdown).await
 }
 
