@@ -160,14 +160,31 @@ echo "job pid $JOB_PID"
 "$AGENT" --source nvml --interval 1s --metrics-addr 127.0.0.1:9400 --endpoint http://127.0.0.1:9 \
   --buffer-dir "$W/spool" --job-mapping-dir "$W/no-slurm-here" --log-level error 2> "$W/agent.log" &
 AGENT_PID=$!
-sleep 10
+# A second agent as in normal operation: the endpoint up (a sink answering 200), no spool, no
+# /metrics.
+cat > "$W/sink.py" <<'PY'
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", 14318), H).serve_forever()
+PY
+python3 "$W/sink.py" &
+SINK_PID=$!
+sleep 1
+"$AGENT" --source nvml --interval 1s --metrics-addr off --endpoint http://127.0.0.1:14318 \
+  --job-mapping-dir "$W/no-slurm-here" --log-level error 2> "$W/agent2.log" &
+AGENT2_PID=$!
+sleep 9
 
 echo "== overhead: ${BENCH_S} s side by side, while the job runs"
 python3 "$W/nvml_loop.py" $BENCH_S 2> "$W/loop.log" &
 LOOP_PID=$!
 nvidia-smi --query-gpu=utilization.gpu,utilization.memory,memory.used,memory.total,power.draw,temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks_event_reasons.active,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pcie.link.gen.current --format=csv,noheader -l 1 > /dev/null 2> "$W/smi.log" &
 SMI_PID=$!
-A0=$(cpu_ticks $AGENT_PID); L0=$(cpu_ticks $LOOP_PID); S0=$(cpu_ticks $SMI_PID)
+A0=$(cpu_ticks $AGENT_PID); L0=$(cpu_ticks $LOOP_PID); S0=$(cpu_ticks $SMI_PID); B0=$(cpu_ticks $AGENT2_PID)
 T0=$(date +%s.%N)
 
 sleep 5
@@ -180,8 +197,11 @@ curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_during.txt"
 
 sleep $((BENCH_S - 8))
 T1=$(date +%s.%N)
-A1=$(cpu_ticks $AGENT_PID); L1=$(cpu_ticks $LOOP_PID); S1=$(cpu_ticks $SMI_PID)
-ARSS=$(rss_kib $AGENT_PID); LRSS=$(rss_kib $LOOP_PID); SRSS=$(rss_kib $SMI_PID)
+A1=$(cpu_ticks $AGENT_PID); L1=$(cpu_ticks $LOOP_PID); S1=$(cpu_ticks $SMI_PID); B1=$(cpu_ticks $AGENT2_PID)
+ARSS=$(rss_kib $AGENT_PID); LRSS=$(rss_kib $LOOP_PID); SRSS=$(rss_kib $SMI_PID); BRSS=$(rss_kib $AGENT2_PID)
+echo "agent (endpoint up, no spool, no /metrics): $(( (B1 - B0) * 10 )) ms CPU over the window, peak RSS $BRSS KiB"
+echo "where the agent's resident memory is (smaps, KiB):"
+awk '/^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {rss[name] += $2} END {for (n in rss) if (rss[n] >= 256) printf "  %8d  %s\n", rss[n], n}' "/proc/$AGENT_PID/smaps" | sort -rn | head -12
 wait $LOOP_PID
 if kill -0 $SMI_PID 2>/dev/null; then echo "nvidia-smi -l 1 ran the whole time"; else echo "WARNING: nvidia-smi -l 1 exited early:"; cat "$W/smi.log"; fi
 kill $SMI_PID 2>/dev/null
@@ -196,7 +216,7 @@ cat "$W/job.log"
 sleep 6
 "$AGENT" --source nvml --once --job-mapping-dir "$W/no-slurm-here" --log-level error > "$OUT/after.json"
 curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_after.txt"
-kill $AGENT_PID; wait $AGENT_PID 2>/dev/null
+kill $AGENT_PID $AGENT2_PID $SINK_PID; wait $AGENT_PID $AGENT2_PID $SINK_PID 2>/dev/null
 echo "agent log (errors only):"; cat "$W/agent.log"
 
 python3 - "$OUT" "$W" "$JOB" "$JOB_PID" "$T0" "$T1" "$A0" "$A1" "$L0" "$L1" "$S0" "$S1" "$ARSS" "$LRSS" "$SRSS" <<'PY' | tee "$OUT/checks.txt"
