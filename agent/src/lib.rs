@@ -19,10 +19,16 @@
 //!                                                         └────────────────────────────────────┘
 //! ```
 //!
-//! A [`Source`] turns "now" into one [`GpuSample`] per GPU; the time is passed in, so tests and
-//! the server's `demo` (which backfills history) drive it with any clock. [`encode`] turns the
-//! samples into one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps
-//! what fails. [`run`] ties them together until its shutdown future resolves.
+//! A [`Source`] turns "now" into one [`GpuSample`] per GPU, plus the GPU processes
+//! ([`ProcessSample`]) and events ([`collect::GpuEvent`]) it saw; the time is passed in, so tests
+//! and the server's `demo` (which backfills history) drive it with any clock. The
+//! [`attribute::Attributor`] then labels GPUs and processes with their jobs (Slurm job mapping
+//! dir, `/proc/<pid>/environ` and cgroup). [`export::otlp::encode_collection`] turns it all into
+//! one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps what fails in
+//! a [`export::Spool`]: in memory, or the crash-safe disk spool of `--buffer-dir`
+//! ([`buffer::DiskSpool`]). The last collection is also served on `/metrics` under
+//! dcgm-exporter's names ([`export::prometheus`]) with the agent's own counters ([`metrics`]).
+//! [`run`] ties them together until its shutdown future resolves.
 //!
 //! # Use from the server's `demo`
 //!
