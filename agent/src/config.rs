@@ -150,6 +150,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BUFFER_MAX_BYTES)]
     pub buffer_max_bytes: u64,
 
+    /// Least time between two reads of the counters that cost milliseconds of CPU per call:
+    /// the energy counter (advanced by power × time in between) and per-process utilisation
+    /// [env: GPUWATCH_SLOW_INTERVAL]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub slow_interval: Duration,
+
     /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)
     /// [env: GPUWATCH_FAKE_DEV_DIR]
     #[arg(long, value_name = "DIR", default_value = "/dev")]
@@ -199,6 +205,8 @@ pub struct FileConfig {
     pub buffer_max_bytes: Option<u64>,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: Option<PathBuf>,
+    /// Humantime duration between reads of the costly counters.
+    pub slow_interval: Option<String>,
 }
 
 /// `--metrics-addr`: an address, or `off`.
@@ -236,6 +244,8 @@ pub struct AgentOptions {
     pub buffer_max_bytes: u64,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: PathBuf,
+    /// Least time between reads of the costly NVML counters (energy, per-process utilisation).
+    pub slow_interval: Duration,
 }
 
 impl Default for AgentOptions {
@@ -258,6 +268,7 @@ impl Default for AgentOptions {
             buffer_dir: None,
             buffer_max_bytes: DEFAULT_BUFFER_MAX_BYTES,
             fake_dev_dir: PathBuf::from("/dev"),
+            slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
         }
     }
 }
@@ -309,6 +320,7 @@ struct Layer {
     buffer_dir: Option<PathBuf>,
     buffer_max_bytes: Option<u64>,
     fake_dev_dir: Option<PathBuf>,
+    slow_interval: Option<Duration>,
 }
 
 /// Parse the command line `args` (the first item is the program name), read the environment
@@ -424,6 +436,13 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         env.fake_dev_dir,
         file.fake_dev_dir,
     );
+    let slow_interval = pick(
+        m,
+        "slow_interval",
+        cli.slow_interval,
+        env.slow_interval,
+        file.slow_interval,
+    );
     if buffer_max_bytes < MIN_BUFFER_MAX_BYTES {
         return Err(Error::Invalid(format!(
             "buffer_max_bytes {buffer_max_bytes} is too small: use at least {MIN_BUFFER_MAX_BYTES}"
@@ -479,6 +498,7 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
             buffer_dir,
             buffer_max_bytes,
             fake_dev_dir,
+            slow_interval,
         },
         log_level,
     })
@@ -661,6 +681,7 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         fake_dev_dir: get(env, "GPUWATCH_FAKE_DEV_DIR", |v| {
             Ok(PathBuf::from(v.trim()))
         })?,
+        slow_interval: get(env, "GPUWATCH_SLOW_INTERVAL", duration_arg)?,
     })
 }
 
@@ -719,6 +740,10 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         buffer_dir: file.buffer_dir,
         buffer_max_bytes: file.buffer_max_bytes,
         fake_dev_dir: file.fake_dev_dir,
+        slow_interval: file
+            .slow_interval
+            .map(|v| parse_duration(&v).map_err(|e| field("slow_interval", e.to_string())))
+            .transpose()?,
     })
 }
 

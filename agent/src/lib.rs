@@ -19,10 +19,16 @@
 //!                                                         └────────────────────────────────────┘
 //! ```
 //!
-//! A [`Source`] turns "now" into one [`GpuSample`] per GPU; the time is passed in, so tests and
-//! the server's `demo` (which backfills history) drive it with any clock. [`encode`] turns the
-//! samples into one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps
-//! what fails. [`run`] ties them together until its shutdown future resolves.
+//! A [`Source`] turns "now" into one [`GpuSample`] per GPU, plus the GPU processes
+//! ([`ProcessSample`]) and events ([`collect::GpuEvent`]) it saw; the time is passed in, so tests
+//! and the server's `demo` (which backfills history) drive it with any clock. The
+//! [`attribute::Attributor`] then labels GPUs and processes with their jobs (Slurm job mapping
+//! dir, `/proc/<pid>/environ` and cgroup). [`export::otlp::encode_collection`] turns it all into
+//! one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps what fails in
+//! a [`export::Spool`]: in memory, or the crash-safe disk spool of `--buffer-dir`
+//! ([`buffer::DiskSpool`]). The last collection is also served on `/metrics` under
+//! dcgm-exporter's names ([`export::prometheus`]) with the agent's own counters ([`metrics`]).
+//! [`run`] ties them together until its shutdown future resolves.
 //!
 //! # Use from the server's `demo`
 //!
@@ -94,7 +100,7 @@ pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
             std::path::Path::new(PROC_ROOT),
         ))),
         SourceKind::Nvml | SourceKind::Auto => {
-            let source = NvmlSource::new()?;
+            let source = NvmlSource::with_slow_interval(opts.slow_interval)?;
             if opts.source == SourceKind::Auto {
                 info!("source auto: libnvidia-ml.so.1 loaded, using nvml");
             }
@@ -118,10 +124,16 @@ pub fn resource_attributes(opts: &AgentOptions, simulated: bool) -> Vec<(String,
 /// `opts.interval` collect, encode and export. With `opts.once`, collect once, print the samples
 /// as JSON to stdout and return without sending anything.
 pub async fn run(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let source = build_source(&opts)?;
     if opts.once {
+        // One look for debugging: every counter read fresh, none estimated.
+        let opts = AgentOptions {
+            slow_interval: Duration::ZERO,
+            ..opts
+        };
+        let source = build_source(&opts)?;
         return print_once(&opts, source).await;
     }
+    let source = build_source(&opts)?;
     run_with_source(&opts, source, shutdown).await
 }
 

@@ -96,7 +96,12 @@ cat > "$W/snapshot.py" <<'PY'
 import json, pynvml as n
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 m = n.nvmlDeviceGetMemoryInfo(h); u = n.nvmlDeviceGetUtilizationRates(h)
-print(json.dumps({"memory_used": m.used, "memory_total": m.total, "util": u.gpu,
+try:
+    m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+    v2 = {"memory_used_v2": m2.used, "memory_reserved_v2": m2.reserved}
+except Exception as e:
+    v2 = {"memory_v2_error": str(e)}
+print(json.dumps({**v2, "memory_used_v1": m.used, "memory_total": m.total, "util": u.gpu,
   "power_mw": n.nvmlDeviceGetPowerUsage(h), "energy_mj": n.nvmlDeviceGetTotalEnergyConsumption(h),
   "temp": n.nvmlDeviceGetTemperature(h, 0), "sm_clock": n.nvmlDeviceGetClockInfo(h, 1),
   "mem_clock": n.nvmlDeviceGetClockInfo(h, 2),
@@ -105,6 +110,44 @@ PY
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+cat > "$W/nvml_cost.py" <<'PY'
+# CPU and wall time of each NVML call the agent makes, 20 calls each, on an idle GPU.
+import time, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+calls = {
+  "utilization": lambda: n.nvmlDeviceGetUtilizationRates(h),
+  "memory info v2": lambda: n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2),
+  "power": lambda: n.nvmlDeviceGetPowerUsage(h),
+  "energy": lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),
+  "field value 83 (energy)": lambda: n.nvmlDeviceGetFieldValues(h, [83]),
+  "temperature": lambda: n.nvmlDeviceGetTemperature(h, 0),
+  "sm clock": lambda: n.nvmlDeviceGetClockInfo(h, 1),
+  "clock event reasons": lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+  "pcie tx (throughput)": lambda: n.nvmlDeviceGetPcieThroughput(h, 0),
+  "ecc corrected": lambda: n.nvmlDeviceGetTotalEccErrors(h, 0, 1),
+  "field values 82,83,143,145": lambda: n.nvmlDeviceGetFieldValues(h, [82, 83, 143, 145]),
+  "running compute processes": lambda: n.nvmlDeviceGetComputeRunningProcesses(h),
+  "process utilization": lambda: n.nvmlDeviceGetProcessUtilization(h, 0),
+  "uuid": lambda: n.nvmlDeviceGetUUID(h),
+  "name": lambda: n.nvmlDeviceGetName(h),
+}
+if hasattr(n, "nvmlGpmSampleAlloc"):
+    s = n.nvmlGpmSampleAlloc()
+    calls["gpm sample get"] = lambda: n.nvmlGpmSampleGet(h, s)
+for name, f in calls.items():
+    try:
+        f()
+    except Exception as e:
+        print(f"  {name:28s} error: {e}"); continue
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(20):
+        f()
+    c1, w1 = time.process_time(), time.perf_counter()
+    print(f"  {name:28s} cpu {(c1-c0)/20*1000:7.3f} ms  wall {(w1-w0)/20*1000:7.3f} ms per call")
+PY
+echo "== cost of each NVML call (pynvml, idle GPU; 'Not Found' = no sample yet)"
+python3 "$W/nvml_cost.py"
 
 echo "== the job: PyTorch bf16 matmul with SLURM_JOB_ID=$JOB"
 SLURM_JOB_ID=$JOB SLURM_JOB_USER=gpuwatch-test SLURM_JOB_NAME=matmul \
@@ -117,14 +160,31 @@ echo "job pid $JOB_PID"
 "$AGENT" --source nvml --interval 1s --metrics-addr 127.0.0.1:9400 --endpoint http://127.0.0.1:9 \
   --buffer-dir "$W/spool" --job-mapping-dir "$W/no-slurm-here" --log-level error 2> "$W/agent.log" &
 AGENT_PID=$!
-sleep 10
+# A second agent as in normal operation: the endpoint up (a sink answering 200), no spool, no
+# /metrics.
+cat > "$W/sink.py" <<'PY'
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", 14318), H).serve_forever()
+PY
+python3 "$W/sink.py" &
+SINK_PID=$!
+sleep 1
+"$AGENT" --source nvml --interval 1s --metrics-addr off --endpoint http://127.0.0.1:14318 \
+  --job-mapping-dir "$W/no-slurm-here" --log-level error 2> "$W/agent2.log" &
+AGENT2_PID=$!
+sleep 9
 
 echo "== overhead: ${BENCH_S} s side by side, while the job runs"
 python3 "$W/nvml_loop.py" $BENCH_S 2> "$W/loop.log" &
 LOOP_PID=$!
 nvidia-smi --query-gpu=utilization.gpu,utilization.memory,memory.used,memory.total,power.draw,temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks_event_reasons.active,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pcie.link.gen.current --format=csv,noheader -l 1 > /dev/null 2> "$W/smi.log" &
 SMI_PID=$!
-A0=$(cpu_ticks $AGENT_PID); L0=$(cpu_ticks $LOOP_PID); S0=$(cpu_ticks $SMI_PID)
+A0=$(cpu_ticks $AGENT_PID); L0=$(cpu_ticks $LOOP_PID); S0=$(cpu_ticks $SMI_PID); B0=$(cpu_ticks $AGENT2_PID)
 T0=$(date +%s.%N)
 
 sleep 5
@@ -137,12 +197,18 @@ curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_during.txt"
 
 sleep $((BENCH_S - 8))
 T1=$(date +%s.%N)
-A1=$(cpu_ticks $AGENT_PID); L1=$(cpu_ticks $LOOP_PID); S1=$(cpu_ticks $SMI_PID)
-ARSS=$(rss_kib $AGENT_PID); LRSS=$(rss_kib $LOOP_PID); SRSS=$(rss_kib $SMI_PID)
+A1=$(cpu_ticks $AGENT_PID); L1=$(cpu_ticks $LOOP_PID); S1=$(cpu_ticks $SMI_PID); B1=$(cpu_ticks $AGENT2_PID)
+ARSS=$(rss_kib $AGENT_PID); LRSS=$(rss_kib $LOOP_PID); SRSS=$(rss_kib $SMI_PID); BRSS=$(rss_kib $AGENT2_PID)
+echo "agent (endpoint up, no spool, no /metrics): $(( (B1 - B0) * 10 )) ms CPU over the window, peak RSS $BRSS KiB"
+echo "where the agent's resident memory is (smaps, KiB):"
+awk '/^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {rss[name] += $2} END {for (n in rss) if (rss[n] >= 256) printf "  %8d  %s\n", rss[n], n}' "/proc/$AGENT_PID/smaps" | sort -rn | head -12
 wait $LOOP_PID
 if kill -0 $SMI_PID 2>/dev/null; then echo "nvidia-smi -l 1 ran the whole time"; else echo "WARNING: nvidia-smi -l 1 exited early:"; cat "$W/smi.log"; fi
 kill $SMI_PID 2>/dev/null
 cat "$W/loop.log"
+
+echo "== cost of each NVML call while the job runs"
+python3 "$W/nvml_cost.py"
 
 echo "== the job ends"
 kill $JOB_PID 2>/dev/null; wait $JOB_PID 2>/dev/null
@@ -150,7 +216,7 @@ cat "$W/job.log"
 sleep 6
 "$AGENT" --source nvml --once --job-mapping-dir "$W/no-slurm-here" --log-level error > "$OUT/after.json"
 curl -s 127.0.0.1:9400/metrics > "$OUT/metrics_after.txt"
-kill $AGENT_PID; wait $AGENT_PID 2>/dev/null
+kill $AGENT_PID $AGENT2_PID $SINK_PID; wait $AGENT_PID $AGENT2_PID $SINK_PID 2>/dev/null
 echo "agent log (errors only):"; cat "$W/agent.log"
 
 python3 - "$OUT" "$W" "$JOB" "$JOB_PID" "$T0" "$T1" "$A0" "$A1" "$L0" "$L1" "$S0" "$S1" "$ARSS" "$LRSS" "$SRSS" <<'PY' | tee "$OUT/checks.txt"
@@ -188,8 +254,12 @@ check(not [p for p in after["processes"] if p["pid"] == job_pid], "no process ro
 # Against pynvml read just before and just after the agent's second reading.
 lo_e, hi_e = before["energy_mj"] / 1000, after_once["energy_mj"] / 1000
 check(lo_e <= g["energy_joules"] <= hi_e, f"energy {g['energy_joules']:.1f} J between pynvml's {lo_e:.1f} and {hi_e:.1f}")
-mem = [before["memory_used"], after_once["memory_used"]]
-check(min(mem) - (64 << 20) <= g["memory_used_bytes"] <= max(mem) + (64 << 20), f"memory used {g['memory_used_bytes']} within 64 MiB of pynvml {mem}")
+# The agent reads nvmlDeviceGetMemoryInfo_v2 (used excludes reserved), pynvml's default is v1.
+if "memory_used_v2" in before:
+    mem = [before["memory_used_v2"], after_once["memory_used_v2"]]
+    check(min(mem) - (64 << 20) <= g["memory_used_bytes"] <= max(mem) + (64 << 20), f"memory used {g['memory_used_bytes']} within 64 MiB of pynvml v2 {mem} (v1, reserved included: {before['memory_used_v1']}, reserved {before['memory_reserved_v2']})")
+else:
+    check(False, f"pynvml has no v2 memory info to compare with: {before.get('memory_v2_error')}")
 check(g["memory_total_bytes"] == before["memory_total"], f"memory total {g['memory_total_bytes']} == pynvml {before['memory_total']}")
 temps = [before["temp"], after_once["temp"]]
 check(min(temps) - 3 <= g["temperature_celsius"] <= max(temps) + 3, f"temperature {g['temperature_celsius']} within 3 C of pynvml {temps}")
@@ -198,17 +268,27 @@ check(min(pw) * 0.8 <= g["power_watts"] <= max(pw) * 1.2, f"power {g['power_watt
 clk = [before["sm_clock"], after_once["sm_clock"]]
 check(min(clk) * 0.9 <= g["sm_clock_mhz"] <= max(clk) * 1.1, f"sm clock {g['sm_clock_mhz']} within 10 % of pynvml {clk}")
 smi = [x.strip() for x in open(f"{w}/smi_during.csv").read().split(",")]
+print(f"     nvidia-smi memory.used during: {smi[1]} MiB; agent {g['memory_used_bytes'] / 2**20:.0f} MiB")
 check(float(smi[0]) >= 90, f"nvidia-smi agrees the GPU is busy: utilization.gpu {smi[0]} %, power {smi[2]} W, sm clock {smi[4]} MHz")
 m = open(f"{out}/metrics_during.txt").read()
 tensor = [l for l in m.splitlines() if l.startswith("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{") and 'gpu="0"' in l]
 check(bool(tensor) and f'hpc_job="{job}"' in tensor[0] and float(tensor[0].rsplit(" ", 1)[1]) > 0.5,
       f"/metrics: {tensor[0] if tensor else 'no DCGM_FI_PROF_PIPE_TENSOR_ACTIVE'}")
+# The running agent reads energy every --slow-interval (10 s) and integrates power in between.
+en = [l for l in m.splitlines() if l.startswith("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{") and 'gpu="0"' in l]
+if en:
+    ej = float(en[0].rsplit(" ", 1)[1]) / 1000
+    check(lo_e - 2000 <= ej <= hi_e + 2000, f"running agent's energy {ej:.1f} J (read every 10 s, integrated between) within 2 kJ (~3 s at 700 W) of pynvml's {lo_e:.1f}..{hi_e:.1f}")
+else:
+    check(False, "no DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION in /metrics")
 ma = open(f"{out}/metrics_after.txt").read()
 util_after = [l for l in ma.splitlines() if l.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="0"' in l]
 check(bool(util_after) and "hpc_job" not in util_after[0], f"/metrics after: {util_after[0] if util_after else 'none'}")
 secs = t1 - t0
 def per_s(c0, c1): return (c1 - c0) / hz / secs * 1000
 a, l, s = per_s(a0, a1), per_s(l0, l1), per_s(s0, s1)
+dur = [l for l in m.splitlines() if l.startswith("gpuwatch_agent_collection_duration_seconds ")]
+print(f"agent's last collection took {float(dur[0].split()[1])*1000:.1f} ms (wall)" if dur else "no collection duration")
 print(f"overhead over {secs:.1f} s, 1 s interval, 1 GPU:")
 print(f"  gpuwatch-agent : {a:7.2f} ms CPU/s  peak RSS {arss/1024:6.1f} MiB")
 print(f"  pynvml loop    : {l:7.2f} ms CPU/s  peak RSS {lrss/1024:6.1f} MiB  ({l/a if a else float('inf'):.1f}x the agent's CPU)")

@@ -6,13 +6,15 @@
 //! Slurm's gres needs). Like the real driver, the fake knows a process is on a GPU when the
 //! process holds the GPU's device node open: it scans `/proc/<pid>/fd` for links to the node.
 //! A GPU with a process reads busy (utilisation 1, 300 W); one without reads idle (0, 70 W).
+//! XID errors are injected by appending XID numbers, one per line, to `<dev-dir>/nvidia<i>.xid`:
+//! each new line is one `xid` event and counts in `xid_errors_total`, as an NVML event would.
 //! Values are plain and predictable; nothing here pretends to be a calibrated simulation
 //! (that is [`super::synthetic::Fleet`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::collect::{GpuSample, ProcessSample, Source};
+use crate::collect::{GpuEvent, GpuSample, ProcessSample, Source};
 use crate::error::Result;
 
 /// Memory the fake GPU reports in use with no process, bytes.
@@ -32,6 +34,8 @@ pub struct FakeNvml {
     energy_joules: Vec<f64>,
     last_time: Option<u64>,
     processes: Vec<ProcessSample>,
+    xid_seen: Vec<usize>,
+    events: Vec<GpuEvent>,
 }
 
 impl FakeNvml {
@@ -45,6 +49,8 @@ impl FakeNvml {
             energy_joules: vec![0.0; gpus as usize],
             last_time: None,
             processes: Vec::new(),
+            xid_seen: vec![0; gpus as usize],
+            events: Vec::new(),
         }
     }
 
@@ -136,7 +142,25 @@ impl Source for FakeNvml {
             s.clock_event_reasons = Some(if busy { 0 } else { 1 });
             s.ecc_sbe_volatile_total = Some(0);
             s.ecc_dbe_volatile_total = Some(0);
-            s.xid_errors_total = Some(0);
+            let xids: Vec<i64> =
+                std::fs::read_to_string(self.dev_dir.join(format!("nvidia{index}.xid")))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect();
+            let seen = &mut self.xid_seen[index as usize];
+            for &code in xids.iter().skip(*seen) {
+                self.events.push(GpuEvent {
+                    time_unix_nano: now_unix_nano,
+                    gpu_uuid: s.gpu_uuid.clone(),
+                    gpu_index: index,
+                    kind: "xid".to_string(),
+                    code,
+                    detail: format!("xid {code}"),
+                });
+            }
+            *seen = (*seen).max(xids.len());
+            s.xid_errors_total = Some(*seen as i64);
             for &pid in procs {
                 self.processes.push(ProcessSample {
                     time_unix_nano: now_unix_nano,
@@ -160,6 +184,10 @@ impl Source for FakeNvml {
 
     fn processes(&mut self) -> Vec<ProcessSample> {
         self.processes.clone()
+    }
+
+    fn events(&mut self) -> Vec<GpuEvent> {
+        std::mem::take(&mut self.events)
     }
 }
 
@@ -188,9 +216,16 @@ mod tests {
         );
         assert!(procs.iter().all(|p| p.gpu_index == 1));
         drop(held);
+        std::fs::write(dir.join("nvidia1.xid"), "79\n").unwrap();
         let samples = fake.collect(2_000_000_000).unwrap();
         assert_eq!(samples[1].gpu_utilization, Some(0.0));
         assert_eq!(samples[1].energy_joules, Some(70.0));
+        assert_eq!(samples[1].xid_errors_total, Some(1));
+        assert_eq!(samples[0].xid_errors_total, Some(0));
+        let events = fake.events();
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].gpu_index, events[0].code), (1, 79));
+        assert!(fake.events().is_empty(), "events are drained");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,17 +9,17 @@
 //! | gpu / memory utilisation | `nvmlDeviceGetUtilizationRates` | % → ratio |
 //! | memory used / total | `nvmlDeviceGetMemoryInfo` | bytes |
 //! | power | `nvmlDeviceGetPowerUsage` | mW → W |
-//! | energy | `nvmlDeviceGetTotalEnergyConsumption` | mJ → J |
+//! | energy | `nvmlDeviceGetTotalEnergyConsumption` every `--slow-interval` (it costs about 4 ms of CPU per call on an H100), advanced by power × time in between, never backwards | mJ → J |
 //! | temperature | `nvmlDeviceGetTemperature(GPU)` | °C |
 //! | memory temperature, remapped rows | `nvmlDeviceGetFieldValues` (ids 82, 143, 145), one call | °C, rows, 0/1 |
 //! | SM / memory clock | `nvmlDeviceGetClockInfo` | MHz |
 //! | clock-event reasons | `nvmlDeviceGetCurrentClocksThrottleReasons` (older name, same bitmask) | bits |
-//! | PCIe tx / rx | `nvmlDeviceGetPcieThroughput` | KiB/s → B/s |
+//! | PCIe tx / rx | GPM `PCIE_TX/RX_PER_SEC` where GPM works (Hopper+), else `nvmlDeviceGetPcieThroughput` (which samples for 20 ms per call) | MiB/s or KiB/s → B/s |
 //! | ECC volatile totals | `nvmlDeviceGetTotalEccErrors(corrected/uncorrected, volatile)` | count |
 //! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart | % → ratio, MiB/s → B/s |
 //!
 //! | XID errors since agent start, `gpu_events` | event set (`nvmlEventSetWait`, non-blocking, drained each collection): XID, single- and double-bit ECC | count |
-//! | processes: used memory, SM utilisation | `nvmlDeviceGetComputeRunningProcesses`, `nvmlDeviceGetProcessUtilization` (samples since the last one seen) | bytes, % → ratio |
+//! | processes: used memory, SM utilisation | `nvmlDeviceGetComputeRunningProcesses` every collection; `nvmlDeviceGetProcessUtilization` (2 ms of CPU per call on an H100) every `--slow-interval`, the mean of the samples since the previous read, null in between | bytes, % → ratio |
 //!
 //! Not read yet: MIG instances (nvml-wrapper 0.13 does not wrap the GPU / compute instance ids
 //! that name them). Job attribution is done afterwards ([`crate::attribute`]).
@@ -60,6 +60,8 @@ const GPM_METRICS: &[GpmMetricId] = &[
     GpmMetricId::Fp16Util,
     GpmMetricId::NvlinkTotalTxPerSec,
     GpmMetricId::NvlinkTotalRxPerSec,
+    GpmMetricId::PcieTxPerSec,
+    GpmMetricId::PcieRxPerSec,
 ];
 
 /// Reads every GPU of this host through NVML.
@@ -85,7 +87,63 @@ pub struct NvmlSource {
     processes: Vec<ProcessSample>,
     /// Newest per-process utilisation timestamp seen per GPU (µs, NVML's clock).
     process_util_seen: HashMap<u32, u64>,
+    /// When per-process utilisation was last read, per GPU (Unix ns).
+    process_util_read: HashMap<u32, u64>,
+    /// Energy counter per GPU between its (costly) reads.
+    energy: HashMap<u32, EnergyTrack>,
+    /// Least time between two reads of the costly counters, ns (`--slow-interval`).
+    slow_interval_ns: u64,
 }
+
+/// `energy_joules` of one GPU: NVML's counter, read every `--slow-interval`, advanced in
+/// between by the power readings (trapezoids), never going backwards.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EnergyTrack {
+    /// The value reported last, J.
+    pub joules: Option<f64>,
+    /// When the counter was last read from NVML (Unix ns).
+    pub last_read: Option<u64>,
+    /// Time and power of the previous collection.
+    pub last: Option<(u64, f64)>,
+}
+
+impl EnergyTrack {
+    /// Whether the counter is due for a real read at `now`.
+    pub fn due(&self, now: u64, slow_interval_ns: u64) -> bool {
+        self.last_read
+            .is_none_or(|t| now.saturating_sub(t) >= slow_interval_ns || now < t)
+    }
+
+    /// Advance to `now` with this collection's `power` (W) and, when read, NVML's `counter` (J).
+    /// Returns the value to report.
+    pub fn advance(&mut self, now: u64, power: Option<f64>, counter: Option<f64>) -> Option<f64> {
+        let estimate = match (self.joules, self.last, power) {
+            (Some(j), Some((t, p0)), Some(p1)) if now > t => {
+                Some(j + (p0 + p1) / 2.0 * ((now - t) as f64 / 1e9))
+            }
+            (j, _, _) => j,
+        };
+        let value = match counter {
+            // The real counter wins, unless it would make the series go backwards (after an
+            // over-estimate): then the value holds until the counter passes it.
+            Some(c) => Some(self.joules.map_or(c, |j| c.max(j))),
+            None => estimate,
+        };
+        if counter.is_some() {
+            self.last_read = Some(now);
+        }
+        if let Some(p) = power {
+            self.last = Some((now, p));
+        }
+        if value.is_some() {
+            self.joules = value;
+        }
+        value
+    }
+}
+
+/// Default `--slow-interval`: energy and per-process utilisation are read at most this often.
+pub const DEFAULT_SLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Most events drained per collection (a storm of ECC events must not stall the loop).
 const MAX_EVENTS_PER_TICK: usize = 1000;
@@ -104,6 +162,12 @@ impl NvmlSource {
     /// Fails with [`Error::NvmlUnavailable`] when the library cannot be loaded or initialised
     /// (no driver, no GPU, no permission).
     pub fn new() -> Result<Self> {
+        Self::with_slow_interval(DEFAULT_SLOW_INTERVAL)
+    }
+
+    /// Like [`NvmlSource::new`], reading the costly counters (energy, per-process utilisation)
+    /// at most every `slow_interval`.
+    pub fn with_slow_interval(slow_interval: std::time::Duration) -> Result<Self> {
         let nvml = Nvml::init().map_err(|e| Error::NvmlUnavailable {
             cause: match e {
                 // "a libloading error occurred: …" adds nothing for the reader.
@@ -133,6 +197,9 @@ impl NvmlSource {
             pending_events: Vec::new(),
             processes: Vec::new(),
             process_util_seen: HashMap::new(),
+            process_util_read: HashMap::new(),
+            energy: HashMap::new(),
+            slow_interval_ns: u64::try_from(slow_interval.as_nanos()).unwrap_or(u64::MAX),
         })
     }
 
@@ -200,23 +267,32 @@ impl NvmlSource {
             return;
         }
         let seen = self.process_util_seen.get(&index).copied();
-        // Not every GPU or driver keeps per-process samples: the rows then have memory only.
-        let util = match device.process_utilization_stats(seen) {
-            Ok(u) => u,
-            Err(NvmlError::NotFound) => Vec::new(),
-            Err(e) => {
-                field::<()>(index, "process utilization", Err(e));
-                Vec::new()
+        let due = self.process_util_read.get(&index).is_none_or(|t| {
+            s.time_unix_nano.saturating_sub(*t) >= self.slow_interval_ns || s.time_unix_nano < *t
+        });
+        // Per-process utilisation costs milliseconds per call: read every --slow-interval, as
+        // the mean of NVML's samples since the previous read. Not every GPU or driver keeps
+        // per-process samples: the rows then have memory only.
+        let util = if due {
+            self.process_util_read.insert(index, s.time_unix_nano);
+            match device.process_utilization_stats(seen) {
+                Ok(u) => Some(u),
+                Err(NvmlError::NotFound) => Some(Vec::new()),
+                Err(e) => {
+                    field::<()>(index, "process utilization", Err(e));
+                    None
+                }
             }
+        } else {
+            None
         };
-        let mut newest: HashMap<u32, (u64, u32)> = HashMap::new();
-        for u in &util {
-            let entry = newest.entry(u.pid).or_insert((u.timestamp, u.sm_util));
-            if u.timestamp >= entry.0 {
-                *entry = (u.timestamp, u.sm_util);
-            }
+        let mut mean: HashMap<u32, (u64, u64)> = HashMap::new();
+        for u in util.iter().flatten() {
+            let entry = mean.entry(u.pid).or_insert((0, 0));
+            entry.0 += u64::from(u.sm_util);
+            entry.1 += 1;
         }
-        if let Some(max) = util.iter().map(|u| u.timestamp).max() {
+        if let Some(max) = util.iter().flatten().map(|u| u.timestamp).max() {
             self.process_util_seen.insert(index, max);
         }
         for p in procs {
@@ -234,10 +310,12 @@ impl NvmlSource {
                 used_memory_bytes: used,
                 // A process with no sample in the window did not use the SMs: 0, but only if
                 // the GPU gives per-process samples at all.
-                sm_utilization: match newest.get(&p.pid) {
-                    Some((_, sm)) => Some(percent_to_ratio(f64::from(*sm))),
-                    None if !util.is_empty() || seen.is_some() => Some(0.0),
-                    None => None,
+                sm_utilization: match (&util, mean.get(&p.pid)) {
+                    (Some(_), Some((sum, n))) if *n > 0 => {
+                        Some(percent_to_ratio(*sum as f64 / *n as f64))
+                    }
+                    (Some(u), None) if !u.is_empty() || seen.is_some() => Some(0.0),
+                    _ => None,
                 },
             });
         }
@@ -279,8 +357,6 @@ impl NvmlSource {
             s.memory_total_bytes = to_i64(m.total);
         }
         s.power_watts = field(index, "power", device.power_usage()).map(milliwatts_to_watts);
-        s.energy_joules =
-            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules);
         s.temperature_celsius = field(
             index,
             "temperature",
@@ -296,18 +372,23 @@ impl NvmlSource {
             device.current_throttle_reasons(),
         )
         .and_then(|r| to_i64(r.bits()));
-        s.pcie_tx_bytes_per_second = field(
-            index,
-            "pcie tx",
-            device.pcie_throughput(PcieUtilCounter::Send),
-        )
-        .map(kib_per_second_to_bytes);
-        s.pcie_rx_bytes_per_second = field(
-            index,
-            "pcie rx",
-            device.pcie_throughput(PcieUtilCounter::Receive),
-        )
-        .map(kib_per_second_to_bytes);
+        self.read_gpm(index, &device, &mut s);
+        // nvmlDeviceGetPcieThroughput samples the bus for 20 ms per call, most of a
+        // collection's time: where GPM gives PCIe rates (Hopper+), they come from there.
+        if self.gpm_unsupported.contains(&index) {
+            s.pcie_tx_bytes_per_second = field(
+                index,
+                "pcie tx",
+                device.pcie_throughput(PcieUtilCounter::Send),
+            )
+            .map(kib_per_second_to_bytes);
+            s.pcie_rx_bytes_per_second = field(
+                index,
+                "pcie rx",
+                device.pcie_throughput(PcieUtilCounter::Receive),
+            )
+            .map(kib_per_second_to_bytes);
+        }
         s.ecc_sbe_volatile_total = field(
             index,
             "ecc corrected",
@@ -321,7 +402,16 @@ impl NvmlSource {
         )
         .and_then(to_i64);
         read_field_values(index, &device, &mut s);
-        self.read_gpm(index, &device, &mut s);
+        // Reading the energy counter costs about 4 ms of CPU on an H100 (docs/agent-gpu-test.md):
+        // it is read every --slow-interval and advanced by the power readings in between.
+        let mut track = self.energy.get(&index).copied().unwrap_or_default();
+        let counter = if track.due(now, self.slow_interval_ns) {
+            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules)
+        } else {
+            None
+        };
+        s.energy_joules = track.advance(now, s.power_watts, counter);
+        self.energy.insert(index, track);
         if self.xid_registered.contains(&s.gpu_uuid) {
             s.xid_errors_total = Some(self.xid_counts.get(&s.gpu_uuid).copied().unwrap_or(0));
         }
@@ -514,6 +604,8 @@ fn apply_gpm(s: &mut GpuSample, id: GpmMetricId, value: f64) {
         GpmMetricId::NvlinkTotalRxPerSec => {
             s.nvlink_rx_bytes_per_second = mib_per_second_to_bytes(value)
         }
+        GpmMetricId::PcieTxPerSec => s.pcie_tx_bytes_per_second = mib_per_second_to_bytes(value),
+        GpmMetricId::PcieRxPerSec => s.pcie_rx_bytes_per_second = mib_per_second_to_bytes(value),
         _ => {}
     }
 }
@@ -600,6 +692,29 @@ mod tests {
         assert_eq!(sample_value_i64(&SampleValue::U64(3)), Some(3));
         assert_eq!(sample_value_i64(&SampleValue::U64(u64::MAX)), None);
         assert_eq!(sample_value_i64(&SampleValue::F64(1.6)), Some(2));
+    }
+
+    #[test]
+    fn energy_is_read_slowly_and_integrated_in_between() {
+        let slow = 10_000_000_000;
+        let s = |x: u64| x * 1_000_000_000;
+        let mut e = EnergyTrack::default();
+        assert!(e.due(s(100), slow));
+        assert_eq!(e.advance(s(100), Some(100.0), Some(5000.0)), Some(5000.0));
+        assert!(!e.due(s(101), slow));
+        // 1 s at 100 → 300 W: the trapezoid adds 200 J.
+        assert_eq!(e.advance(s(101), Some(300.0), None), Some(5200.0));
+        assert_eq!(e.advance(s(102), Some(300.0), None), Some(5500.0));
+        assert!(e.due(s(110), slow));
+        // The real counter re-anchors the value …
+        assert_eq!(e.advance(s(110), Some(300.0), Some(7900.0)), Some(7900.0));
+        // … but never backwards after an over-estimate.
+        assert_eq!(e.advance(s(111), Some(1000.0), None), Some(8550.0));
+        assert_eq!(e.advance(s(120), Some(100.0), Some(8000.0)), Some(8550.0));
+        // No power reading: the value holds.
+        assert_eq!(e.advance(s(121), None, None), Some(8550.0));
+        // Nothing read yet: nothing to report.
+        assert_eq!(EnergyTrack::default().advance(s(1), Some(70.0), None), None);
     }
 
     #[test]
