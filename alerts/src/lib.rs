@@ -17,12 +17,14 @@ mod error;
 pub mod history;
 pub mod notify;
 pub mod rules;
+pub mod service;
 pub mod source;
 pub mod template;
 
 pub use engine::{Alert, RuleEngine, State};
 pub use error::{Error, Result};
 pub use rules::RuleFile;
+pub use service::Alerting;
 pub use source::{EngineSource, Instance, RuleSource};
 
 /// The built-in rule pack (deploy/rules/), compiled in so `gpuwatch demo` needs no files.

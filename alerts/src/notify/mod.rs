@@ -96,3 +96,6 @@ impl Message {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;
