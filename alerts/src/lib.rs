@@ -21,6 +21,9 @@ pub mod service;
 pub mod source;
 pub mod template;
 
+#[cfg(test)]
+mod fleet_tests;
+
 pub use engine::{Alert, RuleEngine, State};
 pub use error::{Error, Result};
 pub use rules::RuleFile;
@@ -28,4 +31,26 @@ pub use service::Alerting;
 pub use source::{EngineSource, Instance, RuleSource};
 
 /// The built-in rule pack (deploy/rules/), compiled in so `gpuwatch demo` needs no files.
-pub const BUILTIN_RULES: &[(&str, &str)] = &[];
+pub const BUILTIN_RULES: &[(&str, &str)] = &[
+    (
+        "deploy/rules/idle.yaml",
+        include_str!("../../deploy/rules/idle.yaml"),
+    ),
+    (
+        "deploy/rules/jobs.yaml",
+        include_str!("../../deploy/rules/jobs.yaml"),
+    ),
+    (
+        "deploy/rules/health.yaml",
+        include_str!("../../deploy/rules/health.yaml"),
+    ),
+];
+
+/// The built-in rule pack, parsed.
+pub fn builtin_rules() -> Result<RuleFile> {
+    let mut all = RuleFile { groups: Vec::new() };
+    for (path, text) in BUILTIN_RULES {
+        all.merge(RuleFile::parse(text, path)?)?;
+    }
+    Ok(all)
+}
