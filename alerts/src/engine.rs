@@ -26,6 +26,11 @@ use crate::history::{History, HistoryRow};
 use crate::rules::{Rule, RuleFile};
 use crate::source::{Instance, RuleSource};
 
+/// Evaluations run on a fixed grid, but each reads the clock a few milliseconds after its tick:
+/// `for` counts as elapsed when it is short of this. Without it, `for: 1m` with a 1m interval
+/// would wait for a third evaluation half of the time.
+pub const FOR_TOLERANCE: Duration = Duration::from_millis(250);
+
 /// How long a resolved alert is kept and re-announced (Prometheus' `resolvedRetention`).
 pub const RESOLVED_RETENTION: Duration = Duration::from_secs(15 * 60);
 
@@ -154,7 +159,9 @@ pub fn step(
         a.value = inst.value;
         a.annotations = annotations;
         a.last_seen = now;
-        if a.state == State::Pending && now - a.active_at >= nanos(rule.for_.0) {
+        if a.state == State::Pending
+            && now - a.active_at + nanos(FOR_TOLERANCE) >= nanos(rule.for_.0)
+        {
             a.state = State::Firing;
             a.fired_at = Some(now);
             out.push(HistoryRow::of(a, now));

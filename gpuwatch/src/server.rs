@@ -42,6 +42,8 @@ pub struct ServeConfig {
     pub query_timeout: Duration,
     /// Allow non-loopback listeners without auth.
     pub insecure_no_auth: bool,
+    /// Rules, receivers, routes and prices.
+    pub alerts: crate::alerts_wiring::AlertsConfig,
 }
 
 /// Shared by the handlers.
@@ -85,6 +87,7 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
 
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
+    let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
     check_bind(config.http_addr, config.insecure_no_auth, "--http-addr")?;
     check_bind(
         config.otlp_http_addr,
@@ -109,6 +112,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
 
     let ingest = Router::new()
         .route("/v1/metrics", post(otlp_metrics))
@@ -120,6 +124,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .with_state(app.clone())
         .merge(ingest.clone())
         .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
+        .merge(crate::alerts_wiring::router(Arc::clone(&alerting_slot)))
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
     tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
@@ -133,6 +138,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let query_timeout = config.query_timeout;
     let persist_every = config.persist_interval;
     let mut persist_rx = rx.clone();
+    let alerts_config = config.alerts.clone();
+    let alerts_rx = rx.clone();
+    let alerts_clock = Arc::clone(&clock);
+    let alerts_slot = Arc::clone(&alerting_slot);
+    let data_dir = config.data_dir.clone();
     tasks.push(tokio::spawn(async move {
         let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
         let store = match opened {
@@ -149,6 +159,25 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
         match QueryEngine::new(read, EngineConfig { query_timeout }) {
             Ok(engine) => {
+                match crate::alerts_wiring::start(
+                    &engine,
+                    rules,
+                    &alerts_config,
+                    &data_dir,
+                    alerts_clock,
+                    query_timeout,
+                    alerts_rx,
+                )
+                .await
+                {
+                    Ok((alerting, _tasks)) => {
+                        let _ = alerts_slot.set(alerting);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start alerting; the server stays unready");
+                        return;
+                    }
+                }
                 let _ = open_app.engine.set(engine);
             }
             Err(e) => {
