@@ -23,6 +23,8 @@ pub mod template;
 
 #[cfg(test)]
 mod fleet_tests;
+#[cfg(test)]
+mod pack_tests;
 
 pub use engine::{Alert, RuleEngine, State};
 pub use error::{Error, Result};
