@@ -18,6 +18,9 @@ const S: i64 = 1_000_000_000;
 const M: i64 = 60 * S;
 const T: i64 = 1_800_000_000 * S;
 
+/// A value as a function of time.
+type ValueAt = fn(i64) -> f64;
+
 #[derive(Clone, Default)]
 struct Series {
     host: &'static str,
@@ -27,7 +30,7 @@ struct Series {
     to: i64,
     values: Vec<(&'static str, f64)>,
     /// Values that change over time: (otlp name, f(t) → value).
-    varying: Vec<(&'static str, fn(i64) -> f64)>,
+    varying: Vec<(&'static str, ValueAt)>,
 }
 
 fn rows(s: &Series) -> Vec<GpuRow> {
