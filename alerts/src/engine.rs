@@ -206,6 +206,10 @@ pub struct RuleEngine {
     history: History,
     saved: Mutex<Saved>,
     errors: Mutex<HashMap<String, String>>,
+    /// Rule evaluations run.
+    pub evaluations: std::sync::atomic::AtomicU64,
+    /// Rule evaluations that failed.
+    pub evaluation_failures: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RuleEngine {
@@ -272,6 +276,8 @@ impl RuleEngine {
             history,
             saved: Mutex::new(saved),
             errors: Mutex::new(HashMap::new()),
+            evaluations: Default::default(),
+            evaluation_failures: Default::default(),
         })
     }
 
@@ -300,6 +306,8 @@ impl RuleEngine {
         for rule in &g.rules {
             let name = &rule.alert.0;
             let result = source.instances(name, &rule.sql.0, now).await;
+            self.evaluations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let instances = match result {
                 Ok(i) => {
                     self.lock_errors().remove(name);
@@ -308,6 +316,8 @@ impl RuleEngine {
                 Err(e) => {
                     // As Prometheus: a failed evaluation leaves the rule's alerts as they were.
                     tracing::warn!(rule = %name, error = %e, "rule evaluation failed");
+                    self.evaluation_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.lock_errors().insert(name.clone(), e.to_string());
                     continue;
                 }

@@ -15,6 +15,7 @@ pub mod cost;
 pub mod engine;
 mod error;
 pub mod history;
+pub mod metrics;
 pub mod notify;
 pub mod rules;
 pub mod service;

@@ -53,6 +53,7 @@ struct App {
     engine: EngineSlot,
     max_body_bytes: usize,
     clock: Arc<dyn Clock>,
+    alerting: crate::alerts_wiring::AlertingSlot,
 }
 
 /// A running server.
@@ -104,7 +105,9 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .map_err(|e| Error::Listen(e.to_string()))?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
     let app = App {
+        alerting: Arc::clone(&alerting_slot),
         store: Arc::new(OnceLock::new()),
         engine: Arc::new(OnceLock::new()),
         max_body_bytes: config.max_body_bytes,
@@ -112,7 +115,6 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
 
     let ingest = Router::new()
         .route("/v1/metrics", post(otlp_metrics))
@@ -440,6 +442,9 @@ async fn self_metrics(State(app): State<App>) -> Response {
             "Parquet files in the catalog",
             store.file_count() as u64,
         );
+    }
+    if let Some(a) = app.alerting.get() {
+        out.push_str(&gpuwatch_alerts::metrics::render(a));
     }
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(

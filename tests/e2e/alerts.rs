@@ -256,6 +256,21 @@ repeat_interval = "1h"
     assert_eq!(r[0]["rule"], "E2eHotGpu");
     assert_eq!(r[0]["state"], "firing");
 
+    let (code, metrics) = http_get(server.http, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("gpuwatch_alerts{state=\"firing\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuwatch_notifications_sent_total{receiver=\"hook\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuwatch_rule_evaluation_failures_total 0"),
+        "{metrics}"
+    );
+
     // kill -9 while firing: the restarted server resumes the state and sends nothing again.
     server.restart();
     tokio::time::sleep(Duration::from_secs(6)).await;
