@@ -104,8 +104,18 @@ fn scenario() -> Vec<Series> {
             gpu: "GPU-idle40",
             job: job("101", "ann", "notebook"),
             from: T - 40 * M + 30 * S,
-            to: end,
+            to: T + 2 * M,
             values: idle(),
+            ..Default::default()
+        },
+        // ... and work resumes 2.5 minutes after the first evaluation.
+        Series {
+            host: "h1",
+            gpu: "GPU-idle40",
+            job: job("101", "ann", "notebook"),
+            from: T + 2 * M + 30 * S,
+            to: end,
+            values: busy(),
             ..Default::default()
         },
         Series {
@@ -396,6 +406,18 @@ async fn each_pack_rule_fires_on_its_case_only() {
         at[1].get("GpuIdleInJob"),
         Some(&v(&["GPU-idle150:critical", "GPU-idle40:warning"]))
     );
+    // Work resumed on GPU-idle40 at 2.5 minutes: resolved at the next evaluation.
+    assert_eq!(
+        at[2].get("GpuIdleInJob"),
+        Some(&v(&["GPU-idle150:critical", "GPU-idle40:warning"]))
+    );
+    assert_eq!(
+        at[3].get("GpuIdleInJob"),
+        Some(&v(&["GPU-idle150:critical"]))
+    );
+    assert!(e.alerts().iter().any(|a| a.rule == "GpuIdleInJob"
+        && a.labels["gpu_uuid"] == "GPU-idle40"
+        && a.state == State::Resolved));
     // After 2 minutes: AgentSilent (for: 2m).
     assert_eq!(at[1].get("AgentSilent"), None);
     assert_eq!(at[2].get("AgentSilent"), Some(&v(&["h3:critical"])));
