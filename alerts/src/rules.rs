@@ -152,10 +152,16 @@ impl RuleFile {
 
     /// Parses and checks the text of a rules file; `path` names it in errors.
     pub fn parse(text: &str, path: &str) -> Result<Self> {
+        let text_lines: Vec<&str> = text.lines().collect();
+        // Errors found after decoding point at their key: column 1 becomes the key's column.
         let err = |line: usize, column: usize, message: String| Error::Rules {
             path: path.to_string(),
             line,
-            column,
+            column: if column == 1 {
+                key_column(text_lines.get(line.wrapping_sub(1)).copied().unwrap_or(""))
+            } else {
+                column
+            },
             message,
         };
         let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|e| {
@@ -300,6 +306,16 @@ impl RuleFile {
     }
 }
 
+/// The 1-based column of a line's key (after indentation and a list dash).
+fn key_column(line: &str) -> usize {
+    let indent = line.len() - line.trim_start().len();
+    let rest = &line[indent..];
+    let dash = rest
+        .strip_prefix("- ")
+        .map_or(0, |r| rest.len() - r.trim_start().len());
+    indent + dash + 1
+}
+
 /// Finds keys in the text, for error positions of values the decoder accepted.
 struct Lines<'a> {
     lines: Vec<&'a str>,
@@ -394,6 +410,14 @@ mod tests {
     fn errors_point_at_the_line() {
         let (line, msg) = line_of(&GOOD.replace("for: 30m", "for: 30 parsecs"));
         assert_eq!(line, 10, "{msg}");
+        match RuleFile::parse(&GOOD.replace("for: 30m", "for: 30 parsecs"), "r.yaml") {
+            Err(Error::Rules { column, .. }) => assert_eq!(column, 9),
+            other => panic!("{other:?}"),
+        }
+        match RuleFile::parse(&GOOD.replace("alert: GpuIdle", "alert: 1dle"), "r.yaml") {
+            Err(Error::Rules { line, column, .. }) => assert_eq!((line, column), (5, 9)),
+            other => panic!("{other:?}"),
+        }
         assert!(msg.contains("invalid duration"), "{msg}");
 
         let (line, msg) = line_of(&GOOD.replace("keep_firing_for: 0s", "keep_firing: 0s"));
