@@ -51,6 +51,12 @@ pub struct FileConfig {
     pub interval: Option<String>,
     /// `--backfill` (demo)
     pub backfill: Option<String>,
+    /// `--rules` (alert rules files)
+    pub rules: Option<Vec<PathBuf>>,
+    /// `[alerting]`: receivers and routes (docs/alerts.md)
+    pub alerting: Option<gpuwatch_alerts::notify::AlertingConfig>,
+    /// `[cost]`: GPU-hour and energy prices, budgets (docs/cost.md)
+    pub cost: Option<gpuwatch_alerts::cost::CostConfig>,
 }
 
 /// The `[retention]` table: a duration per table (`"30d"`, `"1y"`), or `"forever"`.

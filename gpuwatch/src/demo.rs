@@ -175,6 +175,12 @@ Try:
 
   curl -sG {url}/api/v1/sql --data-urlencode format=csv --data-urlencode "q=SELECT job_user, job_id, round(sum(d) / 3.6e6, 3) AS kwh FROM (SELECT job_user, job_id, energy_joules - lag(energy_joules) OVER (PARTITION BY gpu_uuid ORDER BY time) AS d FROM gpu_metrics) WHERE job_id IS NOT NULL GROUP BY 1, 2 ORDER BY kwh DESC LIMIT 10"
 
+Alerts: the built-in rule pack (deploy/rules/*.yaml) runs every minute; an idle GPU held by a
+simulated notebook fires GpuIdleInJob within about two minutes:
+  curl -s {url}/api/v1/alerts
+  {exe} sql{server_flag} "SELECT time, rule, state, labels['host'] AS host, labels['job_id'] AS job, value FROM alerts ORDER BY time DESC LIMIT 10"
+  {exe} sql{server_flag} "SELECT job_id, job_user, job_name, host, gpus, round(gpu_seconds / 3600, 2) AS gpu_hours, round(idle_gpu_seconds / 3600, 2) AS idle_hours, round(energy_joules / 3.6e6, 2) AS kwh FROM jobs ORDER BY gpu_seconds DESC LIMIT 10"
+
 Ctrl-C stops the demo (buffered data is persisted first).
 "#,
         hosts = opts.hosts,

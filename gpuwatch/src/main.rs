@@ -1,6 +1,7 @@
 //! `gpuwatch`: the server and the command line. This crate only wires the pieces: flags in,
 //! components built, servers started, shutdown handled.
 
+mod alerts_wiring;
 mod config;
 mod demo;
 mod error;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::{FileConfig, apply, apply_duration, parse_duration};
+use crate::config::{FileConfig, apply, apply_duration, given, parse_duration};
 use crate::error::{Error, Result};
 use crate::server::ServeConfig;
 
@@ -33,6 +34,24 @@ enum Command {
     Demo(DemoArgs),
     /// Run a SQL statement against a server and print the answer.
     Sql(SqlArgs),
+    /// Alert rules files.
+    Rules(RulesArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct RulesArgs {
+    #[command(subcommand)]
+    command: RulesCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+enum RulesCommand {
+    /// Validate alert rules files: exit 0 when all are valid, 1 with file:line:column errors.
+    Check {
+        /// The rules files (YAML).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -84,6 +103,15 @@ struct ServeArgs {
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
+    /// Alert rules file (YAML; repeat for several; env: comma-separated). Receivers, routes and
+    /// prices are the [alerting] and [cost] sections of --config (docs/alerts.md, docs/cost.md).
+    #[arg(
+        long,
+        env = "GPUWATCH_RULES",
+        value_name = "FILE",
+        value_delimiter = ','
+    )]
+    rules: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -198,6 +226,17 @@ fn serve_config(
             .map_err(|e| Error::Config(format!("config key persist_interval: {e}")))?,
         (None, None) => Duration::from_secs(if demo { 60 } else { 300 }),
     };
+    let rules = if given(m, "rules") {
+        args.rules.clone()
+    } else {
+        file.rules.clone().unwrap_or_default()
+    };
+    let alerts = crate::alerts_wiring::AlertsConfig {
+        rules,
+        builtin_rules: demo,
+        alerting: file.alerting.clone().unwrap_or_default(),
+        cost: file.cost.clone().unwrap_or_default(),
+    };
     if persist_interval.is_zero() {
         return Err(Error::Config(
             "--persist-interval must be above zero".into(),
@@ -216,6 +255,7 @@ fn serve_config(
         max_buffer_bytes: args.max_buffer_bytes,
         compaction_interval: args.compaction_interval,
         retention,
+        alerts,
     })
 }
 
@@ -309,6 +349,13 @@ async fn run() -> Result<()> {
                 shutdown_signal(),
             )
             .await
+        }
+        Command::Rules(RulesArgs {
+            command: RulesCommand::Check { files },
+        }) => {
+            let out = alerts_wiring::check(&files)?;
+            print!("{out}");
+            Ok(())
         }
         Command::Sql(args) => {
             let out = sql::run(&args.server, &args.sql, args.format, args.timeout).await?;

@@ -52,6 +52,8 @@ pub struct ServeConfig {
     pub compaction_interval: Duration,
     /// Retention per table.
     pub retention: gpuwatch_store::RetentionConfig,
+    /// Rules, receivers, routes and prices.
+    pub alerts: crate::alerts_wiring::AlertsConfig,
 }
 
 /// `--wal-sync`: when the WAL is fsynced.
@@ -72,6 +74,7 @@ struct App {
     engine: EngineSlot,
     max_body_bytes: usize,
     clock: Arc<dyn Clock>,
+    alerting: crate::alerts_wiring::AlertingSlot,
 }
 
 /// A running server.
@@ -106,6 +109,7 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
 
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
+    let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
     check_bind(config.http_addr, config.insecure_no_auth, "--http-addr")?;
     check_bind(
         config.otlp_http_addr,
@@ -122,7 +126,9 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .map_err(|e| Error::Listen(e.to_string()))?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
     let app = App {
+        alerting: Arc::clone(&alerting_slot),
         store: Arc::new(OnceLock::new()),
         engine: Arc::new(OnceLock::new()),
         max_body_bytes: config.max_body_bytes,
@@ -141,6 +147,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .with_state(app.clone())
         .merge(ingest.clone())
         .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
+        .merge(crate::alerts_wiring::router(Arc::clone(&alerting_slot)))
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
     tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
@@ -165,6 +172,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let persist_every = config.persist_interval;
     let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
     let mut persist_rx = rx.clone();
+    let alerts_config = config.alerts.clone();
+    let alerts_rx = rx.clone();
+    let alerts_clock = Arc::clone(&clock);
+    let alerts_slot = Arc::clone(&alerting_slot);
+    let data_dir = config.data_dir.clone();
     tasks.push(tokio::spawn(async move {
         let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
         let store = match opened {
@@ -181,6 +193,25 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
         match QueryEngine::new(read, EngineConfig { query_timeout }) {
             Ok(engine) => {
+                match crate::alerts_wiring::start(
+                    &engine,
+                    rules,
+                    &alerts_config,
+                    &data_dir,
+                    alerts_clock,
+                    query_timeout,
+                    alerts_rx,
+                )
+                .await
+                {
+                    Ok((alerting, _tasks)) => {
+                        let _ = alerts_slot.set(alerting);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start alerting; the server stays unready");
+                        return;
+                    }
+                }
                 let _ = open_app.engine.set(engine);
             }
             Err(e) => {
@@ -548,6 +579,9 @@ async fn self_metrics(State(app): State<App>) -> Response {
             "Parquet files skipped by queries because the catalog's time range cannot match",
             s.files_pruned.load(Ordering::Relaxed),
         );
+    }
+    if let Some(a) = app.alerting.get() {
+        out.push_str(&gpuwatch_alerts::metrics::render(a));
     }
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(

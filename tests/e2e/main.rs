@@ -4,6 +4,7 @@ mod agent_events;
 mod agent_prometheus;
 mod agent_slurm;
 mod agent_spool;
+mod alerts;
 mod bad_input;
 mod cli;
 mod config;

@@ -1,0 +1,236 @@
+//! Cost accounting: the `jobs` table, a SQL view over `gpu_metrics` priced from the `[cost]`
+//! section of the config file (formulas in docs/cost.md).
+//!
+//! Each sample of a GPU accounts for the time since the previous sample of that GPU (at most
+//! `max_sample_gap`, so a gap in the data is not billed as use) and for the energy counter's
+//! increase since then; a decrease is a counter reset (driver reload, reboot) and counts the new
+//! value, i.e. the energy used since the reset. The interval goes to the job the sample carries.
+//!
+//! ```text
+//! gpu_seconds      = Σ dt
+//! idle_gpu_seconds = Σ dt where gpu_utilization < idle_utilization
+//! energy_joules    = Σ ΔE
+//! cost_usd         = Σ dt × price(gpu_model) / 3600 + Σ ΔE / 3.6e6 × kwh_usd × pue
+//! idle_cost_usd    = the same sums over idle samples only
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Float64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::MemTable;
+use datafusion::prelude::SessionContext;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::rules::Dur;
+
+/// A GPU-hour price for models matching a glob pattern (`*` and `?`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Glob over `gpu_model`, e.g. `"*H100*"`.
+    pub model: String,
+    /// USD per GPU-hour.
+    pub usd: f64,
+}
+
+/// The `[cost]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostConfig {
+    /// Per-model GPU-hour prices, first match wins.
+    #[serde(default)]
+    pub gpu_hour_usd: Vec<ModelPrice>,
+    /// Price of a GPU-hour of a model no pattern matches [default: 0].
+    #[serde(default)]
+    pub default_gpu_hour_usd: f64,
+    /// Electricity price, USD per kWh [default: 0].
+    #[serde(default)]
+    pub kwh_usd: f64,
+    /// Power usage effectiveness of the data centre (facility / IT energy) [default: 1].
+    #[serde(default = "one")]
+    pub pue: f64,
+    /// Longest interval one sample accounts for [default: 60s].
+    #[serde(default)]
+    pub max_sample_gap: Option<Dur>,
+    /// A sample with `gpu_utilization` below this is idle [default: 0.01].
+    #[serde(default = "idle")]
+    pub idle_utilization: f64,
+    /// Budgets per user, USD (table `budgets`, used by the `JobCostOverBudget` rule).
+    #[serde(default)]
+    pub user_budgets_usd: BTreeMap<String, f64>,
+    /// Budget of users not listed, USD [default: none].
+    #[serde(default)]
+    pub default_budget_usd: Option<f64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn idle() -> f64 {
+    0.01
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        Self {
+            gpu_hour_usd: Vec::new(),
+            default_gpu_hour_usd: 0.0,
+            kwh_usd: 0.0,
+            pue: 1.0,
+            max_sample_gap: None,
+            idle_utilization: 0.01,
+            user_budgets_usd: BTreeMap::new(),
+            default_budget_usd: None,
+        }
+    }
+}
+
+fn sql_str(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+fn glob_to_like(glob: &str) -> String {
+    let mut out = String::new();
+    for c in glob.chars() {
+        match c {
+            '*' => out.push('%'),
+            '?' => out.push('_'),
+            '%' | '_' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn num(v: f64) -> String {
+    format!("CAST({v:?} AS DOUBLE)")
+}
+
+impl CostConfig {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::Config(format!("cost: {what}")));
+        if self.pue < 1.0 || !self.pue.is_finite() {
+            return bad("pue must be at least 1 (facility energy / IT energy)");
+        }
+        if self.kwh_usd < 0.0 || self.default_gpu_hour_usd < 0.0 {
+            return bad("prices must not be negative");
+        }
+        if self
+            .gpu_hour_usd
+            .iter()
+            .any(|p| p.usd < 0.0 || p.model.is_empty())
+        {
+            return bad("each gpu_hour_usd entry needs a model pattern and a price of 0 or more");
+        }
+        if self.max_sample_gap().is_zero() {
+            return bad("max_sample_gap must be above zero");
+        }
+        Ok(())
+    }
+
+    /// Effective max sample gap.
+    pub fn max_sample_gap(&self) -> Duration {
+        self.max_sample_gap.map_or(Duration::from_secs(60), |d| d.0)
+    }
+
+    /// The price expression (USD per GPU-hour) of column `gpu_model`.
+    fn price_sql(&self) -> String {
+        if self.gpu_hour_usd.is_empty() {
+            return num(self.default_gpu_hour_usd);
+        }
+        let mut s = String::from("CASE");
+        for p in &self.gpu_hour_usd {
+            s.push_str(&format!(
+                " WHEN gpu_model LIKE {} ESCAPE '\\' THEN {}",
+                sql_str(&glob_to_like(&p.model)),
+                num(p.usd)
+            ));
+        }
+        s.push_str(&format!(" ELSE {} END", num(self.default_gpu_hour_usd)));
+        s
+    }
+
+    /// The `jobs` view's query.
+    pub fn jobs_sql(&self) -> String {
+        let gap = self.max_sample_gap().as_nanos();
+        let idle = num(self.idle_utilization);
+        let energy_price = num(self.kwh_usd * self.pue / 3.6e6);
+        format!(
+            r#"WITH s AS (
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules,
+    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
+    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
+  FROM gpu_metrics
+), d AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, time,
+    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
+    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
+    COALESCE(gpu_utilization < {idle}, false) AS idle,
+    {price} AS price
+  FROM s WHERE job_id IS NOT NULL
+)
+SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
+  count(DISTINCT gpu_uuid) AS gpus, min(time) AS first_seen, max(time) AS last_seen,
+  sum(secs) AS gpu_seconds,
+  sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
+  sum(joules) AS energy_joules,
+  sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
+  sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd
+FROM d GROUP BY job_id, host"#,
+            price = self.price_sql(),
+        )
+    }
+
+    /// Registers the `jobs` view and the `budgets` table (`job_user`, `budget_usd`; a row with
+    /// null `job_user` holds the default budget) in `ctx`.
+    pub async fn register(&self, ctx: &SessionContext) -> Result<()> {
+        self.validate()?;
+        let plan = ctx
+            .state()
+            .create_logical_plan(&self.jobs_sql())
+            .await
+            .map_err(|e| Error::Other(format!("cannot plan the jobs view: {e}")))?;
+        let view = datafusion::datasource::ViewTable::new(plan, Some(self.jobs_sql()));
+        ctx.register_table("jobs", Arc::new(view))
+            .map_err(|e| Error::Other(format!("cannot register the jobs view: {e}")))?;
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("job_user", DataType::Utf8, true),
+            Field::new("budget_usd", DataType::Float64, false),
+        ]));
+        let mut users: Vec<Option<String>> = self
+            .user_budgets_usd
+            .keys()
+            .map(|u| Some(u.clone()))
+            .collect();
+        let mut budgets: Vec<f64> = self.user_budgets_usd.values().copied().collect();
+        if let Some(d) = self.default_budget_usd {
+            users.push(None);
+            budgets.push(d);
+        }
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(StringArray::from(users)),
+                Arc::new(Float64Array::from(budgets)),
+            ],
+        )
+        .map_err(|e| Error::Other(e.to_string()))?;
+        let table = MemTable::try_new(schema, vec![vec![batch]])
+            .map_err(|e| Error::Other(e.to_string()))?;
+        ctx.register_table("budgets", Arc::new(table))
+            .map_err(|e| Error::Other(format!("cannot register the budgets table: {e}")))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

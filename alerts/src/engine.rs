@@ -1,0 +1,376 @@
+//! The rule state machine, as Prometheus defines it.
+//!
+//! Each evaluation of a rule returns a set of instances (label sets). For each:
+//! - a label set not seen before becomes `pending` at that time (`active_at`), or `firing` at
+//!   once when the rule's `for` is zero;
+//! - a `pending` one whose `active_at` is at least `for` ago becomes `firing`;
+//! - a `pending` one the query no longer returns is dropped (it never fired, nobody is told);
+//! - a `firing` one the query no longer returns stays firing for `keep_firing_for` after it was
+//!   last returned, then becomes `resolved`; a resolved alert is kept 15 minutes (so receivers
+//!   hear about it) and then forgotten; if its label set comes back it starts again as pending.
+//!
+//! Every transition is a row of the `alerts` history table. The active alerts are saved after
+//! each evaluation that changed them, to a JSON file replaced atomically, so a restart resumes
+//! the same states (and the notifier, which keeps its own log, sends nothing twice).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuwatch_store::clock::Clock;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::history::{History, HistoryRow};
+use crate::rules::{Rule, RuleFile};
+use crate::source::{Instance, RuleSource};
+
+/// Evaluations run on a fixed grid, but each reads the clock a few milliseconds after its tick:
+/// `for` counts as elapsed when it is short of this. Without it, `for: 1m` with a 1m interval
+/// would wait for a third evaluation half of the time.
+pub const FOR_TOLERANCE: Duration = Duration::from_millis(250);
+
+/// How long a resolved alert is kept and re-announced (Prometheus' `resolvedRetention`).
+pub const RESOLVED_RETENTION: Duration = Duration::from_secs(15 * 60);
+
+/// An alert's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Returned by the query, not yet for `for`.
+    Pending,
+    /// Returned for at least `for`.
+    Firing,
+    /// No longer returned (after `keep_firing_for`).
+    Resolved,
+}
+
+impl State {
+    /// The name used in the `alerts` table and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Firing => "firing",
+            State::Resolved => "resolved",
+        }
+    }
+}
+
+/// One alert instance and its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    /// The rule (label `alertname`).
+    pub rule: String,
+    /// Hash of the labels (hex FNV-1a 64, as Alertmanager computes it).
+    pub fingerprint: String,
+    /// Query labels, rule labels and `alertname`.
+    pub labels: BTreeMap<String, String>,
+    /// Rendered annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The latest value.
+    pub value: f64,
+    /// The state.
+    pub state: State,
+    /// When it became pending (ns).
+    pub active_at: i64,
+    /// When it started firing (ns).
+    pub fired_at: Option<i64>,
+    /// When it resolved (ns).
+    pub resolved_at: Option<i64>,
+    /// When the query last returned it (ns).
+    pub last_seen: i64,
+}
+
+/// Alertmanager's label-set fingerprint: FNV-1a 64 over sorted `name 0xff value 0xff`.
+pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for (k, v) in labels {
+        eat(k.as_bytes());
+        eat(&[0xff]);
+        eat(v.as_bytes());
+        eat(&[0xff]);
+    }
+    format!("{h:016x}")
+}
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Applies one evaluation's instances to a rule's alerts; returns the transitions (as history
+/// rows). Pure: no I/O, no clock.
+pub fn step(
+    rule: &Rule,
+    alerts: &mut BTreeMap<String, Alert>,
+    instances: Vec<Instance>,
+    now: i64,
+) -> Vec<HistoryRow> {
+    let name = rule.alert.0.clone();
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for inst in instances {
+        let mut labels = inst.labels;
+        for (k, v) in &rule.labels {
+            labels.insert(k.0.clone(), v.clone());
+        }
+        labels.insert("alertname".into(), name.clone());
+        let fp = fingerprint(&labels);
+        if !seen.insert(fp.clone()) {
+            continue; // two rows with the same labels: the first wins, as in Prometheus
+        }
+        let annotations: BTreeMap<String, String> = rule
+            .annotations
+            .iter()
+            .map(|(k, t)| (k.clone(), t.0.render(&labels, inst.value)))
+            .collect();
+        let restart = alerts.get(&fp).is_none_or(|a| a.state == State::Resolved);
+        if restart {
+            let state = if rule.for_.0.is_zero() {
+                State::Firing
+            } else {
+                State::Pending
+            };
+            let a = Alert {
+                rule: name.clone(),
+                fingerprint: fp.clone(),
+                labels,
+                annotations,
+                value: inst.value,
+                state,
+                active_at: now,
+                fired_at: (state == State::Firing).then_some(now),
+                resolved_at: None,
+                last_seen: now,
+            };
+            out.push(HistoryRow::of(&a, now));
+            alerts.insert(fp, a);
+            continue;
+        }
+        let Some(a) = alerts.get_mut(&fp) else {
+            continue;
+        };
+        a.value = inst.value;
+        a.annotations = annotations;
+        a.last_seen = now;
+        if a.state == State::Pending
+            && now - a.active_at + nanos(FOR_TOLERANCE) >= nanos(rule.for_.0)
+        {
+            a.state = State::Firing;
+            a.fired_at = Some(now);
+            out.push(HistoryRow::of(a, now));
+        }
+    }
+    let keep = nanos(rule.keep_firing_for.0);
+    let retention = nanos(RESOLVED_RETENTION);
+    alerts.retain(|fp, a| {
+        if seen.contains(fp) {
+            return true;
+        }
+        match a.state {
+            State::Pending => false,
+            State::Firing if now - a.last_seen >= keep => {
+                a.state = State::Resolved;
+                a.resolved_at = Some(now);
+                out.push(HistoryRow::of(a, now));
+                true
+            }
+            State::Firing => true,
+            State::Resolved => a.resolved_at.is_some_and(|t| now - t < retention),
+        }
+    });
+    out
+}
+
+/// What is saved across restarts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Saved {
+    /// rule → fingerprint → alert
+    alerts: BTreeMap<String, BTreeMap<String, Alert>>,
+    /// rule → last evaluation time (ns)
+    #[serde(default)]
+    last_eval: BTreeMap<String, i64>,
+}
+
+/// The rules, their alerts, and where transitions go.
+pub struct RuleEngine {
+    rules: RuleFile,
+    clock: Arc<dyn Clock>,
+    state_path: Option<PathBuf>,
+    history: History,
+    saved: Mutex<Saved>,
+    errors: Mutex<HashMap<String, String>>,
+    /// Rule evaluations run.
+    pub evaluations: std::sync::atomic::AtomicU64,
+    /// Rule evaluations that failed.
+    pub evaluation_failures: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for RuleEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleEngine")
+            .field("state_path", &self.state_path)
+            .finish()
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file, fsynced, renamed over it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let io = |what: &'static str| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { what, path, source }
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io("cannot create directory for"))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io("cannot write"))?;
+    f.write_all(bytes).map_err(io("cannot write"))?;
+    f.sync_all().map_err(io("cannot sync"))?;
+    std::fs::rename(&tmp, path).map_err(io("cannot replace"))?;
+    if let Some(dir) = path.parent()
+        && let Ok(d) = std::fs::File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+impl RuleEngine {
+    /// An engine for `rules`. With `state_path`, the alerts saved there are resumed.
+    pub fn new(
+        rules: RuleFile,
+        clock: Arc<dyn Clock>,
+        state_path: Option<PathBuf>,
+        history: History,
+    ) -> Result<Self> {
+        let mut saved = Saved::default();
+        if let Some(p) = &state_path
+            && p.exists()
+        {
+            let bytes = std::fs::read(p).map_err(|source| Error::Io {
+                what: "cannot read alert state",
+                path: p.clone(),
+                source,
+            })?;
+            saved = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+                path: p.clone(),
+                message: e.to_string(),
+            })?;
+            // Rules removed since: their alerts go.
+            saved
+                .alerts
+                .retain(|name, _| rules.rules().any(|r| &r.alert.0 == name));
+        }
+        Ok(Self {
+            rules,
+            clock,
+            state_path,
+            history,
+            saved: Mutex::new(saved),
+            errors: Mutex::new(HashMap::new()),
+            evaluations: Default::default(),
+            evaluation_failures: Default::default(),
+        })
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &RuleFile {
+        &self.rules
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The history table.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Evaluates every rule of group `group` now; returns the alerts of the group's rules after it.
+    pub async fn evaluate_group(&self, group: usize, source: &dyn RuleSource) -> Result<()> {
+        let Some(g) = self.rules.groups.get(group) else {
+            return Err(Error::Other(format!("no rule group {group}")));
+        };
+        let now = self.clock.now_nanos();
+        let mut rows = Vec::new();
+        for rule in &g.rules {
+            let name = &rule.alert.0;
+            let result = source.instances(name, &rule.sql.0, now).await;
+            self.evaluations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let instances = match result {
+                Ok(i) => {
+                    self.lock_errors().remove(name);
+                    i
+                }
+                Err(e) => {
+                    // As Prometheus: a failed evaluation leaves the rule's alerts as they were.
+                    tracing::warn!(rule = %name, error = %e, "rule evaluation failed");
+                    self.evaluation_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.lock_errors().insert(name.clone(), e.to_string());
+                    continue;
+                }
+            };
+            let mut saved = self.lock();
+            let alerts = saved.alerts.entry(name.clone()).or_default();
+            rows.extend(step(rule, alerts, instances, now));
+            saved.last_eval.insert(name.clone(), now);
+        }
+        self.history.append(&rows)?;
+        self.save()?;
+        Ok(())
+    }
+
+    /// Evaluates every group once (tests and `rules` one-shot runs).
+    pub async fn evaluate_all(&self, source: &dyn RuleSource) -> Result<()> {
+        for g in 0..self.rules.groups.len() {
+            self.evaluate_group(g, source).await?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Saved> {
+        self.saved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_errors(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.errors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn save(&self) -> Result<()> {
+        let Some(p) = &self.state_path else {
+            return Ok(());
+        };
+        let bytes = serde_json::to_vec(&*self.lock())
+            .map_err(|e| Error::Other(format!("cannot encode alert state: {e}")))?;
+        write_atomic(p, &bytes)
+    }
+
+    /// Every alert (pending, firing and recently resolved), ordered by rule and fingerprint.
+    pub fn alerts(&self) -> Vec<Alert> {
+        self.lock()
+            .alerts
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect()
+    }
+
+    /// The last error of each rule whose latest evaluation failed.
+    pub fn rule_errors(&self) -> HashMap<String, String> {
+        self.lock_errors().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

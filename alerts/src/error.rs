@@ -1,0 +1,55 @@
+//! Errors of the alerting crate.
+
+use std::path::PathBuf;
+
+/// An alerting error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A rules file that does not parse or validate; `line` is 1-based.
+    #[error("{path}:{line}:{column}: {message}")]
+    Rules {
+        /// The file.
+        path: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// A file could not be read or written.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A rule's query failed.
+    #[error("rule {rule}: query failed: {message}")]
+    Query {
+        /// The alert name.
+        rule: String,
+        /// The engine's message.
+        message: String,
+    },
+    /// A configuration value is wrong.
+    #[error("{0}")]
+    Config(String),
+    /// A state or queue file is corrupt.
+    #[error("{path}: {message}; move the file away to start from an empty state")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The decoder's message.
+        message: String,
+    },
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
