@@ -120,7 +120,25 @@ pub fn read_files(data_dir: &Path, table: Table, files: &[FileMeta]) -> Result<R
         let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
         for b in reader {
-            batches.push(conform(table, b?)?);
+            let b = b?;
+            // A column of another type would be read back as nulls: refuse instead of losing it.
+            for field in table.schema().fields() {
+                if let Some(c) = b.column_by_name(field.name())
+                    && c.data_type() != field.data_type()
+                {
+                    return Err(Error::malformed(
+                        "parquet file",
+                        format!(
+                            "{}: column {} is {} where {} is expected; compaction of this window is skipped so that no value is lost",
+                            path.display(),
+                            field.name(),
+                            c.data_type(),
+                            field.data_type()
+                        ),
+                    ));
+                }
+            }
+            batches.push(conform(table, b)?);
         }
     }
     Ok(concat_batches(&table.schema(), &batches)?)
