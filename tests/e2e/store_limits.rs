@@ -154,3 +154,33 @@ async fn a_small_buffer_cap_persists_early_and_sheds_load_with_retry_after() {
     server.restart();
     assert_exactly(&server, gpu, acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wal_sync_interval_still_survives_a_process_kill_9() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--persist-interval")
+        .arg("1h")
+        .arg("--wal-sync")
+        .arg("interval")
+        .arg("--wal-sync-interval")
+        .arg("50ms")
+        .start();
+    let gpu = "GPU-interval";
+    let t0 = now_ns();
+    for i in 0..100 {
+        assert_eq!(post(&server, i, t0, gpu).await.status().as_u16(), 200);
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("gpuwatch_wal_fsyncs_total"), "{metrics}");
+    // Written to the page cache before the answer: a crash of the process alone loses nothing.
+    server.kill9();
+    server.restart();
+    assert_exactly(&server, gpu, 100).await;
+}
