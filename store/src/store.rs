@@ -188,9 +188,12 @@ impl Store {
         let mut catalog = Catalog::load(dir)?;
         persist::remove_orphans(dir, &catalog)?;
         if !catalog.retired.is_empty() {
-            // No query of an earlier process can still read them.
+            // No query of an earlier process can still read them, and `remove_orphans` deleted
+            // them; the next catalog change records that if this save cannot (a full disk).
             catalog.retired.clear();
-            catalog.save(dir)?;
+            if let Err(e) = catalog.save(dir) {
+                tracing::warn!(error = %e, "could not record the deletion of retired files yet");
+            }
         }
         let wal_dir = dir.join("wal");
         let stats = StoreStats::default();
