@@ -133,7 +133,8 @@ pub struct Store {
     commit: GroupCommit,
     persist_lock: Mutex<()>,
     catalog_lock: Mutex<()>,
-    maintain_lock: Mutex<()>,
+    /// File count of every closed window that late files reopened, as of the previous pass.
+    maintain_lock: Mutex<std::collections::HashMap<(Table, i64), usize>>,
     persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
 }
@@ -188,9 +189,12 @@ impl Store {
         let mut catalog = Catalog::load(dir)?;
         persist::remove_orphans(dir, &catalog)?;
         if !catalog.retired.is_empty() {
-            // No query of an earlier process can still read them.
+            // No query of an earlier process can still read them, and `remove_orphans` deleted
+            // them; the next catalog change records that if this save cannot (a full disk).
             catalog.retired.clear();
-            catalog.save(dir)?;
+            if let Err(e) = catalog.save(dir) {
+                tracing::warn!(error = %e, "could not record the deletion of retired files yet");
+            }
         }
         let wal_dir = dir.join("wal");
         let stats = StoreStats::default();
@@ -248,7 +252,7 @@ impl Store {
             commit: GroupCommit::default(),
             persist_lock: Mutex::new(()),
             catalog_lock: Mutex::new(()),
-            maintain_lock: Mutex::new(()),
+            maintain_lock: Mutex::new(Default::default()),
             persist_wanted: tokio::sync::Notify::new(),
             stats,
         })
@@ -478,11 +482,11 @@ impl Store {
     /// it, then deletion of retired files whose grace period is over. Safe to run beside
     /// writes, persists and queries.
     pub fn maintain(&self) -> Result<MaintenanceReport> {
-        let _one_at_a_time = lock(&self.maintain_lock);
+        let mut reopened = lock(&self.maintain_lock);
         let now = self.clock.now_nanos();
         let mut report = MaintenanceReport::default();
         self.expire(now, &mut report)?;
-        self.compact(now, &mut report)?;
+        self.compact(now, &mut reopened, &mut report)?;
         self.delete_retired(now, &mut report)?;
         Ok(report)
     }
@@ -531,7 +535,12 @@ impl Store {
         Ok(())
     }
 
-    fn compact(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+    fn compact(
+        &self,
+        now: i64,
+        reopened: &mut std::collections::HashMap<(Table, i64), usize>,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
         let cfg = &self.config.compaction;
         let mut windows: std::collections::BTreeMap<(Table, i64), Vec<FileMeta>> =
             Default::default();
@@ -543,15 +552,31 @@ impl Store {
                     .push(f);
             }
         }
+        let mut still_reopened = std::collections::HashMap::new();
         for ((table, hour), files) in windows {
             let end = (hour + 1).saturating_mul(HOUR_NANOS);
             let closed = end.saturating_add(nanos(cfg.close_after)) <= now;
-            let needed = files.len() >= cfg.max_files_per_window.max(2)
-                || (closed && (files.len() > 1 || files[0].level == 0));
+            let full = files.len() >= cfg.max_files_per_window.max(2);
+            let needed = if !closed {
+                full
+            } else if files.iter().any(|f| f.level >= 1) {
+                // Late files reopened a closed window: merge it again (rewriting the hour and
+                // its rollups) once no new file arrived for a whole pass, so that a backfill
+                // streaming into an old hour does not rewrite it at every persist.
+                let quiet = reopened.get(&(table, hour)) == Some(&files.len());
+                let again = files.len() > 1 && (full || quiet);
+                if files.len() > 1 && !again {
+                    still_reopened.insert((table, hour), files.len());
+                }
+                again
+            } else {
+                true
+            };
             if needed {
                 self.compact_window(table, hour, &files, closed, now, report)?;
             }
         }
+        *reopened = still_reopened;
         Ok(())
     }
 

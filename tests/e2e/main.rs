@@ -8,9 +8,11 @@ mod alerts;
 mod bad_input;
 mod cli;
 mod config;
+mod crash_stress;
 mod durability;
 mod pipeline;
 mod python_sdk;
+mod store_limits;
 
 use std::time::{Duration, Instant};
 

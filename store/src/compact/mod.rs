@@ -3,7 +3,9 @@
 //! - **Compaction.** Files are grouped into windows (table, hour). A window is merged into one
 //!   sorted file when it holds `max_files_per_window` files, and once it is closed (its hour
 //!   ended `close_after` ago) whatever it holds is merged into one final file. So a window never
-//!   holds more than `max_files_per_window` files, and a closed one holds one.
+//!   holds more than `max_files_per_window` files, and a closed one holds one. Late files that
+//!   reopen a closed window are merged in once a whole pass saw no new one (or the bound is
+//!   reached), so a backfill streaming into an old hour does not rewrite it at every persist.
 //! - **Rollups.** When a closed `gpu_metrics` hour is merged, its `gpu_metrics_1m` and
 //!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) and written in the same
 //!   catalog update, replacing any earlier rollup of that hour (late data re-closes the hour).
@@ -120,7 +122,25 @@ pub fn read_files(data_dir: &Path, table: Table, files: &[FileMeta]) -> Result<R
         let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
         for b in reader {
-            batches.push(conform(table, b?)?);
+            let b = b?;
+            // A column of another type would be read back as nulls: refuse instead of losing it.
+            for field in table.schema().fields() {
+                if let Some(c) = b.column_by_name(field.name())
+                    && c.data_type() != field.data_type()
+                {
+                    return Err(Error::malformed(
+                        "parquet file",
+                        format!(
+                            "{}: column {} is {} where {} is expected; compaction of this window is skipped so that no value is lost",
+                            path.display(),
+                            field.name(),
+                            c.data_type(),
+                            field.data_type()
+                        ),
+                    ));
+                }
+            }
+            batches.push(conform(table, b)?);
         }
     }
     Ok(concat_batches(&table.schema(), &batches)?)

@@ -246,6 +246,10 @@ fn concurrent_writers_share_fsyncs_through_the_store() {
         }
     });
     assert_eq!(powers(&s), expected(200));
+    eprintln!(
+        "group commit: {} fsyncs for 200 writes by 8 writers",
+        s.wal_fsyncs()
+    );
     assert!(
         s.wal_fsyncs() < 200,
         "{} fsyncs for 200 writes",
@@ -311,7 +315,11 @@ fn compaction_merges_windows_builds_rollups_and_deletes_after_grace() {
     s.write(&write_at(240, 0)).expect("late write");
     s.persist().expect("persist");
     clock.advance(3_600_000_000_000);
-    s.maintain().expect("maintain");
+    let r = s.maintain().expect("maintain");
+    // The second hour closes now; the reopened first one waits a pass for more late files.
+    assert_eq!(r.windows_compacted, 1);
+    assert_eq!(files_of(&s, Table::GpuMetrics).len(), 3);
+    assert_eq!(s.maintain().expect("maintain").windows_compacted, 1);
     let raw = files_of(&s, Table::GpuMetrics);
     assert_eq!(raw.len(), 2, "one file per closed hour: {raw:?}");
     assert_eq!(files_of(&s, Table::GpuMetrics1m).len(), 2);
@@ -428,4 +436,41 @@ fn readers_never_see_missing_or_doubled_rows_while_compaction_runs() {
         done.store(true, Ordering::SeqCst);
     });
     assert!(s.stats().compactions.load(Ordering::Relaxed) > 5);
+}
+
+#[test]
+fn compaction_keeps_metrics_labels() {
+    use crate::ingest::MetricRow;
+    use arrow::array::Array;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("open");
+    for i in 0..4i64 {
+        let row = MetricRow {
+            time: T0 + i * 1_000_000_000,
+            metric: "node_load1".into(),
+            value: i as f64,
+            labels: vec![("instance".into(), format!("n{i}"))],
+        };
+        s.write(&WriteBatch::from_rows(&[], &[row]).expect("batch"))
+            .expect("write");
+        s.persist().expect("persist");
+    }
+    clock.advance(2 * 3_600_000_000_000);
+    assert_eq!(s.maintain().expect("maintain").windows_compacted, 1);
+    let files = files_of(&s, Table::Metrics);
+    assert_eq!(files.len(), 1);
+    let batch =
+        compact::read_files(dir.path(), Table::Metrics, &files).expect("read back the merged file");
+    assert_eq!(batch.num_rows(), 4);
+    let labels = batch
+        .column_by_name("labels")
+        .expect("labels")
+        .as_map()
+        .clone();
+    assert_eq!(labels.null_count(), 0, "labels survived the merge");
+    let values = labels.values().as_string::<i32>();
+    let mut got: Vec<&str> = (0..values.len()).map(|i| values.value(i)).collect();
+    got.sort();
+    assert_eq!(got, vec!["n0", "n1", "n2", "n3"]);
 }

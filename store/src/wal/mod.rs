@@ -16,6 +16,7 @@ mod record;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -130,7 +131,7 @@ impl Wal {
     pub fn append(&mut self, payload: &[u8]) -> Result<Position> {
         let len = u32::try_from(payload.len())
             .ok()
-            .filter(|l| *l <= MAX_RECORD_BYTES)
+            .filter(|l| *l > 0 && *l <= MAX_RECORD_BYTES)
             .ok_or(Error::TooLarge {
                 limit: MAX_RECORD_BYTES as usize,
             })?;
@@ -141,7 +142,9 @@ impl Wal {
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
         frame.extend_from_slice(payload);
-        if let Err(e) = (&*self.file).write_all(&frame) {
+        // Written at the known end, not the file cursor: after a failed append was cut back the
+        // cursor would point past the end and leave a hole of zeros.
+        if let Err(e) = self.file.write_all_at(&frame, self.bytes) {
             // Leave no half frame behind for this process's later appends to follow; if even
             // that fails, never append to this segment again.
             if self.file.set_len(self.bytes).is_err() {
@@ -221,7 +224,8 @@ pub fn read_segment(path: &Path, mut f: impl FnMut(&[u8]) -> Result<()>) -> Resu
         }
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
         let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        if len > MAX_RECORD_BYTES || offset + 8 + u64::from(len) > total {
+        // No record is empty: a zero length is a zero-filled region (a hole), not a record.
+        if len == 0 || len > MAX_RECORD_BYTES || offset + 8 + u64::from(len) > total {
             break;
         }
         payload.resize(len as usize, 0);
@@ -280,12 +284,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = Wal::create(dir.path(), 1).expect("create");
         wal.append(b"one").expect("append");
-        wal.append(b"").expect("append empty");
+        assert!(wal.append(b"").is_err(), "no empty records");
+        wal.append(b"two").expect("append");
         assert_eq!(wal.rotate().expect("rotate"), 1);
         wal.append(b"three").expect("append");
         let segs = list_segments(dir.path()).expect("list");
         assert_eq!(segs.iter().map(|s| s.0).collect::<Vec<_>>(), vec![1, 2]);
-        assert_eq!(payloads(&segs[0].1).0, vec![b"one".to_vec(), Vec::new()]);
+        assert_eq!(
+            payloads(&segs[0].1).0,
+            vec![b"one".to_vec(), b"two".to_vec()]
+        );
         assert_eq!(payloads(&segs[1].1).0, vec![b"three".to_vec()]);
     }
 

@@ -80,7 +80,7 @@ proptest! {
 
     #[test]
     fn truncation_at_every_byte_replays_exactly_the_whole_records(
-        records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8),
+        records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 0..8),
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, ends) = write_segment(dir.path(), &records);
@@ -94,6 +94,23 @@ proptest! {
             let kept = if cut < MAGIC.len() { 0 } else { ends[whole] };
             prop_assert_eq!(report.torn_bytes, cut as u64 - kept);
         }
+    }
+
+    #[test]
+    fn a_zero_filled_hole_ends_replay(
+        records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 1..6),
+        hole in 1usize..64,
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, _) = write_segment(dir.path(), &records);
+        let mut bytes = fs::read(&path).expect("read");
+        bytes.extend(std::iter::repeat_n(0u8, hole));
+        let again = bytes[8..].to_vec();
+        bytes.extend_from_slice(&again);
+        fs::write(&path, &bytes).expect("write");
+        let (got, report) = replay(&path);
+        prop_assert_eq!(&got[..], &records[..]);
+        prop_assert!(report.torn_bytes >= hole as u64);
     }
 
     #[test]
