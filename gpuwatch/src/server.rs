@@ -25,6 +25,8 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
+mod remote_write;
+
 /// How `serve` runs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -51,6 +53,7 @@ struct App {
     engine: EngineSlot,
     max_body_bytes: usize,
     clock: Arc<dyn Clock>,
+    remote_write: Arc<remote_write::Counters>,
 }
 
 /// A running server.
@@ -106,6 +109,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         engine: Arc::new(OnceLock::new()),
         max_body_bytes: config.max_body_bytes,
         clock: Arc::clone(&clock),
+        remote_write: Arc::default(),
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -113,12 +117,16 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let ingest = Router::new()
         .route("/v1/metrics", post(otlp_metrics))
         .with_state(app.clone());
+    let prometheus = Router::new()
+        .route("/api/v1/write", post(remote_write::handle))
+        .with_state(app.clone());
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(self_metrics))
         .with_state(app.clone())
         .merge(ingest.clone())
+        .merge(prometheus)
         .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
@@ -412,6 +420,7 @@ async fn self_metrics(State(app): State<App>) -> Response {
             store.file_count() as u64,
         );
     }
+    app.remote_write.render(&mut out);
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -5,6 +5,7 @@ mod config;
 mod durability;
 mod pipeline;
 mod python_sdk;
+mod remote_write;
 
 use std::time::{Duration, Instant};
 
