@@ -303,7 +303,10 @@ async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) ->
                 rejected = stats.rejected,
                 "otlp export stored"
             );
-            let mut resp = (StatusCode::OK, format.success_body()).into_response();
+            if let Some(message) = stats.partial_success_message() {
+                tracing::warn!("otlp export partly rejected: {message}");
+            }
+            let mut resp = (StatusCode::OK, format.answer_body(&stats)).into_response();
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(format.content_type()),
