@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub http_addr: Option<SocketAddr>,
     /// `--otlp-http-addr`
     pub otlp_http_addr: Option<SocketAddr>,
+    /// `--otlp-grpc-addr`
+    pub otlp_grpc_addr: Option<SocketAddr>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
     /// `--persist-interval`, e.g. `"5m"`

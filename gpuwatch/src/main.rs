@@ -50,6 +50,13 @@ struct ServeArgs {
         default_value = "127.0.0.1:4318"
     )]
     otlp_http_addr: SocketAddr,
+    /// OTLP/gRPC listener (opentelemetry.proto.collector.metrics.v1.MetricsService).
+    #[arg(
+        long,
+        env = "GPUWATCH_OTLP_GRPC_ADDR",
+        default_value = "127.0.0.1:4317"
+    )]
+    otlp_grpc_addr: SocketAddr,
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -119,6 +126,12 @@ fn serve_config(
     );
     apply(
         m,
+        "otlp_grpc_addr",
+        &mut args.otlp_grpc_addr,
+        file.otlp_grpc_addr,
+    );
+    apply(
+        m,
         "max_body_bytes",
         &mut args.max_body_bytes,
         file.max_body_bytes,
@@ -157,6 +170,7 @@ fn serve_config(
     Ok(ServeConfig {
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
+        otlp_grpc_addr: args.otlp_grpc_addr,
         data_dir,
         persist_interval,
         max_body_bytes: args.max_body_bytes,
@@ -214,7 +228,7 @@ async fn run() -> Result<()> {
             let config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
             let running = server::start(config.clone()).await?;
-            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;

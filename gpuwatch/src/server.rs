@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
+mod grpc;
 mod remote_write;
 
 /// How `serve` runs.
@@ -34,6 +35,8 @@ pub struct ServeConfig {
     pub http_addr: SocketAddr,
     /// OTLP/HTTP listener.
     pub otlp_http_addr: SocketAddr,
+    /// OTLP/gRPC listener.
+    pub otlp_grpc_addr: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     /// How often the buffer is persisted to Parquet.
@@ -63,6 +66,8 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// The bound OTLP/HTTP address.
     pub otlp_http_addr: SocketAddr,
+    /// The bound OTLP/gRPC address.
+    pub otlp_grpc_addr: SocketAddr,
     store: Arc<OnceLock<Arc<Store>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -94,7 +99,16 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         config.insecure_no_auth,
         "--otlp-http-addr",
     )?;
+    check_bind(
+        config.otlp_grpc_addr,
+        config.insecure_no_auth,
+        "--otlp-grpc-addr",
+    )?;
     let http = bind(config.http_addr, "--http-addr").await?;
+    let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
+    let otlp_grpc_addr = grpc
+        .local_addr()
+        .map_err(|e| Error::Listen(e.to_string()))?;
     let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
     let http_addr = http
         .local_addr()
@@ -131,6 +145,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
     tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+    tasks.push(grpc::serve(grpc, app.clone(), rx.clone()));
 
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
@@ -178,6 +193,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     Ok(Running {
         http_addr,
         otlp_http_addr,
+        otlp_grpc_addr,
         store: app.store,
         shutdown,
         tasks,

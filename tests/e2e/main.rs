@@ -3,6 +3,7 @@
 mod bad_input;
 mod config;
 mod durability;
+mod grpc;
 mod otlp_partial;
 mod pipeline;
 mod python_sdk;
