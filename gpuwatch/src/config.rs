@@ -33,6 +33,8 @@ pub struct FileConfig {
     pub query_timeout: Option<String>,
     /// `--insecure-no-auth`
     pub insecure_no_auth: Option<bool>,
+    /// `--auth-tokens`
+    pub auth_tokens: Option<PathBuf>,
     /// `--log-level`
     pub log_level: Option<String>,
     /// `--synthetic-hosts` (demo)

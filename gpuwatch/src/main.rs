@@ -72,6 +72,10 @@ struct ServeArgs {
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
+    /// Bearer tokens with scopes ingest, query, admin (TOML, see docs/http-api.md); without it
+    /// every endpoint is open and only loopback addresses may be bound.
+    #[arg(long, env = "GPUWATCH_AUTH_TOKENS", value_name = "FILE")]
+    auth_tokens: Option<PathBuf>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -167,7 +171,12 @@ fn serve_config(
             "--persist-interval must be above zero".into(),
         ));
     }
+    let auth_tokens = match args.auth_tokens.clone().or(file.auth_tokens) {
+        Some(path) => Some(std::sync::Arc::new(server::auth::Tokens::load(&path)?)),
+        None => None,
+    };
     Ok(ServeConfig {
+        auth_tokens,
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
         otlp_grpc_addr: args.otlp_grpc_addr,

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
+pub mod auth;
 mod grpc;
 mod remote_write;
 
@@ -47,6 +48,8 @@ pub struct ServeConfig {
     pub query_timeout: Duration,
     /// Allow non-loopback listeners without auth.
     pub insecure_no_auth: bool,
+    /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
+    pub auth_tokens: Option<Arc<auth::Tokens>>,
 }
 
 /// Shared by the handlers.
@@ -73,13 +76,15 @@ pub struct Running {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-fn check_bind(addr: SocketAddr, insecure: bool, flag: &str) -> Result<()> {
-    if addr.ip().is_loopback() || insecure {
+/// `allowed`: auth tokens are configured, or `--insecure-no-auth` was given.
+fn check_bind(addr: SocketAddr, allowed: bool, flag: &str) -> Result<()> {
+    if addr.ip().is_loopback() || allowed {
         return Ok(());
     }
     Err(Error::Config(format!(
         "refusing to listen on {addr} ({flag}) without authentication: bind a loopback address, \
-         or pass --insecure-no-auth to accept unauthenticated traffic from the network"
+         configure bearer tokens with --auth-tokens FILE, or pass --insecure-no-auth to accept \
+         unauthenticated traffic from the network"
     )))
 }
 
@@ -93,17 +98,10 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
 
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
-    check_bind(config.http_addr, config.insecure_no_auth, "--http-addr")?;
-    check_bind(
-        config.otlp_http_addr,
-        config.insecure_no_auth,
-        "--otlp-http-addr",
-    )?;
-    check_bind(
-        config.otlp_grpc_addr,
-        config.insecure_no_auth,
-        "--otlp-grpc-addr",
-    )?;
+    let open = config.insecure_no_auth || config.auth_tokens.is_some();
+    check_bind(config.http_addr, open, "--http-addr")?;
+    check_bind(config.otlp_http_addr, open, "--otlp-http-addr")?;
+    check_bind(config.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
     let http = bind(config.http_addr, "--http-addr").await?;
     let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
     let otlp_grpc_addr = grpc
@@ -128,11 +126,22 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
+    let guard = |scope| {
+        axum::middleware::from_fn_with_state(
+            auth::Guard {
+                tokens: config.auth_tokens.clone(),
+                scope,
+            },
+            auth::require,
+        )
+    };
     let ingest = Router::new()
         .route("/v1/metrics", post(otlp_metrics))
+        .route_layer(guard(auth::Scope::Ingest))
         .with_state(app.clone());
     let prometheus = Router::new()
         .route("/api/v1/write", post(remote_write::handle))
+        .route_layer(guard(auth::Scope::Ingest))
         .with_state(app.clone());
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -141,11 +150,19 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .with_state(app.clone())
         .merge(ingest.clone())
         .merge(prometheus)
-        .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
+        .merge(
+            gpuwatch_query::http::router(Arc::clone(&app.engine))
+                .route_layer(guard(auth::Scope::Query)),
+        )
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
     tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
-    tasks.push(grpc::serve(grpc, app.clone(), rx.clone()));
+    tasks.push(grpc::serve(
+        grpc,
+        app.clone(),
+        config.auth_tokens.clone(),
+        rx.clone(),
+    ));
 
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
@@ -446,4 +463,19 @@ async fn self_metrics(State(app): State<App>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_needs_tokens_or_the_insecure_flag() {
+        let lan: SocketAddr = "0.0.0.0:9500".parse().expect("addr");
+        let local: SocketAddr = "127.0.0.1:9500".parse().expect("addr");
+        assert!(check_bind(local, false, "--http-addr").is_ok());
+        let err = check_bind(lan, false, "--http-addr").expect_err("refused");
+        assert!(err.to_string().contains("--auth-tokens"), "{err}");
+        assert!(check_bind(lan, true, "--http-addr").is_ok());
+    }
 }

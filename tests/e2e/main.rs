@@ -1,5 +1,6 @@
 //! End-to-end tests: the real `gpuwatch` and `gpuwatch-agent` binaries, started on free ports.
 
+mod auth;
 mod bad_input;
 mod config;
 mod durability;

@@ -3,6 +3,7 @@
 //! the answer). Partial success is answered in `partial_success`; errors map to gRPC codes:
 //! `INVALID_ARGUMENT` for malformed data, `RESOURCE_EXHAUSTED` above `--max-body-bytes`,
 //! `UNAVAILABLE` while the WAL replays or when the write could not be stored (retryable).
+//! With `--auth-tokens`, the `authorization: Bearer <token>` metadata needs the `ingest` scope.
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
@@ -15,7 +16,12 @@ use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
 
+use std::sync::Arc;
+
+use tonic::service::interceptor::InterceptedService;
+
 use super::App;
+use super::auth::{Tokens, grpc_interceptor};
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -79,6 +85,7 @@ impl MetricsService for Otlp {
 pub fn serve(
     listener: TcpListener,
     app: App,
+    tokens: Option<Arc<Tokens>>,
     mut rx: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let max = app.max_body_bytes;
@@ -86,6 +93,7 @@ pub fn serve(
         .max_decoding_message_size(max)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
+    let service = InterceptedService::new(service, grpc_interceptor(tokens));
     tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(service)
