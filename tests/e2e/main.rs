@@ -9,6 +9,7 @@ mod otlp_partial;
 mod pipeline;
 mod python_sdk;
 mod remote_write;
+mod sql_refusals;
 
 use std::time::{Duration, Instant};
 
