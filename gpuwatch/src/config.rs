@@ -33,6 +33,10 @@ pub struct FileConfig {
     pub query_timeout: Option<String>,
     /// `--insecure-no-auth`
     pub insecure_no_auth: Option<bool>,
+    /// `--query-memory-limit` (bytes)
+    pub query_memory_limit: Option<usize>,
+    /// `--max-concurrent-queries`
+    pub max_concurrent_queries: Option<usize>,
     /// `--auth-tokens`
     pub auth_tokens: Option<PathBuf>,
     /// `--log-level`

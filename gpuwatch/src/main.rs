@@ -69,6 +69,13 @@ struct ServeArgs {
     /// A query running longer than this is cancelled with 504.
     #[arg(long, env = "GPUWATCH_QUERY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     query_timeout: Duration,
+    /// Memory one query may use in bytes (sorts, joins and aggregations spill or fail beyond
+    /// it, with an answer); 0 for unbounded.
+    #[arg(long, env = "GPUWATCH_QUERY_MEMORY_LIMIT", default_value_t = 2 * 1024 * 1024 * 1024)]
+    query_memory_limit: usize,
+    /// Queries running at once; one more gets 429 with Retry-After; 0 for unbounded.
+    #[arg(long, env = "GPUWATCH_MAX_CONCURRENT_QUERIES", default_value_t = 16)]
+    max_concurrent_queries: usize,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
@@ -175,8 +182,23 @@ fn serve_config(
         Some(path) => Some(std::sync::Arc::new(server::auth::Tokens::load(&path)?)),
         None => None,
     };
+    apply(
+        m,
+        "query_memory_limit",
+        &mut args.query_memory_limit,
+        file.query_memory_limit,
+    );
+    apply(
+        m,
+        "max_concurrent_queries",
+        &mut args.max_concurrent_queries,
+        file.max_concurrent_queries,
+    );
     Ok(ServeConfig {
         auth_tokens,
+        query_memory_limit: (args.query_memory_limit > 0).then_some(args.query_memory_limit),
+        max_concurrent_queries: (args.max_concurrent_queries > 0)
+            .then_some(args.max_concurrent_queries),
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
         otlp_grpc_addr: args.otlp_grpc_addr,

@@ -48,6 +48,10 @@ pub struct ServeConfig {
     pub query_timeout: Duration,
     /// Allow non-loopback listeners without auth.
     pub insecure_no_auth: bool,
+    /// Memory one query may use (`--query-memory-limit`); `None`: unbounded.
+    pub query_memory_limit: Option<usize>,
+    /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
+    pub max_concurrent_queries: Option<usize>,
     /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
     pub auth_tokens: Option<Arc<auth::Tokens>>,
 }
@@ -171,6 +175,8 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         wal_sync: true,
     };
     let query_timeout = config.query_timeout;
+    let query_memory_limit = config.query_memory_limit;
+    let max_concurrent_queries = config.max_concurrent_queries;
     let persist_every = config.persist_interval;
     let mut persist_rx = rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -187,7 +193,14 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
             }
         };
         let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
-        match QueryEngine::new(read, EngineConfig { query_timeout }) {
+        match QueryEngine::new(
+            read,
+            EngineConfig {
+                query_timeout,
+                memory_limit: query_memory_limit,
+                max_concurrent_queries,
+            },
+        ) {
             Ok(engine) => {
                 let _ = open_app.engine.set(engine);
             }

@@ -114,12 +114,19 @@ impl TableProvider for StoreTable {
 pub struct EngineConfig {
     /// A query running longer than this is cancelled (504).
     pub query_timeout: Duration,
+    /// Memory one query may hold in DataFusion's memory pool (sorts, joins and aggregations
+    /// spill or fail with an answer beyond it); `None`: unbounded.
+    pub memory_limit: Option<usize>,
+    /// Queries running at once; one more is refused at once with 429 (`None`: unbounded).
+    pub max_concurrent_queries: Option<usize>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             query_timeout: Duration::from_secs(30),
+            memory_limit: None,
+            max_concurrent_queries: None,
         }
     }
 }
@@ -138,7 +145,12 @@ pub struct QueryResult {
 pub struct QueryEngine {
     ctx: SessionContext,
     config: EngineConfig,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
+
+/// A running query's place among the `--max-concurrent-queries`; freed on drop.
+#[derive(Debug)]
+pub struct QuerySlot(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
 
 impl fmt::Debug for QueryEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -162,7 +174,37 @@ impl QueryEngine {
             )
             .map_err(Error::from)?;
         }
-        Ok(Self { ctx, config })
+        let slots = config
+            .max_concurrent_queries
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
+        Ok(Self { ctx, config, slots })
+    }
+
+    /// Takes a query slot, or refuses at once when `--max-concurrent-queries` run already.
+    pub fn try_slot(&self) -> Result<QuerySlot> {
+        let Some(slots) = &self.slots else {
+            return Ok(QuerySlot(None));
+        };
+        match Arc::clone(slots).try_acquire_owned() {
+            Ok(permit) => Ok(QuerySlot(Some(permit))),
+            Err(_) => Err(Error::Busy(self.config.max_concurrent_queries.unwrap_or(0))),
+        }
+    }
+
+    /// The session a query runs in: the shared one, or one with its own memory pool when
+    /// `memory_limit` is set (so one query cannot starve the others).
+    fn session(&self) -> Result<SessionContext> {
+        let Some(limit) = self.config.memory_limit else {
+            return Ok(self.ctx.clone());
+        };
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()
+            .map_err(Error::from)?;
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
+            .with_runtime_env(runtime)
+            .build();
+        Ok(SessionContext::new_with_state(state))
     }
 
     /// The DataFusion context (for other front ends such as the Postgres wire protocol).
@@ -177,12 +219,13 @@ impl QueryEngine {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let df = self.ctx.sql_with_options(sql, options).await?;
+        let df = self.session()?.sql_with_options(sql, options).await?;
         Ok(df.execute_stream().await?)
     }
 
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
+        let _slot = self.try_slot()?;
         let limit = self.config.query_timeout;
         let run = async {
             let mut stream = self.stream(sql).await?;
@@ -199,3 +242,6 @@ impl QueryEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

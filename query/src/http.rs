@@ -37,7 +37,7 @@ pub fn error_response(status: Status, message: &str) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if matches!(status, Status::Unavailable) {
+    if matches!(status, Status::Unavailable | Status::TooManyRequests) {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
