@@ -223,6 +223,22 @@ impl QueryEngine {
         Ok(df.execute_stream().await?)
     }
 
+    /// The time limit of a query.
+    pub fn query_timeout(&self) -> Duration {
+        self.config.query_timeout
+    }
+
+    /// Takes a query slot, plans `sql` within the time limit and starts it: the caller pulls the
+    /// batches (and keeps the slot until it is done).
+    pub async fn start(&self, sql: &str) -> Result<(QuerySlot, SendableRecordBatchStream)> {
+        let slot = self.try_slot()?;
+        let limit = self.config.query_timeout;
+        match tokio::time::timeout(limit, self.stream(sql)).await {
+            Ok(stream) => Ok((slot, stream?)),
+            Err(_) => Err(Error::Timeout(limit)),
+        }
+    }
+
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
         let _slot = self.try_slot()?;

@@ -10,6 +10,7 @@ mod pipeline;
 mod python_sdk;
 mod remote_write;
 mod sql_refusals;
+mod streaming;
 
 use std::time::{Duration, Instant};
 
