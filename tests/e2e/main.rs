@@ -9,6 +9,7 @@ mod otlp_partial;
 mod pipeline;
 mod python_sdk;
 mod remote_write;
+mod sql_recipes;
 mod sql_refusals;
 mod streaming;
 
