@@ -39,6 +39,8 @@ pub struct TestServer {
     pub http: SocketAddr,
     /// OTLP/HTTP address.
     pub otlp: SocketAddr,
+    /// OTLP/gRPC address.
+    pub grpc: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     extra: Vec<String>,
@@ -72,6 +74,7 @@ impl TestServerBuilder {
             child: None,
             http: free_addr(),
             otlp: free_addr(),
+            grpc: free_addr(),
             log: data_dir.with_extension("log"),
             data_dir,
             extra: self.extra,
@@ -99,6 +102,8 @@ impl TestServer {
             .arg(self.http.to_string())
             .arg("--otlp-http-addr")
             .arg(self.otlp.to_string())
+            .arg("--otlp-grpc-addr")
+            .arg(self.grpc.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra)
@@ -233,7 +238,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;

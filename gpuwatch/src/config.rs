@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub http_addr: Option<SocketAddr>,
     /// `--otlp-http-addr`
     pub otlp_http_addr: Option<SocketAddr>,
+    /// `--otlp-grpc-addr`
+    pub otlp_grpc_addr: Option<SocketAddr>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
     /// `--persist-interval`, e.g. `"5m"`
@@ -31,6 +33,12 @@ pub struct FileConfig {
     pub query_timeout: Option<String>,
     /// `--insecure-no-auth`
     pub insecure_no_auth: Option<bool>,
+    /// `--query-memory-limit` (bytes)
+    pub query_memory_limit: Option<usize>,
+    /// `--max-concurrent-queries`
+    pub max_concurrent_queries: Option<usize>,
+    /// `--auth-tokens`
+    pub auth_tokens: Option<PathBuf>,
     /// `--log-level`
     pub log_level: Option<String>,
     /// `--wal-sync`: `"always"` or `"interval"`

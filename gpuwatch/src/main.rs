@@ -69,6 +69,13 @@ struct ServeArgs {
         default_value = "127.0.0.1:4318"
     )]
     otlp_http_addr: SocketAddr,
+    /// OTLP/gRPC listener (opentelemetry.proto.collector.metrics.v1.MetricsService).
+    #[arg(
+        long,
+        env = "GPUWATCH_OTLP_GRPC_ADDR",
+        default_value = "127.0.0.1:4317"
+    )]
+    otlp_grpc_addr: SocketAddr,
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -81,6 +88,13 @@ struct ServeArgs {
     /// A query running longer than this is cancelled with 504.
     #[arg(long, env = "GPUWATCH_QUERY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     query_timeout: Duration,
+    /// Memory one query may use in bytes (sorts, joins and aggregations spill or fail beyond
+    /// it, with an answer); 0 for unbounded.
+    #[arg(long, env = "GPUWATCH_QUERY_MEMORY_LIMIT", default_value_t = 2 * 1024 * 1024 * 1024)]
+    query_memory_limit: usize,
+    /// Queries running at once; one more gets 429 with Retry-After; 0 for unbounded.
+    #[arg(long, env = "GPUWATCH_MAX_CONCURRENT_QUERIES", default_value_t = 16)]
+    max_concurrent_queries: usize,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
@@ -100,6 +114,10 @@ struct ServeArgs {
     /// closed hours built) and retention applied.
     #[arg(long, env = "GPUWATCH_COMPACTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     compaction_interval: Duration,
+    /// Bearer tokens with scopes ingest, query, admin (TOML, see docs/http-api.md); without it
+    /// every endpoint is open and only loopback addresses may be bound.
+    #[arg(long, env = "GPUWATCH_AUTH_TOKENS", value_name = "FILE")]
+    auth_tokens: Option<PathBuf>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -160,6 +178,12 @@ fn serve_config(
         "otlp_http_addr",
         &mut args.otlp_http_addr,
         file.otlp_http_addr,
+    );
+    apply(
+        m,
+        "otlp_grpc_addr",
+        &mut args.otlp_grpc_addr,
+        file.otlp_grpc_addr,
     );
     apply(
         m,
@@ -242,9 +266,30 @@ fn serve_config(
             "--persist-interval must be above zero".into(),
         ));
     }
+    let auth_tokens = match args.auth_tokens.clone().or(file.auth_tokens) {
+        Some(path) => Some(std::sync::Arc::new(server::auth::Tokens::load(&path)?)),
+        None => None,
+    };
+    apply(
+        m,
+        "query_memory_limit",
+        &mut args.query_memory_limit,
+        file.query_memory_limit,
+    );
+    apply(
+        m,
+        "max_concurrent_queries",
+        &mut args.max_concurrent_queries,
+        file.max_concurrent_queries,
+    );
     Ok(ServeConfig {
+        auth_tokens,
+        query_memory_limit: (args.query_memory_limit > 0).then_some(args.query_memory_limit),
+        max_concurrent_queries: (args.max_concurrent_queries > 0)
+            .then_some(args.max_concurrent_queries),
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
+        otlp_grpc_addr: args.otlp_grpc_addr,
         data_dir,
         persist_interval,
         max_body_bytes: args.max_body_bytes,
@@ -308,7 +353,7 @@ async fn run() -> Result<()> {
             let config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
             let running = server::start(config.clone()).await?;
-            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;

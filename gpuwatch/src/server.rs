@@ -25,6 +25,10 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
+pub mod auth;
+mod grpc;
+mod remote_write;
+
 /// How `serve` runs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -32,6 +36,8 @@ pub struct ServeConfig {
     pub http_addr: SocketAddr,
     /// OTLP/HTTP listener.
     pub otlp_http_addr: SocketAddr,
+    /// OTLP/gRPC listener.
+    pub otlp_grpc_addr: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     /// How often the buffer is persisted to Parquet.
@@ -54,6 +60,12 @@ pub struct ServeConfig {
     pub retention: gpuwatch_store::RetentionConfig,
     /// Rules, receivers, routes and prices.
     pub alerts: crate::alerts_wiring::AlertsConfig,
+    /// Memory one query may use (`--query-memory-limit`); `None`: unbounded.
+    pub query_memory_limit: Option<usize>,
+    /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
+    pub max_concurrent_queries: Option<usize>,
+    /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
+    pub auth_tokens: Option<Arc<auth::Tokens>>,
 }
 
 /// `--wal-sync`: when the WAL is fsynced.
@@ -75,6 +87,7 @@ struct App {
     max_body_bytes: usize,
     clock: Arc<dyn Clock>,
     alerting: crate::alerts_wiring::AlertingSlot,
+    remote_write: Arc<remote_write::Counters>,
 }
 
 /// A running server.
@@ -84,18 +97,22 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// The bound OTLP/HTTP address.
     pub otlp_http_addr: SocketAddr,
+    /// The bound OTLP/gRPC address.
+    pub otlp_grpc_addr: SocketAddr,
     store: Arc<OnceLock<Arc<Store>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-fn check_bind(addr: SocketAddr, insecure: bool, flag: &str) -> Result<()> {
-    if addr.ip().is_loopback() || insecure {
+/// `allowed`: auth tokens are configured, or `--insecure-no-auth` was given.
+fn check_bind(addr: SocketAddr, allowed: bool, flag: &str) -> Result<()> {
+    if addr.ip().is_loopback() || allowed {
         return Ok(());
     }
     Err(Error::Config(format!(
         "refusing to listen on {addr} ({flag}) without authentication: bind a loopback address, \
-         or pass --insecure-no-auth to accept unauthenticated traffic from the network"
+         configure bearer tokens with --auth-tokens FILE, or pass --insecure-no-auth to accept \
+         unauthenticated traffic from the network"
     )))
 }
 
@@ -110,13 +127,15 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
     let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
-    check_bind(config.http_addr, config.insecure_no_auth, "--http-addr")?;
-    check_bind(
-        config.otlp_http_addr,
-        config.insecure_no_auth,
-        "--otlp-http-addr",
-    )?;
+    let open = config.insecure_no_auth || config.auth_tokens.is_some();
+    check_bind(config.http_addr, open, "--http-addr")?;
+    check_bind(config.otlp_http_addr, open, "--otlp-http-addr")?;
+    check_bind(config.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
     let http = bind(config.http_addr, "--http-addr").await?;
+    let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
+    let otlp_grpc_addr = grpc
+        .local_addr()
+        .map_err(|e| Error::Listen(e.to_string()))?;
     let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
     let http_addr = http
         .local_addr()
@@ -133,12 +152,27 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         engine: Arc::new(OnceLock::new()),
         max_body_bytes: config.max_body_bytes,
         clock: Arc::clone(&clock),
+        remote_write: Arc::default(),
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
+    let guard = |scope| {
+        axum::middleware::from_fn_with_state(
+            auth::Guard {
+                tokens: config.auth_tokens.clone(),
+                scope,
+            },
+            auth::require,
+        )
+    };
     let ingest = Router::new()
         .route("/v1/metrics", post(otlp_metrics))
+        .route_layer(guard(auth::Scope::Ingest))
+        .with_state(app.clone());
+    let prometheus = Router::new()
+        .route("/api/v1/write", post(remote_write::handle))
+        .route_layer(guard(auth::Scope::Ingest))
         .with_state(app.clone());
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -146,11 +180,24 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .route("/metrics", get(self_metrics))
         .with_state(app.clone())
         .merge(ingest.clone())
-        .merge(gpuwatch_query::http::router(Arc::clone(&app.engine)))
-        .merge(crate::alerts_wiring::router(Arc::clone(&alerting_slot)))
+        .merge(prometheus)
+        .merge(
+            gpuwatch_query::http::router(Arc::clone(&app.engine))
+                .route_layer(guard(auth::Scope::Query)),
+        )
+        .merge(
+            crate::alerts_wiring::router(Arc::clone(&alerting_slot))
+                .route_layer(guard(auth::Scope::Admin)),
+        )
         .fallback(not_found);
     tasks.push(serve(http, main, rx.clone()));
     tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+    tasks.push(grpc::serve(
+        grpc,
+        app.clone(),
+        config.auth_tokens.clone(),
+        rx.clone(),
+    ));
 
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
@@ -169,6 +216,8 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     };
     let compact_every = config.compaction_interval;
     let query_timeout = config.query_timeout;
+    let query_memory_limit = config.query_memory_limit;
+    let max_concurrent_queries = config.max_concurrent_queries;
     let persist_every = config.persist_interval;
     let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
     let mut persist_rx = rx.clone();
@@ -191,7 +240,14 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
             }
         };
         let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
-        match QueryEngine::new(read, EngineConfig { query_timeout }) {
+        match QueryEngine::new(
+            read,
+            EngineConfig {
+                query_timeout,
+                memory_limit: query_memory_limit,
+                max_concurrent_queries,
+            },
+        ) {
             Ok(engine) => {
                 match crate::alerts_wiring::start(
                     &engine,
@@ -279,6 +335,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     Ok(Running {
         http_addr,
         otlp_http_addr,
+        otlp_grpc_addr,
         store: app.store,
         shutdown,
         tasks,
@@ -418,7 +475,10 @@ async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) ->
                 rejected = stats.rejected,
                 "otlp export stored"
             );
-            let mut resp = (StatusCode::OK, format.success_body()).into_response();
+            if let Some(message) = stats.partial_success_message() {
+                tracing::warn!("otlp export partly rejected: {message}");
+            }
+            let mut resp = (StatusCode::OK, format.answer_body(&stats)).into_response();
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(format.content_type()),
@@ -583,10 +643,26 @@ async fn self_metrics(State(app): State<App>) -> Response {
     if let Some(a) = app.alerting.get() {
         out.push_str(&gpuwatch_alerts::metrics::render(a));
     }
+    app.remote_write.render(&mut out);
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_needs_tokens_or_the_insecure_flag() {
+        let lan: SocketAddr = "0.0.0.0:9500".parse().expect("addr");
+        let local: SocketAddr = "127.0.0.1:9500".parse().expect("addr");
+        assert!(check_bind(local, false, "--http-addr").is_ok());
+        let err = check_bind(lan, false, "--http-addr").expect_err("refused");
+        assert!(err.to_string().contains("--auth-tokens"), "{err}");
+        assert!(check_bind(lan, true, "--http-addr").is_ok());
+    }
 }

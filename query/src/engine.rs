@@ -230,12 +230,19 @@ pub fn time_range(filters: &[Expr]) -> (i64, i64) {
 pub struct EngineConfig {
     /// A query running longer than this is cancelled (504).
     pub query_timeout: Duration,
+    /// Memory one query may hold in DataFusion's memory pool (sorts, joins and aggregations
+    /// spill or fail with an answer beyond it); `None`: unbounded.
+    pub memory_limit: Option<usize>,
+    /// Queries running at once; one more is refused at once with 429 (`None`: unbounded).
+    pub max_concurrent_queries: Option<usize>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             query_timeout: Duration::from_secs(30),
+            memory_limit: None,
+            max_concurrent_queries: None,
         }
     }
 }
@@ -255,7 +262,12 @@ pub struct QueryEngine {
     ctx: SessionContext,
     config: EngineConfig,
     stats: Arc<ScanStats>,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
+
+/// A running query's place among the `--max-concurrent-queries`; freed on drop.
+#[derive(Debug)]
+pub struct QuerySlot(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
 
 impl fmt::Debug for QueryEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -284,12 +296,47 @@ impl QueryEngine {
             )
             .map_err(Error::from)?;
         }
-        Ok(Self { ctx, config, stats })
+        let slots = config
+            .max_concurrent_queries
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
+        Ok(Self {
+            ctx,
+            config,
+            stats,
+            slots,
+        })
     }
 
     /// Files scanned and pruned so far.
     pub fn scan_stats(&self) -> &ScanStats {
         &self.stats
+    }
+
+    /// Takes a query slot, or refuses at once when `--max-concurrent-queries` run already.
+    pub fn try_slot(&self) -> Result<QuerySlot> {
+        let Some(slots) = &self.slots else {
+            return Ok(QuerySlot(None));
+        };
+        match Arc::clone(slots).try_acquire_owned() {
+            Ok(permit) => Ok(QuerySlot(Some(permit))),
+            Err(_) => Err(Error::Busy(self.config.max_concurrent_queries.unwrap_or(0))),
+        }
+    }
+
+    /// The session a query runs in: the shared one, or one with its own memory pool when
+    /// `memory_limit` is set (so one query cannot starve the others).
+    fn session(&self) -> Result<SessionContext> {
+        let Some(limit) = self.config.memory_limit else {
+            return Ok(self.ctx.clone());
+        };
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()
+            .map_err(Error::from)?;
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
+            .with_runtime_env(runtime)
+            .build();
+        Ok(SessionContext::new_with_state(state))
     }
 
     /// The DataFusion context (for other front ends such as the Postgres wire protocol).
@@ -304,12 +351,29 @@ impl QueryEngine {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let df = self.ctx.sql_with_options(sql, options).await?;
+        let df = self.session()?.sql_with_options(sql, options).await?;
         Ok(df.execute_stream().await?)
+    }
+
+    /// The time limit of a query.
+    pub fn query_timeout(&self) -> Duration {
+        self.config.query_timeout
+    }
+
+    /// Takes a query slot, plans `sql` within the time limit and starts it: the caller pulls the
+    /// batches (and keeps the slot until it is done).
+    pub async fn start(&self, sql: &str) -> Result<(QuerySlot, SendableRecordBatchStream)> {
+        let slot = self.try_slot()?;
+        let limit = self.config.query_timeout;
+        match tokio::time::timeout(limit, self.stream(sql)).await {
+            Ok(stream) => Ok((slot, stream?)),
+            Err(_) => Err(Error::Timeout(limit)),
+        }
     }
 
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
+        let _slot = self.try_slot()?;
         let limit = self.config.query_timeout;
         let run = async {
             let mut stream = self.stream(sql).await?;
@@ -328,7 +392,7 @@ impl QueryEngine {
 }
 
 #[cfg(test)]
-mod tests {
+mod store_tests {
     use super::*;
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;
@@ -518,3 +582,6 @@ mod tests {
         assert_eq!(csv, b"gpu_uuid\n");
     }
 }
+
+#[cfg(test)]
+mod tests;

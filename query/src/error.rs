@@ -25,6 +25,12 @@ pub enum Error {
     #[error("{0}")]
     ResourcesExhausted(String),
 
+    /// Too many queries run at once.
+    #[error(
+        "{0} queries are running already (--max-concurrent-queries): retry after the Retry-After delay"
+    )]
+    Busy(usize),
+
     /// The server is not ready yet.
     #[error("the server is not ready yet (write-ahead log replay in progress): retry shortly")]
     NotReady,
@@ -43,6 +49,8 @@ pub enum Status {
     Forbidden,
     /// 413
     PayloadTooLarge,
+    /// 429
+    TooManyRequests,
     /// 503
     Unavailable,
     /// 504
@@ -58,6 +66,7 @@ impl Status {
             Status::BadRequest => 400,
             Status::Forbidden => 403,
             Status::PayloadTooLarge => 413,
+            Status::TooManyRequests => 429,
             Status::Unavailable => 503,
             Status::Timeout => 504,
             Status::Internal => 500,
@@ -73,6 +82,7 @@ impl Error {
             Error::NotAllowed(_) => Status::Forbidden,
             Error::Timeout(_) => Status::Timeout,
             Error::ResourcesExhausted(_) | Error::NotReady => Status::Unavailable,
+            Error::Busy(_) => Status::TooManyRequests,
             Error::Internal(_) => Status::Internal,
         }
     }
@@ -96,7 +106,9 @@ impl From<DataFusionError> for Error {
             | DataFusionError::Plan(_)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_) => Error::BadSql(msg),
-            DataFusionError::ResourcesExhausted(_) => Error::ResourcesExhausted(msg),
+            DataFusionError::ResourcesExhausted(_) => Error::ResourcesExhausted(format!(
+                "{msg}: the query needs more memory than --query-memory-limit allows; narrow the time range or aggregate more"
+            )),
             DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
                 arrow::error::ArrowError::CastError(_)
                 | arrow::error::ArrowError::ComputeError(_)

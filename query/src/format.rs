@@ -56,59 +56,143 @@ impl Format {
     }
 }
 
+/// A `Write` whose bytes are taken out after each batch, so an answer streams.
+#[derive(Debug, Clone, Default)]
+struct SharedBuf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedBuf {
+    fn take(&self) -> Vec<u8> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *g)
+    }
+}
+
+impl std::io::Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        g.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Rows per Parquet row group of an answer: the encoder holds at most one group in memory.
+const PARQUET_ROW_GROUP: usize = 64 * 1024;
+
+enum Writer {
+    Json(Box<arrow::json::Writer<SharedBuf, arrow::json::writer::JsonArray>>),
+    Jsonl(Box<arrow::json::Writer<SharedBuf, arrow::json::writer::LineDelimited>>),
+    Csv(Box<arrow::csv::Writer<SharedBuf>>, SchemaRef),
+    Arrow(Box<arrow::ipc::writer::StreamWriter<SharedBuf>>),
+    Parquet(Box<parquet::arrow::ArrowWriter<SharedBuf>>),
+}
+
+/// Encodes an answer batch by batch: each call returns the bytes ready to send, so the whole
+/// answer never sits in memory.
+pub struct Encoder {
+    writer: Writer,
+    buf: SharedBuf,
+    rows: usize,
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder").field("rows", &self.rows).finish()
+    }
+}
+
+fn parquet_error(e: parquet::errors::ParquetError) -> Error {
+    Error::Internal(e.to_string())
+}
+
+impl Encoder {
+    /// An encoder of rows of `schema` in `format`.
+    pub fn new(schema: &SchemaRef, format: Format) -> Result<Self> {
+        let buf = SharedBuf::default();
+        let writer = match format {
+            Format::Json => Writer::Json(Box::new(
+                arrow::json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build(buf.clone()),
+            )),
+            Format::Jsonl => Writer::Jsonl(Box::new(
+                arrow::json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build(buf.clone()),
+            )),
+            Format::Csv => {
+                let flat = flat_schema(schema);
+                let mut w = arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(buf.clone());
+                w.write(&RecordBatch::new_empty(Arc::clone(&flat)))?;
+                Writer::Csv(Box::new(w), flat)
+            }
+            Format::Arrow => Writer::Arrow(Box::new(arrow::ipc::writer::StreamWriter::try_new(
+                buf.clone(),
+                schema,
+            )?)),
+            Format::Parquet => {
+                let props = parquet::file::properties::WriterProperties::builder()
+                    .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP))
+                    .build();
+                Writer::Parquet(Box::new(
+                    parquet::arrow::ArrowWriter::try_new(
+                        buf.clone(),
+                        Arc::clone(schema),
+                        Some(props),
+                    )
+                    .map_err(parquet_error)?,
+                ))
+            }
+        };
+        Ok(Self {
+            writer,
+            buf,
+            rows: 0,
+        })
+    }
+
+    /// Encodes one batch; returns the bytes ready to send (maybe none).
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<Vec<u8>> {
+        self.rows += batch.num_rows();
+        match &mut self.writer {
+            Writer::Json(w) => w.write(batch)?,
+            Writer::Jsonl(w) => w.write(batch)?,
+            Writer::Csv(w, flat) => w.write(&flatten(batch, flat)?)?,
+            Writer::Arrow(w) => w.write(batch)?,
+            Writer::Parquet(w) => w.write(batch).map_err(parquet_error)?,
+        }
+        Ok(self.buf.take())
+    }
+
+    /// Ends the answer; returns the last bytes.
+    pub fn finish(self) -> Result<Vec<u8>> {
+        match self.writer {
+            Writer::Json(_) if self.rows == 0 => return Ok(b"[]".to_vec()),
+            Writer::Json(mut w) => w.finish()?,
+            Writer::Jsonl(mut w) => w.finish()?,
+            Writer::Csv(..) => {}
+            Writer::Arrow(mut w) => w.finish()?,
+            Writer::Parquet(w) => {
+                w.close().map_err(parquet_error)?;
+            }
+        }
+        Ok(self.buf.take())
+    }
+}
+
 /// Encodes a whole answer.
 pub fn encode(result: &QueryResult, format: Format) -> Result<Vec<u8>> {
+    let mut enc = Encoder::new(&result.schema, format)?;
     let mut out = Vec::new();
-    match format {
-        Format::Json => {
-            let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
-            if rows == 0 {
-                return Ok(b"[]".to_vec());
-            }
-            let mut w = arrow::json::WriterBuilder::new()
-                .with_explicit_nulls(true)
-                .build::<_, arrow::json::writer::JsonArray>(&mut out);
-            for b in &result.batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
-        Format::Jsonl => {
-            let mut w = arrow::json::WriterBuilder::new()
-                .with_explicit_nulls(true)
-                .build::<_, arrow::json::writer::LineDelimited>(&mut out);
-            for b in &result.batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
-        Format::Csv => {
-            let schema = flat_schema(&result.schema);
-            let mut w = arrow::csv::WriterBuilder::new()
-                .with_header(true)
-                .build(&mut out);
-            w.write(&RecordBatch::new_empty(Arc::clone(&schema)))?;
-            for b in &result.batches {
-                w.write(&flatten(b, &schema)?)?;
-            }
-        }
-        Format::Arrow => {
-            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &result.schema)?;
-            for b in &result.batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
-        Format::Parquet => {
-            let mut w =
-                parquet::arrow::ArrowWriter::try_new(&mut out, Arc::clone(&result.schema), None)
-                    .map_err(|e| Error::Internal(e.to_string()))?;
-            for b in &result.batches {
-                w.write(b).map_err(|e| Error::Internal(e.to_string()))?;
-            }
-            w.close().map_err(|e| Error::Internal(e.to_string()))?;
-        }
+    for b in &result.batches {
+        out.extend(enc.write(b)?);
     }
+    out.extend(enc.finish()?);
     Ok(out)
 }
 

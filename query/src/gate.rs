@@ -2,11 +2,18 @@
 //!
 //! Allowed: `SELECT` / `WITH` queries, `EXPLAIN` (and `EXPLAIN ANALYZE`) of an allowed statement,
 //! `SHOW TABLES`, `SHOW COLUMNS`, `SHOW <variable>`, `DESCRIBE`. Everything else — `COPY … TO`,
-//! `CREATE EXTERNAL TABLE`, `INSERT`, `SET`, DDL — is refused before planning. The planner is
-//! also run with DDL, DML and statements disabled, as a second line.
+//! `CREATE EXTERNAL TABLE`, `INSERT`, `SET`, DDL — is refused before planning. So is any table
+//! reference that names a file or URL (`FROM '/etc/passwd'`, `FROM 's3://b/x.parquet'`) and any
+//! table function that reads files (`read_parquet`, `read_csv`, `parquet_metadata`, …): none is
+//! registered today, but refusing them by name keeps a future registration (or URL tables) from
+//! opening the server's files to SQL users. The planner is also run with DDL, DML and statements
+//! disabled, as a second line.
+
+use std::ops::ControlFlow;
 
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::ast::Statement as Sql;
+use datafusion::sql::sqlparser::ast::{ObjectName, visit_relations};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use crate::Result;
@@ -34,9 +41,56 @@ fn refuse(what: &str) -> Error {
     ))
 }
 
+/// Table functions that read files or URLs in DataFusion's CLI, DuckDB and friends.
+const FILE_FUNCTIONS: &[&str] = &[
+    "read_parquet",
+    "parquet_scan",
+    "parquet_metadata",
+    "read_csv",
+    "read_csv_auto",
+    "read_json",
+    "read_json_auto",
+    "read_ndjson",
+    "read_avro",
+    "read_arrow",
+    "read_text",
+    "read_blob",
+    "read_file",
+    "glob",
+    "iceberg_scan",
+    "delta_scan",
+];
+
+/// Refuses table references that read files or URLs.
+fn relations_allowed(s: &Sql) -> Result<()> {
+    let flow = visit_relations(s, |name: &ObjectName| {
+        let text = name.to_string();
+        let unquoted = text.trim_matches(|c| c == '\'' || c == '"' || c == '`');
+        let lower = unquoted.to_ascii_lowercase();
+        let last = lower.rsplit('.').next().unwrap_or("");
+        let path_like = unquoted.contains('/') || unquoted.contains('\\') || lower.contains("://");
+        let file_like = [".parquet", ".csv", ".json", ".ndjson", ".avro", ".arrow"]
+            .iter()
+            .any(|ext| lower.ends_with(ext));
+        if path_like || file_like || FILE_FUNCTIONS.contains(&last) {
+            return ControlFlow::Break(text);
+        }
+        ControlFlow::Continue(())
+    });
+    match flow {
+        ControlFlow::Break(what) => Err(Error::NotAllowed(format!(
+            "reading files or urls ({what}) is not allowed: query the tables gpu_metrics, metrics and information_schema"
+        ))),
+        ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
 fn allowed(stmt: &Statement) -> Result<()> {
     match stmt {
-        Statement::Statement(s) => allowed_sql(s),
+        Statement::Statement(s) => {
+            allowed_sql(s)?;
+            relations_allowed(s)
+        }
         Statement::Explain(e) => allowed(&e.statement),
         Statement::CreateExternalTable(_) => Err(refuse("CREATE EXTERNAL TABLE")),
         Statement::CopyTo(_) => Err(refuse("COPY")),
@@ -103,6 +157,37 @@ mod tests {
                 Err(Error::NotAllowed(msg)) => assert!(msg.contains("not allowed"), "{msg}"),
                 other => panic!("{sql}: expected 403, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn file_and_url_reads_are_forbidden() {
+        for sql in [
+            "SELECT * FROM '/etc/passwd'",
+            "SELECT * FROM 'data/x.parquet'",
+            "SELECT * FROM \"/etc/shadow\"",
+            "SELECT * FROM 's3://bucket/x.parquet'",
+            "SELECT * FROM 'https://example.com/x.csv'",
+            "SELECT * FROM read_parquet('/tmp/x.parquet')",
+            "SELECT * FROM read_csv('x')",
+            "SELECT * FROM parquet_metadata('gpuwatch-data/x.parquet')",
+            "WITH a AS (SELECT * FROM read_json('/x')) SELECT * FROM a",
+            "SELECT * FROM gpu_metrics WHERE host IN (SELECT * FROM '/etc/hosts')",
+            "SELECT * FROM gpu_metrics JOIN 'x.parquet' USING (host)",
+            "EXPLAIN SELECT * FROM '/etc/passwd'",
+        ] {
+            match check(sql) {
+                Err(Error::NotAllowed(msg)) => assert!(msg.contains("files or urls"), "{msg}"),
+                other => panic!("{sql}: expected 403, got {other:?}"),
+            }
+        }
+        for sql in [
+            "SELECT * FROM generate_series(1, 3)",
+            "SELECT * FROM information_schema.tables",
+            "SELECT * FROM gpuwatch.public.gpu_metrics",
+            "SELECT '/etc/passwd' AS path",
+        ] {
+            assert!(check(sql).is_ok(), "{sql}: {:?}", check(sql));
         }
     }
 

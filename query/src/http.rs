@@ -11,9 +11,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 
-use crate::engine::QueryEngine;
+use arrow::array::RecordBatch;
+use bytes::Bytes;
+use datafusion::execution::SendableRecordBatchStream;
+use futures::StreamExt;
+
+use crate::engine::{QueryEngine, QuerySlot};
 use crate::error::{Error, Status};
-use crate::format::{Format, encode};
+use crate::format::{Encoder, Format};
 
 /// The engine, once the store is ready.
 pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
@@ -37,7 +42,7 @@ pub fn error_response(status: Status, message: &str) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if matches!(status, Status::Unavailable) {
+    if matches!(status, Status::Unavailable | Status::TooManyRequests) {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -106,6 +111,10 @@ async fn post_sql(State(engine): State<EngineSlot>, body: Body) -> Response {
     run(&engine, &parsed.sql, parsed.format.as_deref()).await
 }
 
+/// Runs `sql` and streams the answer: the first batch is awaited before the status is sent (so
+/// planning and early execution errors get their status code); after that each batch is encoded
+/// and sent as it comes, and a later failure or the time limit aborts the response (the client
+/// sees a truncated chunked body, never a complete-looking wrong answer).
 async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     let format: Format = match format.unwrap_or("json").parse() {
         Ok(f) => f,
@@ -114,19 +123,86 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     let Some(engine) = engine.get() else {
         return Error::NotReady.into_response();
     };
-    let result = match engine.query(sql).await {
-        Ok(r) => r,
+    let limit = engine.query_timeout();
+    let deadline = tokio::time::Instant::now() + limit;
+    let (slot, mut stream) = match engine.start(sql).await {
+        Ok(s) => s,
         Err(e) => return e.into_response(),
     };
-    match encode(&result, format) {
-        Ok(body) => {
-            let mut resp = (StatusCode::OK, body).into_response();
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(format.content_type()),
-            );
-            resp
-        }
-        Err(e) => e.into_response(),
+    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
+        Err(_) => return Error::Timeout(limit).into_response(),
+        Ok(None) => None,
+        Ok(Some(Ok(b))) => Some(b),
+        Ok(Some(Err(e))) => return Error::from(e).into_response(),
+    };
+    let encoder = match Encoder::new(&stream.schema(), format) {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
+    };
+    let state = Streaming {
+        encoder: Some(encoder),
+        stream,
+        first,
+        deadline,
+        limit,
+        _slot: slot,
+    };
+    let body = futures::stream::unfold(state, |mut st| async move {
+        let chunk = st.next_chunk().await?;
+        Some((chunk, st))
+    });
+    let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    resp
+}
+
+struct Streaming {
+    encoder: Option<Encoder>,
+    stream: SendableRecordBatchStream,
+    first: Option<RecordBatch>,
+    deadline: tokio::time::Instant,
+    limit: std::time::Duration,
+    _slot: QuerySlot,
+}
+
+impl Streaming {
+    /// The next piece of the body; `None` at the end (after an error, too).
+    async fn next_chunk(&mut self) -> Option<std::io::Result<Bytes>> {
+        let encoder = self.encoder.as_mut()?;
+        let batch = match self.first.take() {
+            Some(b) => b,
+            None => match tokio::time::timeout_at(self.deadline, self.stream.next()).await {
+                Err(_) => {
+                    self.encoder = None;
+                    tracing::warn!(limit = ?self.limit, "query timed out while streaming; answer aborted");
+                    return Some(Err(std::io::Error::other(Error::Timeout(self.limit))));
+                }
+                Ok(Some(Ok(b))) => b,
+                Ok(Some(Err(e))) => {
+                    self.encoder = None;
+                    let e = Error::from(e);
+                    tracing::warn!(error = %e, "query failed while streaming; answer aborted");
+                    return Some(Err(std::io::Error::other(e)));
+                }
+                Ok(None) => {
+                    let encoder = self.encoder.take()?;
+                    return Some(
+                        encoder
+                            .finish()
+                            .map(Bytes::from)
+                            .map_err(std::io::Error::other),
+                    );
+                }
+            },
+        };
+        Some(
+            encoder
+                .write(&batch)
+                .map(Bytes::from)
+                .map_err(std::io::Error::other),
+        )
     }
 }

@@ -31,14 +31,19 @@ fn wait_ready(addr: std::net::SocketAddr) -> bool {
 #[test]
 fn flag_beats_env_beats_file_beats_default() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (file_addr, env_addr, flag_addr, otlp) =
-        (free_addr(), free_addr(), free_addr(), free_addr());
+    let (file_addr, env_addr, flag_addr, otlp, grpc) = (
+        free_addr(),
+        free_addr(),
+        free_addr(),
+        free_addr(),
+        free_addr(),
+    );
     let data = dir.path().join("from-file");
     let config = dir.path().join("gpuwatch.toml");
     std::fs::write(
         &config,
         format!(
-            "http_addr = \"{file_addr}\"\notlp_http_addr = \"{otlp}\"\ndata_dir = \"{}\"\n",
+            "http_addr = \"{file_addr}\"\notlp_http_addr = \"{otlp}\"\notlp_grpc_addr = \"{grpc}\"\ndata_dir = \"{}\"\n",
             data.display()
         ),
     )

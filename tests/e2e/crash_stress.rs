@@ -52,7 +52,8 @@ async fn every_acknowledged_sample_survives_20_kill_9_exactly_once() {
         .arg("100ms")
         .start();
     let mut rng = Rng(now_ns() as u64 | 1);
-    // Six hours ago, on an hour boundary; one sample every 7 s after it.
+    // Six hours ago, on an hour boundary; one sample every 2 s after it, wrapping within the six
+    // hours so that no sample is in the future (the server rejects far-future points).
     let hour = 3_600_000_000_000i64;
     let base = (now_ns() / hour - 6) * hour;
     let next_id = Arc::new(Mutex::new(0i64));
@@ -73,7 +74,7 @@ async fn every_acknowledged_sample_survives_20_kill_9_exactly_once() {
                     let body = otlp_json(
                         "hw.power",
                         id as f64,
-                        base + id * 7_000_000_000,
+                        base + (id * 2_000_000_000) % (6 * hour),
                         &[("hw.id", GPU)],
                     );
                     let sent = client

@@ -5,14 +5,21 @@ mod agent_prometheus;
 mod agent_slurm;
 mod agent_spool;
 mod alerts;
+mod auth;
 mod bad_input;
 mod cli;
 mod config;
 mod crash_stress;
 mod durability;
+mod grpc;
+mod otlp_partial;
 mod pipeline;
 mod python_sdk;
+mod remote_write;
+mod sql_recipes;
+mod sql_refusals;
 mod store_limits;
+mod streaming;
 
 use std::time::{Duration, Instant};
 

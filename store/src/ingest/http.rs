@@ -4,7 +4,9 @@
 
 use std::io::Read;
 
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsPartialSuccess, ExportMetricsServiceResponse,
+};
 use prost::Message;
 
 use super::WriteBatch;
@@ -47,12 +49,32 @@ impl OtlpFormat {
 
     /// The body of a successful export answer.
     pub fn success_body(self) -> Vec<u8> {
-        let resp = ExportMetricsServiceResponse {
-            partial_success: None,
-        };
+        self.answer_body(&DecodeStats::default())
+    }
+
+    /// The body of an export answer: empty on full success, else with `partial_success` holding
+    /// the rejected data points count and a message (OTLP spec, "Partial Success").
+    pub fn answer_body(self, stats: &DecodeStats) -> Vec<u8> {
+        let partial_success =
+            stats
+                .partial_success_message()
+                .map(|message| ExportMetricsPartialSuccess {
+                    rejected_data_points: i64::try_from(stats.rejected).unwrap_or(i64::MAX),
+                    error_message: message,
+                });
         match self {
-            Self::Protobuf => resp.encode_to_vec(),
-            Self::Json => b"{}".to_vec(),
+            Self::Protobuf => ExportMetricsServiceResponse { partial_success }.encode_to_vec(),
+            Self::Json => match partial_success {
+                None => b"{}".to_vec(),
+                Some(p) => serde_json::json!({
+                    "partialSuccess": {
+                        "rejectedDataPoints": p.rejected_data_points,
+                        "errorMessage": p.error_message,
+                    }
+                })
+                .to_string()
+                .into_bytes(),
+            },
         }
     }
 }
@@ -159,5 +181,38 @@ mod tests {
             decode_request(Some("application/x-protobuf"), None, b"", 100, 0).expect_err("empty");
         assert!(err.to_string().contains("empty body"), "{err}");
         assert!(decode_request(Some("application/json"), None, b"", 100, 0).is_err());
+    }
+
+    #[test]
+    fn partial_success_answers() {
+        let full = DecodeStats::default();
+        assert!(OtlpFormat::Protobuf.answer_body(&full).is_empty());
+        assert_eq!(OtlpFormat::Json.answer_body(&full), b"{}");
+        let partial = DecodeStats {
+            points: 1,
+            rejected: 2,
+            non_finite: 2,
+            ..DecodeStats::default()
+        };
+        let pb = OtlpFormat::Protobuf.answer_body(&partial);
+        let resp = ExportMetricsServiceResponse::decode(pb.as_slice()).expect("protobuf answer");
+        let p = resp.partial_success.expect("partial success");
+        assert_eq!(p.rejected_data_points, 2);
+        assert!(
+            p.error_message.contains("2 with a nan"),
+            "{}",
+            p.error_message
+        );
+        let json: serde_json::Value =
+            serde_json::from_slice(&OtlpFormat::Json.answer_body(&partial)).expect("json answer");
+        assert_eq!(json["partialSuccess"]["rejectedDataPoints"], 2);
+        assert!(json["partialSuccess"]["errorMessage"].as_str().is_some());
+        // The JSON answer is valid OTLP/JSON: the SDK types parse it.
+        let again: ExportMetricsServiceResponse =
+            serde_json::from_slice(&OtlpFormat::Json.answer_body(&partial)).expect("otlp json");
+        assert_eq!(
+            again.partial_success.map(|p| p.rejected_data_points),
+            Some(2)
+        );
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod http;
 pub mod otlp;
+pub mod remote_write;
 mod rows;
 
 pub use rows::{Cell, GpuRow, MetricRow, WriteBatch};

@@ -2,29 +2,92 @@
 //!
 //! A data point that carries a GPU id (`hw.id` or `gpu.uuid`) and a `gpu_metrics` metric name
 //! becomes one cell of the `gpu_metrics` row keyed by (time, host, GPU, MIG instance); all other
-//! gauge and sum points become `metrics` rows. docs/schema.md is the reference.
+//! gauge and sum points become `metrics` rows, and histograms and summaries become
+//! Prometheus-style `metrics` rows (`_count`, `_sum`, `_bucket` with `le`, …). Rejected points
+//! (non-finite, too far ahead, delta sums of cumulative GPU counters) are counted in
+//! [`DecodeStats`] and reported in the OTLP partial-success answer. docs/schema.md is the
+//! reference.
 
 use std::collections::{BTreeMap, HashMap};
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{NumberDataPoint, metric::Data, number_data_point};
+use opentelemetry_proto::tonic::metrics::v1::{
+    AggregationTemporality, NumberDataPoint, metric::Data, number_data_point,
+};
 use prost::Message;
 
 use super::rows::{Cell, GpuRow, MetricRow, WriteBatch};
 use crate::schema::{LABEL_COLUMNS, value_index};
 use crate::{Error, Result};
 
-/// Counts of what a decode kept and skipped.
+/// Counts of what a decode kept and rejected.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeStats {
-    /// Gauge and sum points stored.
+    /// Data points stored (a histogram or summary point counts once, whatever rows it gives).
     pub points: u64,
-    /// Points skipped: non-finite or absent values.
+    /// Data points rejected, all reasons (the sum of the counts below).
     pub rejected: u64,
-    /// Histogram, exponential histogram and summary points (not stored yet).
+    /// Rejected: a NaN or infinite value, or no value at all.
+    pub non_finite: u64,
+    /// Rejected: a time more than [`MAX_FUTURE`] ahead of the server clock.
+    pub future: u64,
+    /// Rejected: a delta-temporality sum for a `gpu_metrics` column that holds a cumulative
+    /// counter (`energy_joules`, the `*_total` columns).
+    pub delta_counter: u64,
+    /// Not stored: exponential histogram points' buckets (their count, sum, min and max are
+    /// stored). Not a rejection.
     pub unsupported: u64,
 }
+
+impl DecodeStats {
+    fn reject(&mut self, counter: fn(&mut Self) -> &mut u64) {
+        *counter(self) += 1;
+        self.rejected += 1;
+    }
+
+    /// The OTLP partial-success message, or `None` when nothing was rejected.
+    pub fn partial_success_message(&self) -> Option<String> {
+        if self.rejected == 0 {
+            return None;
+        }
+        let mut parts = Vec::new();
+        if self.non_finite > 0 {
+            parts.push(format!(
+                "{} with a nan, infinite or absent value",
+                self.non_finite
+            ));
+        }
+        if self.future > 0 {
+            parts.push(format!(
+                "{} more than 10 minutes ahead of the server clock (check the sender's clock)",
+                self.future
+            ));
+        }
+        if self.delta_counter > 0 {
+            parts.push(format!(
+                "{} delta-temporality sums for a cumulative gpu_metrics counter (send cumulative temporality)",
+                self.delta_counter
+            ));
+        }
+        Some(format!(
+            "{} data points rejected: {}",
+            self.rejected,
+            parts.join(", ")
+        ))
+    }
+}
+
+/// How far ahead of the server clock a data point may be (10 minutes), as for remote write.
+pub const MAX_FUTURE: i64 = super::remote_write::MAX_FUTURE;
+
+/// `gpu_metrics` columns that hold cumulative counters.
+const COUNTER_COLUMNS: &[&str] = &[
+    "energy_joules",
+    "ecc_sbe_volatile_total",
+    "ecc_dbe_volatile_total",
+    "xid_errors_total",
+];
 
 /// Decodes a protobuf `ExportMetricsServiceRequest`.
 pub fn decode_protobuf(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
@@ -36,7 +99,63 @@ pub fn decode_json(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
     serde_json::from_slice(body).map_err(|e| Error::malformed("otlp json", e))
 }
 
-/// Turns a request into rows. `now` (ns) stands in for a point without a timestamp.
+/// The labels of a `metrics` row: resource attributes, then the point's (the point wins).
+fn labels_of(resource: &[KeyValue], point: &[KeyValue]) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    for kv in resource.iter().chain(point) {
+        if let Some(v) = kv.value.as_ref().and_then(any_to_string) {
+            labels.insert(kv.key.clone(), v);
+        }
+    }
+    labels
+}
+
+/// Formats a bucket bound as Prometheus does (`le` label).
+fn le_label(bound: f64) -> String {
+    if bound == f64::INFINITY {
+        "+Inf".to_string()
+    } else {
+        bound.to_string()
+    }
+}
+
+/// Collects `metrics` rows.
+struct MetricSink<'a> {
+    rows: &'a mut Vec<MetricRow>,
+}
+
+impl MetricSink<'_> {
+    fn push(&mut self, time: i64, name: String, value: f64, labels: &BTreeMap<String, String>) {
+        self.rows.push(MetricRow {
+            time,
+            metric: name,
+            value,
+            labels: labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        });
+    }
+
+    fn push_with(
+        &mut self,
+        time: i64,
+        name: String,
+        value: f64,
+        labels: &BTreeMap<String, String>,
+        extra: (&str, String),
+    ) {
+        let mut l = labels.clone();
+        l.insert(extra.0.to_string(), extra.1);
+        self.push(time, name, value, &l);
+    }
+}
+
+/// Turns a request into rows. `now` (ns) stands in for a point without a timestamp and bounds
+/// how far ahead a point may be.
+///
+/// Gauges and sums (monotonic or not, cumulative or delta) give one cell or row per point.
+/// Histograms give Prometheus-style `metrics` rows: `<name>_count`, `<name>_sum`, `<name>_min`,
+/// `<name>_max` and cumulative `<name>_bucket` rows labelled `le` (the last `+Inf`). Exponential
+/// histograms give `_count`, `_sum`, `_min`, `_max`; summaries `_count`, `_sum` and `<name>` rows
+/// labelled `quantile`.
 pub fn to_write_batch(
     req: &ExportMetricsServiceRequest,
     now: i64,
@@ -45,6 +164,10 @@ pub fn to_write_batch(
     let mut gpu_rows: Vec<GpuRow> = Vec::new();
     let mut gpu_index: HashMap<(i64, String, String, Option<String>), usize> = HashMap::new();
     let mut metric_rows: Vec<MetricRow> = Vec::new();
+    let mut sink = MetricSink {
+        rows: &mut metric_rows,
+    };
+    let delta = AggregationTemporality::Delta as i32;
 
     for rm in &req.resource_metrics {
         let resource_attrs: &[KeyValue] = rm
@@ -54,34 +177,106 @@ pub fn to_write_batch(
             .unwrap_or(&[]);
         for sm in &rm.scope_metrics {
             for metric in &sm.metrics {
-                let points: &[NumberDataPoint] = match &metric.data {
-                    Some(Data::Gauge(g)) => &g.data_points,
-                    Some(Data::Sum(s)) => &s.data_points,
+                let name = &metric.name;
+                let (points, is_delta): (&[NumberDataPoint], bool) = match &metric.data {
+                    Some(Data::Gauge(g)) => (&g.data_points, false),
+                    Some(Data::Sum(s)) => (&s.data_points, s.aggregation_temporality == delta),
                     Some(Data::Histogram(h)) => {
-                        stats.unsupported += h.data_points.len() as u64;
+                        for p in &h.data_points {
+                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
+                                continue;
+                            };
+                            stats.points += 1;
+                            let labels = labels_of(resource_attrs, &p.attributes);
+                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
+                            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
+                            for (suffix, v) in extras {
+                                if let Some(v) = v.filter(|v| v.is_finite()) {
+                                    sink.push(time, format!("{name}_{suffix}"), v, &labels);
+                                }
+                            }
+                            if !p.bucket_counts.is_empty() {
+                                let mut cumulative = 0u64;
+                                for (i, c) in p.bucket_counts.iter().enumerate() {
+                                    cumulative = cumulative.saturating_add(*c);
+                                    let bound =
+                                        p.explicit_bounds.get(i).copied().unwrap_or(f64::INFINITY);
+                                    sink.push_with(
+                                        time,
+                                        format!("{name}_bucket"),
+                                        cumulative as f64,
+                                        &labels,
+                                        ("le", le_label(bound)),
+                                    );
+                                }
+                            }
+                        }
                         continue;
                     }
                     Some(Data::ExponentialHistogram(h)) => {
-                        stats.unsupported += h.data_points.len() as u64;
+                        for p in &h.data_points {
+                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
+                                continue;
+                            };
+                            stats.points += 1;
+                            stats.unsupported += 1;
+                            let labels = labels_of(resource_attrs, &p.attributes);
+                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
+                            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
+                            for (suffix, v) in extras {
+                                if let Some(v) = v.filter(|v| v.is_finite()) {
+                                    sink.push(time, format!("{name}_{suffix}"), v, &labels);
+                                }
+                            }
+                        }
                         continue;
                     }
                     Some(Data::Summary(s)) => {
-                        stats.unsupported += s.data_points.len() as u64;
+                        for p in &s.data_points {
+                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
+                                continue;
+                            };
+                            stats.points += 1;
+                            let labels = labels_of(resource_attrs, &p.attributes);
+                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
+                            if p.sum.is_finite() {
+                                sink.push(time, format!("{name}_sum"), p.sum, &labels);
+                            }
+                            for q in &p.quantile_values {
+                                if q.value.is_finite() {
+                                    sink.push_with(
+                                        time,
+                                        name.clone(),
+                                        q.value,
+                                        &labels,
+                                        ("quantile", q.quantile.to_string()),
+                                    );
+                                }
+                            }
+                        }
                         continue;
                     }
                     None => continue,
                 };
-                let column = value_index(&metric.name);
+                let column = value_index(name);
+                let counter_column = column.is_some_and(|c| {
+                    COUNTER_COLUMNS.contains(&crate::schema::VALUE_COLUMNS[c].column)
+                });
                 for p in points {
                     let Some(cell) = point_value(p) else {
-                        stats.rejected += 1;
+                        stats.reject(|s| &mut s.non_finite);
                         continue;
                     };
-                    let time = point_time(p.time_unix_nano, now)?;
-                    stats.points += 1;
+                    let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
+                        continue;
+                    };
                     let gpu_id = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[1].1);
                     match (column, gpu_id) {
+                        (Some(_), Some(_)) if is_delta && counter_column => {
+                            stats.reject(|s| &mut s.delta_counter);
+                        }
                         (Some(col), Some(gpu)) => {
+                            stats.points += 1;
                             let host = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1)
                                 .unwrap_or_default();
                             let mig =
@@ -103,22 +298,13 @@ pub fn to_write_batch(
                             gpu_rows[idx].values[col] = Some(cell);
                         }
                         _ => {
-                            let mut labels: BTreeMap<String, String> = BTreeMap::new();
-                            for kv in resource_attrs.iter().chain(&p.attributes) {
-                                if let Some(v) = kv.value.as_ref().and_then(any_to_string) {
-                                    labels.insert(kv.key.clone(), v);
-                                }
-                            }
+                            stats.points += 1;
                             let value = match cell {
                                 Cell::F(v) => v,
                                 Cell::I(v) => v as f64,
                             };
-                            metric_rows.push(MetricRow {
-                                time,
-                                metric: metric.name.clone(),
-                                value,
-                                labels: labels.into_iter().collect(),
-                            });
+                            let labels = labels_of(resource_attrs, &p.attributes);
+                            sink.push(time, name.clone(), value, &labels);
                         }
                     }
                 }
@@ -128,16 +314,18 @@ pub fn to_write_batch(
     Ok((WriteBatch::from_rows(&gpu_rows, &metric_rows)?, stats))
 }
 
-fn point_time(t: u64, now: i64) -> Result<i64> {
+/// The time of a point in ns (`now` when absent), or `None` (counted) when it is too far ahead.
+fn check_time(t: u64, now: i64, stats: &mut DecodeStats) -> Option<i64> {
     if t == 0 {
-        return Ok(now);
+        return Some(now);
     }
-    i64::try_from(t).map_err(|_| {
-        Error::malformed(
-            "otlp data point",
-            format!("time_unix_nano {t} is past the year 2262"),
-        )
-    })
+    match i64::try_from(t) {
+        Ok(t) if t <= now.saturating_add(MAX_FUTURE) => Some(t),
+        _ => {
+            stats.reject(|s| &mut s.future);
+            None
+        }
+    }
 }
 
 fn point_value(p: &NumberDataPoint) -> Option<Cell> {
@@ -238,13 +426,14 @@ mod tests {
     #[test]
     fn pivots_gpu_points_into_rows_and_keeps_the_rest() {
         let req = decode_json(json_request().as_bytes()).expect("valid json");
-        let (wb, stats) = to_write_batch(&req, 0).expect("decodes");
+        let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decodes");
         assert_eq!(
             stats,
             DecodeStats {
-                points: 5,
+                points: 6,
                 rejected: 1,
-                unsupported: 1
+                non_finite: 1,
+                ..DecodeStats::default()
             }
         );
         let (t, gpu) = &wb.batches[0];
@@ -282,12 +471,12 @@ mod tests {
 
         let (t, m) = &wb.batches[1];
         assert_eq!(*t, Table::Metrics);
-        assert_eq!(m.num_rows(), 1);
+        assert_eq!(m.num_rows(), 2, "queue.depth and latency_count");
         assert_eq!(m.column(2).as_primitive::<Float64Type>().value(0), 7.0);
-        let labels = m.column(3).as_map();
-        let keys = labels.keys().as_string::<i32>();
-        let got: Vec<_> = (0..keys.len()).map(|i| keys.value(i)).collect();
-        assert_eq!(got, vec!["host.name", "q"]);
+        let rows = metric_rows(&wb);
+        let keys: Vec<_> = rows[0].2.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, vec!["host.name", "q"]);
+        assert_eq!(rows[1].0, "latency_count");
     }
 
     #[test]
@@ -319,5 +508,106 @@ mod tests {
             .as_primitive::<arrow::datatypes::TimestampNanosecondType>()
             .value(0);
         assert_eq!(t, 99);
+    }
+
+    type Row = (String, f64, Vec<(String, String)>);
+
+    fn metric_rows(wb: &WriteBatch) -> Vec<Row> {
+        let Some((_, m)) = wb.batches.iter().find(|(t, _)| *t == Table::Metrics) else {
+            return Vec::new();
+        };
+        let names = m.column(1).as_string::<i32>();
+        let values = m.column(2).as_primitive::<Float64Type>();
+        let maps = m.column(3).as_map();
+        (0..m.num_rows())
+            .map(|i| {
+                let entry = maps.value(i);
+                let k = entry.column(0).as_string::<i32>();
+                let v = entry.column(1).as_string::<i32>();
+                let labels = (0..k.len())
+                    .map(|j| (k.value(j).to_string(), v.value(j).to_string()))
+                    .collect();
+                (names.value(i).to_string(), values.value(i), labels)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn histograms_and_summaries_become_prometheus_style_rows() {
+        let req = decode_json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[
+            {"name":"lat","histogram":{"aggregationTemporality":2,"dataPoints":[{"timeUnixNano":"5","count":"6","sum":12.5,"min":0.5,"max":9,
+              "bucketCounts":["1","2","3"],"explicitBounds":[1,5],"attributes":[{"key":"route","value":{"stringValue":"/a"}}]}]}},
+            {"name":"sz","exponentialHistogram":{"dataPoints":[{"timeUnixNano":"5","count":"4","sum":8,"scale":1,"positive":{"offset":0,"bucketCounts":["4"]}}]}},
+            {"name":"rpc","summary":{"dataPoints":[{"timeUnixNano":"5","count":"10","sum":3,"quantileValues":[{"quantile":0.5,"value":0.2},{"quantile":0.99,"value":1.5}]}]}}
+        ]}]}]}"#).expect("json");
+        let (wb, stats) = to_write_batch(&req, 10).expect("decodes");
+        assert_eq!(stats.points, 3);
+        assert_eq!(stats.rejected, 0);
+        let rows = metric_rows(&wb);
+        let get = |name: &str, label: Option<(&str, &str)>| {
+            rows.iter()
+                .find(|(n, _, l)| {
+                    n == name && label.is_none_or(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
+                })
+                .map(|(_, v, _)| *v)
+        };
+        assert_eq!(get("lat_count", None), Some(6.0));
+        assert_eq!(get("lat_sum", None), Some(12.5));
+        assert_eq!(get("lat_min", None), Some(0.5));
+        assert_eq!(get("lat_max", None), Some(9.0));
+        assert_eq!(get("lat_bucket", Some(("le", "1"))), Some(1.0));
+        assert_eq!(
+            get("lat_bucket", Some(("le", "5"))),
+            Some(3.0),
+            "cumulative"
+        );
+        assert_eq!(get("lat_bucket", Some(("le", "+Inf"))), Some(6.0));
+        assert!(
+            rows.iter()
+                .filter(|(n, _, _)| n == "lat_bucket")
+                .all(|(_, _, l)| l.iter().any(|(k, v)| k == "route" && v == "/a"))
+        );
+        assert_eq!(get("sz_count", None), Some(4.0));
+        assert_eq!(get("sz_sum", None), Some(8.0));
+        assert_eq!(get("rpc_count", None), Some(10.0));
+        assert_eq!(get("rpc", Some(("quantile", "0.99"))), Some(1.5));
+        assert_eq!(rows.len(), 4 + 3 + 2 + 2 + 2);
+    }
+
+    #[test]
+    fn rejections_are_counted_and_explained() {
+        let now: i64 = 1_700_000_000_000_000_000;
+        let far = now + MAX_FUTURE + 1;
+        let body = format!(
+            r#"{{"resourceMetrics":[{{"scopeMetrics":[{{"metrics":[
+            {{"name":"hw.energy","sum":{{"aggregationTemporality":1,"isMonotonic":true,"dataPoints":[
+              {{"timeUnixNano":"{now}","asDouble":5,"attributes":[{{"key":"hw.id","value":{{"stringValue":"GPU-a"}}}}]}}]}}}},
+            {{"name":"hw.power","sum":{{"aggregationTemporality":1,"dataPoints":[
+              {{"timeUnixNano":"{now}","asDouble":300,"attributes":[{{"key":"hw.id","value":{{"stringValue":"GPU-a"}}}}]}}]}}}},
+            {{"name":"requests","sum":{{"aggregationTemporality":1,"isMonotonic":true,"dataPoints":[
+              {{"timeUnixNano":"{now}","asInt":"3"}}]}}}},
+            {{"name":"g","gauge":{{"dataPoints":[{{"timeUnixNano":"{far}","asDouble":1}},{{"timeUnixNano":"{now}","asDouble":"Infinity"}},
+              {{"timeUnixNano":"18446744073709551615","asDouble":1}},{{"timeUnixNano":"{now}"}}]}}}}
+        ]}}]}}]}}"#
+        );
+        let req = decode_json(body.as_bytes()).expect("json");
+        let (wb, stats) = to_write_batch(&req, now).expect("decodes");
+        assert_eq!(
+            stats,
+            DecodeStats {
+                points: 2,
+                rejected: 5,
+                non_finite: 2,
+                future: 2,
+                delta_counter: 1,
+                unsupported: 0,
+            }
+        );
+        let msg = stats.partial_success_message().expect("message");
+        assert!(msg.starts_with("5 data points rejected"), "{msg}");
+        assert!(msg.contains("cumulative temporality"), "{msg}");
+        // A delta sum of a non-counter column (power) and of any other metric are kept.
+        assert_eq!(wb.rows(), 2);
+        assert_eq!(metric_rows(&wb)[0].0, "requests");
     }
 }

@@ -1,0 +1,108 @@
+//! OTLP/gRPC on `--otlp-grpc-addr`: the `opentelemetry.proto.collector.metrics.v1.MetricsService`
+//! `Export` call, decoded by the same code as OTLP/HTTP and stored the same way (durable before
+//! the answer). Partial success is answered in `partial_success`; errors map to gRPC codes:
+//! `INVALID_ARGUMENT` for malformed data, `RESOURCE_EXHAUSTED` above `--max-body-bytes`,
+//! `UNAVAILABLE` while the WAL replays or when the write could not be stored (retryable).
+//! With `--auth-tokens`, the `authorization: Bearer <token>` metadata needs the `ingest` scope.
+
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+
+use std::sync::Arc;
+
+use tonic::service::interceptor::InterceptedService;
+
+use super::App;
+use super::auth::{Tokens, grpc_interceptor};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Otlp {
+    app: App,
+}
+
+fn status(e: &gpuwatch_store::Error) -> tonic::Status {
+    use gpuwatch_store::Error as E;
+    match e {
+        E::TooLarge { .. } => tonic::Status::resource_exhausted(e.to_string()),
+        E::NotReady => tonic::Status::unavailable(e.to_string()),
+        _ if e.is_client_error() => tonic::Status::invalid_argument(e.to_string()),
+        _ => {
+            tracing::error!(error = %e, "otlp/grpc write failed");
+            tonic::Status::unavailable(format!("write not stored: {e}"))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Otlp {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let Some(store) = self.app.store.get().cloned() else {
+            return Err(status(&gpuwatch_store::Error::NotReady));
+        };
+        let req = request.into_inner();
+        let now = self.app.clock.now_nanos();
+        let work = tokio::task::spawn_blocking(move || {
+            let (batch, stats) = gpuwatch_store::ingest::otlp::to_write_batch(&req, now)?;
+            store.write(&batch)?;
+            Ok::<_, gpuwatch_store::Error>(stats)
+        });
+        let stats = match work.await {
+            Ok(Ok(stats)) => stats,
+            Ok(Err(e)) => return Err(status(&e)),
+            Err(e) => {
+                tracing::error!(error = %e, "otlp/grpc ingest task failed");
+                return Err(tonic::Status::internal(
+                    "internal error while storing the write",
+                ));
+            }
+        };
+        let partial_success = stats.partial_success_message().map(|message| {
+            tracing::warn!("otlp/grpc export partly rejected: {message}");
+            ExportMetricsPartialSuccess {
+                rejected_data_points: i64::try_from(stats.rejected).unwrap_or(i64::MAX),
+                error_message: message,
+            }
+        });
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success,
+        }))
+    }
+}
+
+/// Serves OTLP/gRPC on `listener` until `rx` changes.
+pub fn serve(
+    listener: TcpListener,
+    app: App,
+    tokens: Option<Arc<Tokens>>,
+    mut rx: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let max = app.max_body_bytes;
+    let service = MetricsServiceServer::new(Otlp { app })
+        .max_decoding_message_size(max)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip);
+    let service = InterceptedService::new(service, grpc_interceptor(tokens));
+    tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async move {
+                let _ = rx.changed().await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "otlp/grpc listener failed");
+        }
+    })
+}

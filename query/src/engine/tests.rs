@@ -1,0 +1,76 @@
+use super::*;
+use gpuwatch_store::ingest::{MetricRow, WriteBatch};
+
+#[derive(Debug)]
+struct Fixed(Vec<RecordBatch>);
+
+impl ReadStore for Fixed {
+    fn snapshot(&self, table: Table) -> TableSnapshot {
+        TableSnapshot {
+            batches: if table == Table::Metrics {
+                self.0.clone()
+            } else {
+                Vec::new()
+            },
+            files: Vec::new(),
+        }
+    }
+}
+
+fn engine(config: EngineConfig) -> QueryEngine {
+    let rows: Vec<MetricRow> = (0..200_000i64)
+        .map(|i| MetricRow {
+            time: i,
+            metric: format!("m{}", i % 1000),
+            value: (i * 7919 % 100_003) as f64,
+            labels: vec![("k".to_string(), format!("v{i}"))],
+        })
+        .collect();
+    let wb = WriteBatch::from_rows(&[], &rows).expect("batch");
+    let batches = wb.batches.into_iter().map(|(_, b)| b).collect();
+    QueryEngine::new(Arc::new(Fixed(batches)), config).expect("engine")
+}
+
+const HEAVY: &str = "SELECT metric, array_agg(labels['k'] ORDER BY value) AS ks FROM metrics GROUP BY metric ORDER BY metric";
+
+#[tokio::test]
+async fn the_memory_limit_gives_an_answer_not_an_oom() {
+    let limited = engine(EngineConfig {
+        memory_limit: Some(64 * 1024),
+        ..EngineConfig::default()
+    });
+    let err = limited.query(HEAVY).await.expect_err("over the limit");
+    assert!(matches!(err, Error::ResourcesExhausted(_)), "{err:?}");
+    assert!(err.to_string().contains("--query-memory-limit"), "{err}");
+    // The same query fits without the limit, and small queries fit within it.
+    let free = engine(EngineConfig::default());
+    let r = free.query(HEAVY).await.expect("fits");
+    assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1000);
+    let small = limited
+        .query("SELECT count(*) FROM metrics")
+        .await
+        .expect("small query fits");
+    assert_eq!(small.batches[0].num_rows(), 1);
+}
+
+#[tokio::test]
+async fn one_query_too_many_is_refused_at_once() {
+    let e = engine(EngineConfig {
+        max_concurrent_queries: Some(1),
+        ..EngineConfig::default()
+    });
+    let held = e.try_slot().expect("first slot");
+    let err = e.query("SELECT 1").await.expect_err("busy");
+    assert!(matches!(err, Error::Busy(1)), "{err:?}");
+    assert_eq!(err.status(), crate::Status::TooManyRequests);
+    let resp = crate::http::error_response(err.status(), &err.to_string());
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    drop(held);
+    assert!(e.query("SELECT 1").await.is_ok(), "the slot is free again");
+}

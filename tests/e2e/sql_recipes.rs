@@ -1,0 +1,119 @@
+//! Every recipe of docs/sql.md runs against a server loaded with fixed data, and the answers are
+//! the ones the data implies.
+
+use gpuwatch_e2e::TestServer;
+
+use crate::{now_ns, post_otlp, rows};
+
+/// The ```sql blocks of docs/sql.md, with the heading above each.
+fn recipes() -> Vec<(String, String)> {
+    let doc = include_str!("../../docs/sql.md");
+    let mut out = Vec::new();
+    let mut heading = String::new();
+    let mut block: Option<String> = None;
+    for line in doc.lines() {
+        if let Some(h) = line.strip_prefix("### ") {
+            heading = h.to_string();
+        } else if line.trim() == "```sql" {
+            block = Some(String::new());
+        } else if line.trim() == "```" {
+            if let Some(b) = block.take() {
+                out.push((heading.clone(), b));
+            }
+        } else if let Some(b) = block.as_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    out
+}
+
+/// One GPU sample as an OTLP/JSON export.
+fn sample(t: i64, gpu: &str, job: &str, user: &str, util: f64, sm: f64, energy: f64) -> String {
+    let attrs = serde_json::json!([
+        {"key": "hw.id", "value": {"stringValue": gpu}},
+        {"key": "job.id", "value": {"stringValue": job}},
+        {"key": "job.user", "value": {"stringValue": user}},
+    ]);
+    let gauge = |name: &str, v: f64| {
+        serde_json::json!({"name": name, "gauge": {"dataPoints": [
+            {"timeUnixNano": t.to_string(), "asDouble": v, "attributes": attrs}
+        ]}})
+    };
+    serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "host.name", "value": {"stringValue": "node-1"}}]},
+        "scopeMetrics": [{"metrics": [
+            gauge("hw.gpu.utilization", util),
+            gauge("gpu.sm.active", sm),
+            gauge("hw.energy", energy),
+        ]}]
+    }]})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_recipe_in_docs_sql_md_runs_and_gives_the_expected_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .start();
+    let minute = 60_000_000_000i64;
+    let start = now_ns() - 5 * minute;
+    // GPU-a busy in job j1 with a driver reload (energy reset) between samples 3 and 4; GPU-b
+    // allocated to j2 and idle.
+    let energy_a = [1000.0, 2000.0, 3000.0, 50.0, 1050.0];
+    let energy_b = [10.0, 20.0, 30.0, 40.0, 50.0];
+    for i in 0..5 {
+        let t = start + i as i64 * minute;
+        for body in [
+            sample(t, "GPU-a", "j1", "alice", 0.9, 0.8, energy_a[i]),
+            sample(t, "GPU-b", "j2", "bob", 0.0, 0.01, energy_b[i]),
+        ] {
+            let (status, text) =
+                post_otlp(&server.url(), "application/json", None, body.into_bytes()).await;
+            assert_eq!(status, 200, "{text}");
+        }
+    }
+    let all = recipes();
+    assert_eq!(
+        all.len(),
+        5,
+        "recipes found: {:?}",
+        all.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
+    for (name, sql) in &all {
+        let r = rows(&server, sql).await;
+        match name.as_str() {
+            "Idle allocated GPUs now" => {
+                assert_eq!(r.len(), 1, "{name}: {r:?}");
+                assert_eq!(r[0]["gpu_uuid"], "GPU-b");
+                assert_eq!(r[0]["job_id"], "j2");
+            }
+            "GPU-hours per user this week" => {
+                // Both GPUs ran 4 minutes (unless the week began inside the window).
+                for row in &r {
+                    let h = row["gpu_hours"].as_f64().unwrap_or(-1.0);
+                    assert!(h > 0.0 && h <= 0.067, "{name}: {row}");
+                }
+            }
+            "Jobs below 25% SM activity" => {
+                assert_eq!(r.len(), 1, "{name}: {r:?}");
+                assert_eq!(r[0]["job_id"], "j2");
+                assert_eq!(r[0]["avg_sm_active"].as_f64(), Some(0.01));
+            }
+            "Energy per job" => {
+                assert_eq!(r.len(), 2, "{name}: {r:?}");
+                assert_eq!(r[0]["job_id"], "j1");
+                assert_eq!(r[0]["joules"].as_f64(), Some(3050.0), "reset counted once");
+                assert_eq!(r[1]["joules"].as_f64(), Some(40.0));
+            }
+            _ => {
+                assert!(!r.is_empty(), "{name}: no rows");
+                let times: Vec<String> = r.iter().map(|x| x["time"].to_string()).collect();
+                let mut sorted = times.clone();
+                sorted.sort();
+                assert_eq!(times, sorted, "{name}: sorted by time");
+            }
+        }
+    }
+}
