@@ -259,7 +259,11 @@ fn serve_config(
         rules,
         builtin_rules: demo,
         alerting: file.alerting.clone().unwrap_or_default(),
-        cost: file.cost.clone().unwrap_or_default(),
+        cost: match (file.cost.clone(), demo) {
+            (Some(cost), _) => cost,
+            (None, true) => demo_prices(),
+            (None, false) => Default::default(),
+        },
     };
     if persist_interval.is_zero() {
         return Err(Error::Config(
@@ -302,6 +306,21 @@ fn serve_config(
         retention,
         alerts,
     })
+}
+
+/// Example prices the demo uses when the config file has no `[cost]` section, so that its `jobs`
+/// table shows costs: USD 2.50 per H100 GPU-hour, USD 0.12 per kWh, PUE 1.3.
+fn demo_prices() -> gpuwatch_alerts::cost::CostConfig {
+    gpuwatch_alerts::cost::CostConfig {
+        gpu_hour_usd: vec![gpuwatch_alerts::cost::ModelPrice {
+            model: "*H100*".into(),
+            usd: 2.50,
+        }],
+        default_gpu_hour_usd: 1.00,
+        kwh_usd: 0.12,
+        pue: 1.3,
+        ..Default::default()
+    }
 }
 
 fn init_tracing(level: &str) -> Result<()> {
