@@ -79,8 +79,23 @@ impl TestServerBuilder {
             data_dir,
             extra: self.extra,
         };
-        s.spawn();
-        s
+        // A port picked by `free_addr` can be taken by another test before the server binds it:
+        // on that (and only that) failure, pick new ports and start again.
+        for _ in 0..5 {
+            match s.try_spawn() {
+                Ok(()) => return s,
+                Err(log) if log.contains("Address already in use") => {
+                    s.http = free_addr();
+                    s.otlp = free_addr();
+                    s.grpc = free_addr();
+                }
+                Err(log) => panic!("gpuwatch serve did not start; log:\n{log}"),
+            }
+        }
+        panic!(
+            "gpuwatch serve found no free ports in 5 tries; log:\n{}",
+            s.log_text()
+        );
     }
 }
 
@@ -91,6 +106,13 @@ impl TestServer {
     }
 
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("gpuwatch serve did not start; log:\n{log}");
+        }
+    }
+
+    /// Starts the server; on failure returns its log.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -113,10 +135,10 @@ impl TestServer {
             .spawn()
             .expect("start gpuwatch serve");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self
@@ -124,23 +146,18 @@ impl TestServer {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!(
-                    "gpuwatch serve exited early ({status}); log:\n{}",
-                    self.log_text()
-                );
+                self.child = None;
+                return Err(format!("exited early ({status}):\n{}", self.log_text()));
             }
             if http_get(self.http, "/readyz")
                 .map(|(code, _)| code == 200)
                 .unwrap_or(false)
             {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!(
-            "gpuwatch serve not ready within 30 s; log:\n{}",
-            self.log_text()
-        );
+        Err(format!("not ready within 30 s:\n{}", self.log_text()))
     }
 
     /// The server's log so far.
