@@ -26,9 +26,25 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// A free loopback port (bound and released; good enough for tests).
+///
+/// Ports are handed out from 20000–31999, below Linux's ephemeral range (32768 and up), so that
+/// the source port of some client's connection never takes a port a test is about to bind; a
+/// process-wide counter keeps the tests of one run from picking the same port twice.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (start + n) % SPAN;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port as u16));
+        if TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port in 20000-31999")
 }
 
 /// A running `gpuwatch serve` on free ports.
