@@ -8,34 +8,47 @@ use gpuwatch_e2e::{TestServer, bin_dir, free_addr, http_get};
 
 use crate::{now_ns, otlp_json, post_otlp};
 
+/// Kills the process if the test ends early, so a failed run leaves no demo holding its ports.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn demo_serves_simulated_data_prints_examples_and_stops_on_ctrl_c() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, otlp) = (free_addr(), free_addr());
-    let mut child = Command::new(bin_dir().join("gpuwatch"))
-        .args([
-            "demo",
-            "--synthetic-hosts",
-            "2",
-            "--synthetic-gpus",
-            "2",
-            "--interval",
-            "1s",
-            "--backfill",
-            "2m",
-        ])
-        .arg("--http-addr")
-        .arg(http.to_string())
-        .arg("--otlp-http-addr")
-        .arg(otlp.to_string())
-        .arg("--otlp-grpc-addr")
-        .arg(free_addr().to_string())
-        .arg("--data-dir")
-        .arg(dir.path().join("demo"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start demo");
+    let mut demo = KillOnDrop(
+        Command::new(bin_dir().join("gpuwatch"))
+            .args([
+                "demo",
+                "--synthetic-hosts",
+                "2",
+                "--synthetic-gpus",
+                "2",
+                "--interval",
+                "1s",
+                "--backfill",
+                "2m",
+            ])
+            .arg("--http-addr")
+            .arg(http.to_string())
+            .arg("--otlp-http-addr")
+            .arg(otlp.to_string())
+            .arg("--otlp-grpc-addr")
+            .arg(free_addr().to_string())
+            .arg("--data-dir")
+            .arg(dir.path().join("demo"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start demo"),
+    );
+    let child = &mut demo.0;
     let stdout = child.stdout.take().expect("stdout");
     let mut banner = String::new();
     let mut lines = BufReader::new(stdout).lines();
