@@ -57,7 +57,6 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod hostname;
-mod json;
 pub mod metrics;
 
 use std::future::Future;
@@ -162,7 +161,7 @@ async fn print_once(opts: &AgentOptions, mut source: Box<dyn Source>) -> Result<
         processes: &processes,
         events: &events,
     };
-    let text = json::to_string_pretty(&once).map_err(|e| Error::Encode(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&once).map_err(|e| Error::Encode(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
         // `gpuwatch-agent --once | head` is fine.
