@@ -416,19 +416,13 @@ mod store_tests {
             .expect("write");
     }
 
-    async fn count(engine: &QueryEngine, sql: &str) -> i64 {
-        let r = engine.query(sql).await.expect("query");
-        r.batches[0].column(0).as_primitive::<Int64Type>().value(0)
-    }
-
-    #[tokio::test]
-    async fn queries_see_buffer_and_files_once() {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// A store in `dir` (WAL fsync off) and an engine over it.
+    fn open(dir: &std::path::Path) -> (Arc<Store>, QueryEngine) {
         let store = Arc::new(
             Store::open(
                 StoreConfig {
                     wal_sync: false,
-                    ..StoreConfig::new(dir.path())
+                    ..StoreConfig::new(dir)
                 },
                 Arc::new(SystemClock),
             )
@@ -439,6 +433,18 @@ mod store_tests {
             EngineConfig::default(),
         )
         .expect("engine");
+        (store, engine)
+    }
+
+    async fn count(engine: &QueryEngine, sql: &str) -> i64 {
+        let r = engine.query(sql).await.expect("query");
+        r.batches[0].column(0).as_primitive::<Int64Type>().value(0)
+    }
+
+    #[tokio::test]
+    async fn queries_see_buffer_and_files_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, engine) = open(dir.path());
         for i in 0..10 {
             write(&store, i);
         }
@@ -488,21 +494,7 @@ mod store_tests {
     #[tokio::test]
     async fn files_outside_the_time_filter_are_never_scanned() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(
-            Store::open(
-                StoreConfig {
-                    wal_sync: false,
-                    ..StoreConfig::new(dir.path())
-                },
-                Arc::new(SystemClock),
-            )
-            .expect("store"),
-        );
-        let engine = QueryEngine::new(
-            Arc::clone(&store) as Arc<dyn ReadStore>,
-            EngineConfig::default(),
-        )
-        .expect("engine");
+        let (store, engine) = open(dir.path());
         // Three hours, one persist each: three files per table.
         for hour in 0..3i64 {
             for i in 0..4 {
@@ -537,21 +529,7 @@ mod store_tests {
     #[tokio::test]
     async fn csv_flattens_maps_and_json_keeps_nulls() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(
-            Store::open(
-                StoreConfig {
-                    wal_sync: false,
-                    ..StoreConfig::new(dir.path())
-                },
-                Arc::new(SystemClock),
-            )
-            .expect("store"),
-        );
-        let engine = QueryEngine::new(
-            Arc::clone(&store) as Arc<dyn ReadStore>,
-            EngineConfig::default(),
-        )
-        .expect("engine");
+        let (store, engine) = open(dir.path());
         write(&store, 1);
         let r = engine
             .query("SELECT metric, labels FROM metrics")
