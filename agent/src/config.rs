@@ -153,7 +153,7 @@ pub struct Cli {
     /// Least time between two reads of the counters that cost milliseconds of CPU per call:
     /// the energy counter (advanced by power × time in between) and per-process utilisation
     /// [env: GPUWATCH_SLOW_INTERVAL]
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
     pub slow_interval: Duration,
 
     /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)

@@ -11,9 +11,11 @@
 //! 3. a GPU with no mapping file takes the job of its first process that has one.
 //!
 //! When a GPU's mapping file lists several jobs (a shared GPU), the job of a process on it
-//! that is listed wins; otherwise the last line (the newest job). The directory and `/proc` are
-//! read again at every collection, so a job starting or ending is seen at the next tick
-//! without a restart.
+//! that is listed wins; otherwise the last line (the newest job). The directory is read again at
+//! every collection, so a job starting or ending is seen at the next tick without a restart.
+//! What `/proc` says of a process is kept while the same process (pid and start time) stays on
+//! a GPU: its environment cannot change, and re-reading it every tick was a tenth of the
+//! agent's CPU time on a one-GPU host.
 
 pub mod proc;
 pub mod slurm;
@@ -37,6 +39,8 @@ pub struct Attributor {
     mapping_dir: PathBuf,
     proc_root: PathBuf,
     warned: bool,
+    /// What was read of each GPU process, with its start time.
+    known: HashMap<u32, (u64, proc::ProcessInfo)>,
 }
 
 impl Attributor {
@@ -46,18 +50,29 @@ impl Attributor {
             mapping_dir: mapping_dir.to_path_buf(),
             proc_root: proc_root.to_path_buf(),
             warned: false,
+            known: HashMap::new(),
         }
     }
 
     /// Label `gpus` and `procs` with their jobs (replacing any previous label).
     pub fn apply(&mut self, gpus: &mut [GpuSample], procs: &mut [ProcessSample]) {
+        let mut known = HashMap::with_capacity(procs.len());
         for p in procs.iter_mut() {
-            let info = proc::read_process(&self.proc_root, p.pid);
+            let started = proc::start_time(&self.proc_root, p.pid);
+            let info = match (started, self.known.remove(&p.pid)) {
+                (Some(s), Some((was, info))) if s == was => info,
+                _ => proc::read_process(&self.proc_root, p.pid),
+            };
             if p.process_name.is_none() {
-                p.process_name = info.name;
+                p.process_name.clone_from(&info.name);
             }
-            p.job = info.job;
+            p.job.clone_from(&info.job);
+            if let Some(s) = started {
+                known.insert(p.pid, (s, info));
+            }
         }
+        // Processes gone from every GPU are forgotten.
+        self.known = known;
         let mapping = match slurm::read_mapping_dir(&self.mapping_dir) {
             Ok(m) => {
                 self.warned = false;
@@ -233,6 +248,35 @@ mod tests {
         a.apply(&mut gpus, &mut procs);
         let job = gpus[0].job.as_ref().unwrap();
         assert_eq!((job.id.as_str(), job.user.as_str()), ("10", "carol"));
+    }
+
+    #[test]
+    fn a_process_is_read_once_until_its_pid_is_reused() {
+        let d = Dirs::new("d");
+        let stat = |start: u64| {
+            format!("6000 (python3) S 1 6000 6000 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0")
+        };
+        d.fake_process(6000, &[("SLURM_JOB_ID", "20")], "");
+        std::fs::write(d.proc().join("6000/stat"), stat(100)).unwrap();
+        let mut gpus = vec![gpu(0)];
+        let mut procs = vec![process(0, 6000)];
+        let mut a = Attributor::new(&d.jobs(), &d.proc());
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "20");
+        // The same process (same start time): what was read stands, /proc is not read again.
+        d.fake_process(6000, &[("SLURM_JOB_ID", "21")], "");
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "20");
+        assert_eq!(gpus[0].job.as_ref().unwrap().id, "20");
+        // The pid now names another process: read afresh.
+        std::fs::write(d.proc().join("6000/stat"), stat(200)).unwrap();
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "21");
+        // Gone from the GPUs, then back with the same start time: forgotten, so read afresh.
+        a.apply(&mut gpus, &mut []);
+        d.fake_process(6000, &[("SLURM_JOB_ID", "22")], "");
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "22");
     }
 
     #[test]

@@ -47,6 +47,22 @@ pub fn read_process(proc_root: &Path, pid: u32) -> ProcessInfo {
     }
 }
 
+/// When process `pid` started (field 22 of `/proc/<pid>/stat`, clock ticks since boot): with
+/// the pid, it names one process for the life of the host, so what was read of it can be kept.
+/// `None` when unreadable (the process exited) or malformed.
+pub fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses and may
+/// hold spaces and parentheses itself, so fields are counted from the last `)`.
+pub fn parse_start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: field 3 (state) is the first; field 22 is the 20th.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 fn read_limited(path: &Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let f = std::fs::File::open(path).ok()?;
@@ -172,6 +188,20 @@ mod tests {
             Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".into())
         );
         assert_eq!(pod_uid_from_cgroup("0::/system.slice\n"), None);
+    }
+
+    #[test]
+    fn stat_start_time() {
+        let stat = "431 (python3) S 1 431 431 0 -1 4194560 93851 0 0 0 2310 412 0 0 20 0 61 0 1834 29512110080 466173 18446744073709551615";
+        assert_eq!(parse_start_time(stat), Some(1834));
+        let odd = "77 (a) b (c) d) R 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0";
+        assert_eq!(parse_start_time(odd), Some(99));
+        assert_eq!(parse_start_time("77 (x) R 1 2"), None);
+        assert_eq!(parse_start_time("no parenthesis"), None);
+        assert_eq!(parse_start_time(""), None);
+        let me = start_time(Path::new("/proc"), std::process::id());
+        assert!(me.is_some());
+        assert_eq!(me, start_time(Path::new("/proc"), std::process::id()));
     }
 
     #[test]
