@@ -123,7 +123,7 @@ impl TableProvider for StoreTable {
         if !files.is_empty() {
             let urls = files
                 .iter()
-                .map(|(path, _)| ListingTableUrl::parse(path.to_string_lossy()))
+                .map(|(location, _)| ListingTableUrl::parse(location))
                 .collect::<DfResult<Vec<_>>>()?;
             let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
                 .with_file_extension(".parquet");
@@ -284,6 +284,13 @@ impl QueryEngine {
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
         let ctx = SessionContext::new_with_config(session);
+        // Files in an object store are read through it: registered once, under `s3://bucket`.
+        if let Some((base, object_store)) = store.object_store() {
+            let url = datafusion::execution::object_store::ObjectStoreUrl::parse(&base)
+                .map_err(Error::from)?;
+            ctx.runtime_env()
+                .register_object_store(url.as_ref(), object_store);
+        }
         let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(
@@ -330,6 +337,7 @@ impl QueryEngine {
             return Ok(self.ctx.clone());
         };
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&self.ctx.runtime_env().object_store_registry))
             .with_memory_limit(limit, 1.0)
             .build_arc()
             .map_err(Error::from)?;
