@@ -201,7 +201,12 @@ fn persist_buffers(
 ) -> Result<(Catalog, Vec<FileMeta>)> {
     let mut files = Vec::new();
     for (table, buf) in frozen.tables() {
-        files.extend(persist::write_table(storage, table, buf.batches(), through)?);
+        files.extend(persist::write_table(
+            storage,
+            table,
+            buf.batches(),
+            through,
+        )?);
     }
     catalog.files.extend(files.iter().cloned());
     mark_persisted(storage, &mut catalog, through);

@@ -142,8 +142,11 @@ pub fn write_file(
         start.format("%H")
     );
     let mut buf = Vec::new();
-    let mut writer =
-        ArrowWriter::try_new(&mut buf, batch.schema(), Some(writer_properties(table, batch)))?;
+    let mut writer = ArrowWriter::try_new(
+        &mut buf,
+        batch.schema(),
+        Some(writer_properties(table, batch)),
+    )?;
     writer.write(batch)?;
     writer.close()?;
     let bytes = buf.len() as u64;

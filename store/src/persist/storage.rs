@@ -417,7 +417,11 @@ impl Storage {
 
     /// Deletes old catalog versions: every version below `keep_from`, written more than `min_age`
     /// ago. Returns how many were deleted. Nothing on local disk.
-    pub fn delete_old_catalogs(&self, keep_from: u64, min_age: std::time::Duration) -> Result<usize> {
+    pub fn delete_old_catalogs(
+        &self,
+        keep_from: u64,
+        min_age: std::time::Duration,
+    ) -> Result<usize> {
         match self {
             Self::Local(_) => Ok(0),
             Self::Object(r) => r.delete_old_catalogs(keep_from, min_age),
@@ -493,9 +497,16 @@ impl Remote {
         })
     }
 
+    /// True when `rel` holds exactly `bytes`: a create-only put that the client retried after
+    /// its first attempt landed (a lost response) meets its own object.
+    fn holds(&self, rel: &str, bytes: &Bytes) -> bool {
+        self.get(rel).is_ok_and(|existing| existing == *bytes)
+    }
+
     fn put_create(&self, rel: &str, bytes: Bytes) -> Result<()> {
-        match self.put_create_raw(rel, bytes)? {
+        match self.put_create_raw(rel, bytes.clone())? {
             Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) if self.holds(rel, &bytes) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => Err(Error::ObjectStore {
                 location: self.location(rel),
                 detail: format!(
@@ -552,11 +563,10 @@ impl Remote {
     fn read_catalog(&self, version: u64) -> Result<Catalog> {
         let rel = Self::catalog_rel(version);
         let bytes = self.get(&rel)?;
-        let catalog: Catalog =
-            serde_json::from_slice(&bytes).map_err(|e| Error::Catalog {
-                path: PathBuf::from(self.location(&rel)),
-                detail: e.to_string(),
-            })?;
+        let catalog: Catalog = serde_json::from_slice(&bytes).map_err(|e| Error::Catalog {
+            path: PathBuf::from(self.location(&rel)),
+            detail: e.to_string(),
+        })?;
         if catalog.generation != version {
             return Err(Error::Catalog {
                 path: PathBuf::from(self.location(&rel)),
@@ -588,11 +598,19 @@ impl Remote {
     fn save_catalog(&self, catalog: &Catalog) -> Result<()> {
         let version = catalog.generation;
         let rel = Self::catalog_rel(version);
-        let bytes = serde_json::to_vec_pretty(catalog).map_err(|e| Error::Catalog {
-            path: PathBuf::from(self.location(&rel)),
-            detail: e.to_string(),
-        })?;
-        match self.put_create_raw(&rel, Bytes::from(bytes))? {
+        let bytes =
+            Bytes::from(
+                serde_json::to_vec_pretty(catalog).map_err(|e| Error::Catalog {
+                    path: PathBuf::from(self.location(&rel)),
+                    detail: e.to_string(),
+                })?,
+            );
+        let written = match self.put_create_raw(&rel, bytes.clone())? {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) if self.holds(&rel, &bytes) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(()) => {
                 self.versions().push((version, chrono::Utc::now()));
                 self.check_predecessor(version)

@@ -577,8 +577,8 @@ fn compaction_keeps_metrics_labels(p: &Place) {
     assert_eq!(s.maintain().expect("maintain").windows_compacted, 1);
     let files = files_of(&s, Table::Metrics);
     assert_eq!(files.len(), 1);
-    let batch =
-        compact::read_files(s.storage(), Table::Metrics, &files).expect("read back the merged file");
+    let batch = compact::read_files(s.storage(), Table::Metrics, &files)
+        .expect("read back the merged file");
     assert_eq!(batch.num_rows(), 4);
     let labels = batch
         .column_by_name("labels")
@@ -686,4 +686,21 @@ fn old_catalog_versions_go_after_the_grace_period_and_a_stale_writer_still_fails
     let c = Store::open(zero_grace(&Place::s3_at(&a_place)), clock).expect("open c");
     assert_eq!(c.catalog().generation, 3);
     assert_eq!(powers(&c), expected(3));
+}
+
+#[test]
+fn a_create_only_put_that_meets_its_own_bytes_succeeds_and_other_bytes_fail() {
+    let p = Place::s3();
+    let s = open(&p);
+    let st = s.storage();
+    let rel = "tables/x/2027-01-01/00/a.parquet";
+    st.put_new(rel, bytes::Bytes::from_static(b"one"))
+        .expect("first");
+    st.put_new(rel, bytes::Bytes::from_static(b"one"))
+        .expect("a retry that meets its own bytes");
+    let err = st
+        .put_new(rel, bytes::Bytes::from_static(b"two"))
+        .expect_err("never overwritten");
+    assert!(err.to_string().contains("never overwritten"), "{err}");
+    assert_eq!(st.read(rel).expect("read").as_ref(), b"one");
 }
