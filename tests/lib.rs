@@ -392,7 +392,10 @@ impl S3Server {
         let (code, body) = http_call(
             self.addr,
             "GET",
-            &format!("/{}?list-type=2&max-keys=100000&prefix={prefix}", self.bucket),
+            &format!(
+                "/{}?list-type=2&max-keys=100000&prefix={prefix}",
+                self.bucket
+            ),
         )
         .expect("list objects");
         assert_eq!(code, 200, "{body}");

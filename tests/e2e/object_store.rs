@@ -56,13 +56,17 @@ async fn kill_9_with_an_object_store_keeps_every_acknowledged_sample_once() {
         .start();
     let t0 = now_ns();
     write_acked(&server, "GPU-s3", 0, 100, t0).await;
-    eventually(Duration::from_secs(20), "a persist to the bucket", || async {
-        !catalog_versions(&s3, "fleet/a").is_empty()
-            && s3
-                .keys("fleet/a/tables/gpu_metrics/")
-                .iter()
-                .any(|k| k.ends_with(".parquet"))
-    })
+    eventually(
+        Duration::from_secs(20),
+        "a persist to the bucket",
+        || async {
+            !catalog_versions(&s3, "fleet/a").is_empty()
+                && s3
+                    .keys("fleet/a/tables/gpu_metrics/")
+                    .iter()
+                    .any(|k| k.ends_with(".parquet"))
+        },
+    )
     .await;
     write_acked(&server, "GPU-s3", 100, 150, t0).await;
     server.kill9();
@@ -112,9 +116,11 @@ async fn a_second_server_on_one_prefix_is_stopped_loudly_and_the_first_goes_on()
         .start();
     let t0 = now_ns();
     write_acked(&a, "GPU-a", 0, 20, t0).await;
-    eventually(Duration::from_secs(20), "a's first catalog version", || async {
-        !catalog_versions(&s3, prefix).is_empty()
-    })
+    eventually(
+        Duration::from_secs(20),
+        "a's first catalog version",
+        || async { !catalog_versions(&s3, prefix).is_empty() },
+    )
     .await;
     let mut b = TestServer::builder()
         .data_dir(&dir.path().join("b"))
@@ -125,9 +131,11 @@ async fn a_second_server_on_one_prefix_is_stopped_loudly_and_the_first_goes_on()
     // B loaded some version; A writes past it before B has anything to persist.
     let loaded = catalog_versions(&s3, prefix).len();
     write_acked(&a, "GPU-a", 20, 40, t0).await;
-    eventually(Duration::from_secs(20), "a writes a newer version", || async {
-        catalog_versions(&s3, prefix).len() > loaded
-    })
+    eventually(
+        Duration::from_secs(20),
+        "a writes a newer version",
+        || async { catalog_versions(&s3, prefix).len() > loaded },
+    )
     .await;
     // B acknowledges writes (its WAL holds them), then its persist meets A's version.
     write_acked(&b, "GPU-b", 0, 10, t0).await;
@@ -167,7 +175,11 @@ async fn a_second_server_on_one_prefix_is_stopped_loudly_and_the_first_goes_on()
     assert_eq!(code, 200);
     assert_exactly(&a, "GPU-a", 0, 60).await;
     assert_eq!(
-        scalar(&a, "SELECT count(*) FROM gpu_metrics WHERE gpu_uuid = 'GPU-b'").await,
+        scalar(
+            &a,
+            "SELECT count(*) FROM gpu_metrics WHERE gpu_uuid = 'GPU-b'"
+        )
+        .await,
         0.0
     );
     // With A stopped, B restarts on the prefix: A's data and every write B acknowledged are
@@ -200,9 +212,11 @@ async fn object_store_is_read_from_the_config_file_and_a_bad_url_is_refused() {
     }
     let server = builder.start();
     write_acked(&server, "GPU-toml", 0, 5, now_ns()).await;
-    eventually(Duration::from_secs(20), "a persist to the bucket", || async {
-        !catalog_versions(&s3, "from-toml").is_empty()
-    })
+    eventually(
+        Duration::from_secs(20),
+        "a persist to the bucket",
+        || async { !catalog_versions(&s3, "from-toml").is_empty() },
+    )
     .await;
     assert_exactly(&server, "GPU-toml", 0, 5).await;
     drop(server);
