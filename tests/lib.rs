@@ -60,6 +60,7 @@ pub struct TestServer {
     /// Data directory.
     pub data_dir: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
 }
 
@@ -68,6 +69,7 @@ pub struct TestServer {
 pub struct TestServerBuilder {
     data_dir: Option<PathBuf>,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl TestServerBuilder {
@@ -83,6 +85,20 @@ impl TestServerBuilder {
         self
     }
 
+    /// Keeps the files in `s3` under `prefix` (`--object-store`, and the AWS variables).
+    pub fn object_store(mut self, s3: &S3Server, prefix: &str) -> Self {
+        self.extra.push("--object-store".into());
+        self.extra.push(s3.url(prefix));
+        self.env.extend(s3.env());
+        self
+    }
+
+    /// Sets an environment variable of the server.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// Starts the server and waits until it is ready.
     pub fn start(self) -> TestServer {
         let data_dir = self.data_dir.expect("data dir");
@@ -94,6 +110,7 @@ impl TestServerBuilder {
             log: data_dir.with_extension("log"),
             data_dir,
             extra: self.extra,
+            env: self.env,
         };
         // A port picked by `free_addr` can be taken by another test before the server binds it:
         // on that (and only that) failure, pick new ports and start again.
@@ -145,6 +162,7 @@ impl TestServer {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("GPUWATCH_LOG_LEVEL", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -285,4 +303,114 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Ok((code, body))
+}
+
+/// A tiny blocking HTTP/1.1 request with an empty body.
+pub fn http_call(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// A real S3 server (moto, `pip install 'moto[server]'`) on a free port, with one bucket; killed
+/// on drop.
+#[derive(Debug)]
+pub struct S3Server {
+    child: Option<Child>,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// The bucket the tests use.
+    pub bucket: String,
+}
+
+impl S3Server {
+    /// Starts `moto_server` and creates the bucket.
+    pub fn start() -> Self {
+        let addr = free_addr();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &addr.port().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server (install it: pip install 'moto[server]')");
+        let mut s = Self {
+            child: Some(child),
+            addr,
+            bucket: "gpuwatch-e2e".into(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("moto_server exited early ({status})");
+            }
+            if let Ok((code, _)) = http_call(addr, "PUT", &format!("/{}", s.bucket)) {
+                assert_eq!(code, 200, "create bucket");
+                return s;
+            }
+            assert!(Instant::now() < deadline, "moto_server not up within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `s3://bucket/prefix`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.bucket)
+    }
+
+    /// The AWS variables a server needs to reach it.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT_URL", format!("http://{}", self.addr)),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// The keys under `prefix`, listed through the S3 API.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let (code, body) = http_call(
+            self.addr,
+            "GET",
+            &format!(
+                "/{}?list-type=2&max-keys=100000&prefix={prefix}",
+                self.bucket
+            ),
+        )
+        .expect("list objects");
+        assert_eq!(code, 200, "{body}");
+        body.split("<Key>")
+            .skip(1)
+            .filter_map(|k| k.split_once("</Key>").map(|(k, _)| k.to_string()))
+            .collect()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

@@ -25,6 +25,8 @@ pub struct FileConfig {
     pub otlp_grpc_addr: Option<SocketAddr>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
+    /// `--object-store`, e.g. `"s3://bucket/prefix"`
+    pub object_store: Option<String>,
     /// `--persist-interval`, e.g. `"5m"`
     pub persist_interval: Option<String>,
     /// `--max-body-bytes`

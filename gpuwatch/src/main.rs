@@ -79,6 +79,12 @@ struct ServeArgs {
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Keep the Parquet files and the catalog in an object store, s3://bucket/prefix, instead of
+    /// the data directory (which keeps the write-ahead log). Credentials and endpoint come from
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP.
+    /// One server per prefix (docs/configuration.md#object-storage).
+    #[arg(long, env = "GPUWATCH_OBJECT_STORE", value_name = "URL")]
+    object_store: Option<String>,
     /// How often buffered data is written to Parquet (and the WAL truncated) [default: 5m; demo: 1m].
     #[arg(long, env = "GPUWATCH_PERSIST_INTERVAL", value_parser = parse_duration)]
     persist_interval: Option<Duration>,
@@ -244,6 +250,11 @@ fn serve_config(
             "./gpuwatch-data"
         })
     });
+    let object_store = args.object_store.clone().or(file.object_store);
+    if let Some(url) = &object_store {
+        gpuwatch_store::persist::storage::ObjectStoreUrl::parse(url)
+            .map_err(|e| Error::Config(format!("--object-store: {e}")))?;
+    }
     let persist_interval = match (args.persist_interval, file.persist_interval) {
         (Some(d), _) => d,
         (None, Some(text)) => parse_duration(&text)
@@ -295,6 +306,7 @@ fn serve_config(
         otlp_http_addr: args.otlp_http_addr,
         otlp_grpc_addr: args.otlp_grpc_addr,
         data_dir,
+        object_store,
         persist_interval,
         max_body_bytes: args.max_body_bytes,
         query_timeout: args.query_timeout,
@@ -372,7 +384,7 @@ async fn run() -> Result<()> {
             let config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
             let running = server::start(config.clone()).await?;
-            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), object_store = config.object_store.as_deref().unwrap_or("none (files in the data directory)"), "gpuwatch serving");
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;

@@ -40,6 +40,8 @@ pub struct ServeConfig {
     pub otlp_grpc_addr: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
+    /// `s3://bucket/prefix` holding the Parquet files and the catalog, if not the data directory.
+    pub object_store: Option<String>,
     /// How often the buffer is persisted to Parquet.
     pub persist_interval: Duration,
     /// Largest request body, compressed or not.
@@ -212,6 +214,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .max(config.query_timeout * 2),
             ..Default::default()
         },
+        object_store: config.object_store.clone(),
         ..StoreConfig::new(config.data_dir.clone())
     };
     let compact_every = config.compaction_interval;
@@ -403,6 +406,9 @@ async fn not_found() -> Response {
 }
 
 async fn readyz(State(app): State<App>) -> Response {
+    if let Some(why) = app.store.get().and_then(|s| s.fenced()) {
+        return error_response(Status::Unavailable, &format!("not ready: {why}"));
+    }
     if app.store.get().is_some() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
@@ -623,6 +629,12 @@ async fn self_metrics(State(app): State<App>) -> Response {
             "gauge",
             "Parquet files in the catalog",
             store.file_count() as u64,
+        );
+        line(
+            "gpuwatch_persistence_stopped",
+            "gauge",
+            "1 when another server wrote to this server's object store prefix and persistence stopped",
+            u64::from(store.fenced().is_some()),
         );
     }
     if let Some(engine) = app.engine.get() {

@@ -123,7 +123,7 @@ impl TableProvider for StoreTable {
         if !files.is_empty() {
             let urls = files
                 .iter()
-                .map(|(path, _)| ListingTableUrl::parse(path.to_string_lossy()))
+                .map(|(location, _)| ListingTableUrl::parse(location))
                 .collect::<DfResult<Vec<_>>>()?;
             let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
                 .with_file_extension(".parquet");
@@ -284,6 +284,13 @@ impl QueryEngine {
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
         let ctx = SessionContext::new_with_config(session);
+        // Files in an object store are read through it: registered once, under `s3://bucket`.
+        if let Some((base, object_store)) = store.object_store() {
+            let url = datafusion::execution::object_store::ObjectStoreUrl::parse(&base)
+                .map_err(Error::from)?;
+            ctx.runtime_env()
+                .register_object_store(url.as_ref(), object_store);
+        }
         let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(
@@ -330,6 +337,7 @@ impl QueryEngine {
             return Ok(self.ctx.clone());
         };
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&self.ctx.runtime_env().object_store_registry))
             .with_memory_limit(limit, 1.0)
             .build_arc()
             .map_err(Error::from)?;
@@ -416,18 +424,81 @@ mod store_tests {
             .expect("write");
     }
 
+    /// An S3 server (moto) for the tests of this process, with one bucket; it stops when this
+    /// process exits. Returns its endpoint.
+    fn moto() -> &'static str {
+        const MOTO: &str = r#"
+import logging, os, time, urllib.request
+from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+parent = os.getppid()
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/gpuwatch-test", method="PUT")).read()
+print(port, flush=True)
+while os.getppid() == parent:
+    time.sleep(0.2)
+server.stop()
+"#;
+        static ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        ENDPOINT.get_or_init(|| {
+            use std::io::BufRead;
+            let mut child = std::process::Command::new("python3")
+                .args(["-c", MOTO])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3 to start the S3 server");
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().expect("stdout"))
+                .read_line(&mut line)
+                .expect("read the S3 server's port");
+            let port: u16 = line.trim().parse().unwrap_or_else(|_| {
+                panic!("the S3 server did not start (pip install 'moto[server]'): {line:?}")
+            });
+            // Not waited for: the child exits by itself once this process is gone.
+            drop(child);
+            format!("http://127.0.0.1:{port}")
+        })
+    }
+
+    /// Where the store keeps its files.
+    #[derive(Debug, Clone, Copy)]
+    enum Backend {
+        Local,
+        S3,
+    }
+
     /// A store in `dir` (WAL fsync off) and an engine over it.
     fn open(dir: &std::path::Path) -> (Arc<Store>, QueryEngine) {
-        let store = Arc::new(
-            Store::open(
-                StoreConfig {
-                    wal_sync: false,
-                    ..StoreConfig::new(dir)
-                },
-                Arc::new(SystemClock),
-            )
-            .expect("store"),
-        );
+        open_on(dir, Backend::Local)
+    }
+
+    /// A store in `dir`, with its files on `backend` (a prefix of its own on S3).
+    fn open_on(dir: &std::path::Path, backend: Backend) -> (Arc<Store>, QueryEngine) {
+        let mut config = StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir)
+        };
+        if let Backend::S3 = backend {
+            static N: AtomicU64 = AtomicU64::new(0);
+            config.object_store = Some(format!(
+                "s3://gpuwatch-test/query-{}/t{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            config.object_store_options = [
+                ("aws_endpoint", moto()),
+                ("aws_allow_http", "true"),
+                ("aws_access_key_id", "test"),
+                ("aws_secret_access_key", "test"),
+                ("aws_region", "us-east-1"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        }
+        let store = Arc::new(Store::open(config, Arc::new(SystemClock)).expect("store"));
         let engine = QueryEngine::new(
             Arc::clone(&store) as Arc<dyn ReadStore>,
             EngineConfig::default(),
@@ -443,8 +514,17 @@ mod store_tests {
 
     #[tokio::test]
     async fn queries_see_buffer_and_files_once() {
+        queries_see_buffer_and_files_once_on(Backend::Local).await
+    }
+
+    #[tokio::test]
+    async fn queries_see_buffer_and_files_once_s3() {
+        queries_see_buffer_and_files_once_on(Backend::S3).await
+    }
+
+    async fn queries_see_buffer_and_files_once_on(backend: Backend) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open(dir.path());
+        let (store, engine) = open_on(dir.path(), backend);
         for i in 0..10 {
             write(&store, i);
         }
@@ -493,8 +573,17 @@ mod store_tests {
 
     #[tokio::test]
     async fn files_outside_the_time_filter_are_never_scanned() {
+        files_outside_the_time_filter_are_never_scanned_on(Backend::Local).await
+    }
+
+    #[tokio::test]
+    async fn files_outside_the_time_filter_are_never_scanned_s3() {
+        files_outside_the_time_filter_are_never_scanned_on(Backend::S3).await
+    }
+
+    async fn files_outside_the_time_filter_are_never_scanned_on(backend: Backend) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open(dir.path());
+        let (store, engine) = open_on(dir.path(), backend);
         // Three hours, one persist each: three files per table.
         for hour in 0..3i64 {
             for i in 0..4 {
@@ -503,6 +592,16 @@ mod store_tests {
             store.persist().expect("persist");
         }
         assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 3);
+        if let Backend::S3 = backend {
+            let snap = store.snapshot(Table::GpuMetrics);
+            assert!(
+                snap.files
+                    .iter()
+                    .all(|(l, _)| l.starts_with("s3://gpuwatch-test/query-")),
+                "{:?}",
+                snap.files
+            );
+        }
         let scanned = || engine.scan_stats().files_scanned.load(Ordering::Relaxed);
         let pruned = || engine.scan_stats().files_pruned.load(Ordering::Relaxed);
         let t = |s: i64| format!("to_timestamp_seconds({})", 1_800_000_000 + s);

@@ -45,6 +45,29 @@ pub enum Error {
     )]
     Catalog { path: PathBuf, detail: String },
 
+    /// `--object-store` is not usable.
+    #[error("object store {url}: {detail}")]
+    ObjectStoreConfig { url: String, detail: String },
+
+    /// An object store request failed.
+    #[error("object store error on {location}: {detail}")]
+    ObjectStore { location: String, detail: String },
+
+    /// Another server wrote the catalog version this one was about to write: two servers share
+    /// one object store prefix.
+    #[error(
+        "catalog version {version} under {prefix} was already written by {other}: two servers are writing to one prefix; this server stopped persisting to protect the data (its write-ahead log keeps every acknowledged write): stop one of them, give each server its own prefix, then restart this one"
+    )]
+    CatalogConflict {
+        prefix: String,
+        version: u64,
+        other: String,
+    },
+
+    /// Persistence stopped after a [`Error::CatalogConflict`]; writes are refused.
+    #[error("persistence stopped: {0}")]
+    Fenced(String),
+
     /// Arrow failed to build or encode a batch.
     #[error("arrow error: {0}")]
     Arrow(#[from] arrow::error::ArrowError),

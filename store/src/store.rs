@@ -11,6 +11,11 @@
 //!
 //! Every change of the catalog (persist, compaction, retention) is a read-modify-write under one
 //! lock, saved atomically before it is installed, so they never undo each other.
+//!
+//! With an object store ([`StoreConfig::object_store`]) the Parquet files and the catalog live
+//! there and the WAL stays in the data directory. A catalog version another server wrote first
+//! ([`Error::CatalogConflict`]) stops persistence for good in this process: writes are refused
+//! with [`Error::Fenced`] (the WAL keeps what was acknowledged) and [`Store::fenced`] says why.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +28,7 @@ use crate::buffer::Buffers;
 use crate::clock::Clock;
 use crate::compact::{self, CompactionConfig, HOUR_NANOS, MaintenanceReport, RetentionConfig};
 use crate::ingest::WriteBatch;
-use crate::persist::{self, Catalog, FileMeta, Retired};
+use crate::persist::{self, Catalog, FileMeta, Retired, Storage};
 use crate::schema::Table;
 use crate::wal::{self, GroupCommit, Wal};
 use crate::{Error, Result};
@@ -47,6 +52,13 @@ pub struct StoreConfig {
     pub compaction: CompactionConfig,
     /// Retention per table.
     pub retention: RetentionConfig,
+    /// `s3://bucket/prefix`: keep the Parquet files and the catalog there instead of the data
+    /// directory (the WAL stays in the data directory). Credentials and endpoint come from the
+    /// AWS environment variables.
+    pub object_store: Option<String>,
+    /// Settings of the object store client applied over the environment's, as
+    /// `object_store::aws::AmazonS3ConfigKey` names (`aws_endpoint`, `aws_allow_http`, ...).
+    pub object_store_options: Vec<(String, String)>,
 }
 
 impl StoreConfig {
@@ -59,6 +71,8 @@ impl StoreConfig {
             max_buffer_bytes: 1 << 30,
             compaction: CompactionConfig::default(),
             retention: RetentionConfig::default(),
+            object_store: None,
+            object_store_options: Vec::new(),
         }
     }
 }
@@ -95,14 +109,21 @@ pub struct StoreStats {
 pub struct TableSnapshot {
     /// Buffered batches (not yet in any file).
     pub batches: Vec<RecordBatch>,
-    /// Persisted files, with absolute paths.
-    pub files: Vec<(PathBuf, FileMeta)>,
+    /// Persisted files: where to read each (an absolute path, or `s3://bucket/prefix/...`) and
+    /// its catalog entry.
+    pub files: Vec<(String, FileMeta)>,
 }
 
 /// The narrow read interface the query engine uses.
 pub trait ReadStore: Send + Sync + std::fmt::Debug {
     /// A consistent view of `table` now.
     fn snapshot(&self, table: Table) -> TableSnapshot;
+
+    /// The object store the files live in, if any: the address to register it under
+    /// (`s3://bucket`) and a client for the query engine's runtime.
+    fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
+        None
+    }
 }
 
 #[derive(Debug)]
@@ -128,6 +149,9 @@ pub struct PersistReport {
 #[derive(Debug)]
 pub struct Store {
     config: StoreConfig,
+    storage: Storage,
+    /// Why persistence stopped (a catalog conflict), if it did.
+    fenced: Mutex<Option<String>>,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     commit: GroupCommit,
@@ -144,22 +168,60 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records that the files cover this writer's WAL through segment `through`.
+fn mark_persisted(storage: &Storage, catalog: &mut Catalog, through: u64) {
+    catalog.wal_persisted_through = through;
+    if let Some(w) = storage.writer() {
+        catalog.wal_persisted_by.insert(w.id.clone(), through);
+    }
+}
+
+/// The last segment of this writer's WAL that the catalog's files cover.
+fn covered(storage: &Storage, catalog: &Catalog) -> u64 {
+    match storage.writer() {
+        None => catalog.wal_persisted_through,
+        Some(w) => catalog.wal_persisted_by.get(&w.id).copied().unwrap_or(0),
+    }
+}
+
+/// Saves `catalog` as the next version, signed by this writer.
+fn save_next(storage: &Storage, catalog: &mut Catalog) -> Result<()> {
+    catalog.generation += 1;
+    catalog.writer = storage.writer().cloned();
+    storage.save_catalog(catalog)
+}
+
 /// Writes `frozen` as Parquet files covering WAL segments up to `through`, and saves a catalog
 /// naming them. Returns the new catalog (not yet installed) and the files.
 fn persist_buffers(
-    dir: &Path,
+    storage: &Storage,
     frozen: &Buffers,
     through: u64,
     mut catalog: Catalog,
 ) -> Result<(Catalog, Vec<FileMeta>)> {
     let mut files = Vec::new();
     for (table, buf) in frozen.tables() {
-        files.extend(persist::write_table(dir, table, buf.batches(), through)?);
+        files.extend(persist::write_table(
+            storage,
+            table,
+            buf.batches(),
+            through,
+        )?);
     }
     catalog.files.extend(files.iter().cloned());
-    catalog.wal_persisted_through = through;
-    catalog.save(dir)?;
+    mark_persisted(storage, &mut catalog, through);
+    save_next(storage, &mut catalog)?;
     Ok((catalog, files))
+}
+
+/// Removes the files of a failed catalog change, unless the change may have landed: on an object
+/// store a failed request may still have written the catalog version, so its files stay (a
+/// leftover is removed at the next start). A conflict is certain not to name them.
+fn discard_files(storage: &Storage, files: &[FileMeta], error: &Error) {
+    if storage.is_object_store() && !matches!(error, Error::CatalogConflict { .. }) {
+        return;
+    }
+    persist::remove_files(storage, files);
 }
 
 /// Removes WAL segments up to `through`. A failure only costs disk until the next start, which
@@ -186,24 +248,30 @@ impl Store {
         let started = Instant::now();
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let mut catalog = Catalog::load(dir)?;
-        persist::remove_orphans(dir, &catalog)?;
-        if !catalog.retired.is_empty() {
+        let storage = match &config.object_store {
+            Some(url) => Storage::object_store(url, &config.object_store_options, dir)?,
+            None => Storage::local(dir),
+        };
+        let mut catalog = storage.load_catalog()?;
+        storage.remove_orphans(&catalog, config.compaction.grace)?;
+        if !catalog.retired.is_empty() && !storage.is_object_store() {
             // No query of an earlier process can still read them, and `remove_orphans` deleted
             // them; the next catalog change records that if this save cannot (a full disk).
+            // (On an object store they are deleted after their grace period as usual.)
             catalog.retired.clear();
-            if let Err(e) = catalog.save(dir) {
+            if let Err(e) = save_next(&storage, &mut catalog) {
                 tracing::warn!(error = %e, "could not record the deletion of retired files yet");
             }
         }
         let wal_dir = dir.join("wal");
         let stats = StoreStats::default();
         let mut active = Buffers::default();
-        let mut last_seq = catalog.wal_persisted_through;
+        let covered_through = covered(&storage, &catalog);
+        let mut last_seq = covered_through;
         let replay_limit = (config.max_buffer_bytes / 2).max(1);
         for (seq, path) in wal::list_segments(&wal_dir)? {
             last_seq = last_seq.max(seq);
-            if seq <= catalog.wal_persisted_through {
+            if seq <= covered_through {
                 std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
                 continue;
             }
@@ -219,7 +287,7 @@ impl Store {
                     "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
             }
             if active.bytes() >= replay_limit {
-                let (saved, files) = persist_buffers(dir, &active, seq, catalog)?;
+                let (saved, files) = persist_buffers(&storage, &active, seq, catalog)?;
                 catalog = saved;
                 remove_segments_through(&wal_dir, seq);
                 tracing::info!(
@@ -234,6 +302,8 @@ impl Store {
         let wal = Wal::create(&wal_dir, last_seq + 1)?;
         tracing::info!(
             data_dir = %dir.display(),
+            files_in = %storage.describe(),
+            catalog_version = catalog.generation,
             files = catalog.files.len(),
             replayed_records = stats.replayed_records.load(Ordering::Relaxed),
             replayed_rows = active.rows(),
@@ -242,6 +312,8 @@ impl Store {
         );
         Ok(Self {
             config,
+            storage,
+            fenced: Mutex::new(None),
             clock,
             state: Mutex::new(State {
                 wal,
@@ -261,6 +333,24 @@ impl Store {
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// Where the Parquet files and the catalog live.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Why persistence stopped, if it did (another server wrote to the same object store
+    /// prefix). Writes are refused from then on; `/readyz` reports it.
+    pub fn fenced(&self) -> Option<String> {
+        lock(&self.fenced).clone()
+    }
+
+    fn check_fenced(&self) -> Result<()> {
+        match self.fenced() {
+            Some(why) => Err(Error::Fenced(why)),
+            None => Ok(()),
+        }
     }
 
     /// The configuration.
@@ -317,6 +407,7 @@ impl Store {
         if write.is_empty() {
             return Ok(());
         }
+        self.check_fenced()?;
         let payload = wal::encode_payload(write)?;
         let incoming: usize = write
             .batches
@@ -398,9 +489,17 @@ impl Store {
         install: impl FnOnce(&mut State),
     ) -> Result<T> {
         let _serial = lock(&self.catalog_lock);
+        self.check_fenced()?;
         let mut catalog = lock(&self.state).catalog.clone();
         let out = change(&mut catalog)?;
-        catalog.save(&self.config.data_dir)?;
+        if let Err(e) = save_next(&self.storage, &mut catalog) {
+            if let Error::CatalogConflict { .. } = &e {
+                tracing::error!(error = %e, prefix = %self.storage.describe(),
+                    "another server writes to this object store prefix: persistence stopped, writes refused");
+                *lock(&self.fenced) = Some(e.to_string());
+            }
+            return Err(e);
+        }
         let mut s = lock(&self.state);
         s.catalog = catalog;
         install(&mut s);
@@ -411,6 +510,7 @@ impl Store {
     /// nothing to persist.
     pub fn persist(&self) -> Result<Option<PersistReport>> {
         let _one_at_a_time = lock(&self.persist_lock);
+        self.check_fenced()?;
         let (frozen, through) = {
             let mut s = lock(&self.state);
             if s.active.is_empty() {
@@ -441,13 +541,13 @@ impl Store {
     }
 
     fn write_frozen(&self, frozen: &Buffers, through: u64) -> Result<PersistReport> {
-        let dir = &self.config.data_dir;
+        let storage = &self.storage;
         let mut files = Vec::new();
         for (table, buf) in frozen.tables() {
-            match persist::write_table(dir, table, buf.batches(), through) {
+            match persist::write_table(storage, table, buf.batches(), through) {
                 Ok(f) => files.extend(f),
                 Err(e) => {
-                    persist::remove_files(dir, &files);
+                    persist::remove_files(storage, &files);
                     return Err(e);
                 }
             }
@@ -455,13 +555,13 @@ impl Store {
         let saved = self.change_catalog(
             |c| {
                 c.files.extend(files.iter().cloned());
-                c.wal_persisted_through = through;
+                mark_persisted(storage, c, through);
                 Ok(())
             },
             |s| s.frozen = None,
         );
         if let Err(e) = saved {
-            persist::remove_files(dir, &files);
+            discard_files(storage, &files, &e);
             return Err(e);
         }
         let rows = files.iter().map(|f| f.rows).sum();
@@ -483,11 +583,22 @@ impl Store {
     /// writes, persists and queries.
     pub fn maintain(&self) -> Result<MaintenanceReport> {
         let mut reopened = lock(&self.maintain_lock);
+        self.check_fenced()?;
         let now = self.clock.now_nanos();
         let mut report = MaintenanceReport::default();
         self.expire(now, &mut report)?;
         self.compact(now, &mut reopened, &mut report)?;
         self.delete_retired(now, &mut report)?;
+        let current = lock(&self.state).catalog.generation;
+        match self
+            .storage
+            .delete_old_catalogs(current, self.config.compaction.grace)
+        {
+            Ok(n) => report.catalogs_deleted += n,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete old catalog versions; retrying later")
+            }
+        }
         Ok(report)
     }
 
@@ -589,13 +700,13 @@ impl Store {
         now: i64,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
-        let dir = &self.config.data_dir;
-        let merged = persist::sort_batch(table, &compact::read_files(dir, table, inputs)?)?;
+        let storage = &self.storage;
+        let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
         let id = self.catalog().next_id;
-        let name = format!("c{id:020}");
+        let name = storage.file_name(&format!("c{id:020}"));
         let mut written: Vec<FileMeta> = Vec::new();
         let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
-            let mut meta = persist::write_file(dir, t, batch, hour, &name)?;
+            let mut meta = persist::write_file(storage, t, batch, hour, &name)?;
             meta.level = u8::from(closed);
             written.push(meta);
             Ok(())
@@ -608,7 +719,7 @@ impl Store {
             }
         }
         if let Err(e) = result {
-            persist::remove_files(dir, &written);
+            persist::remove_files(storage, &written);
             return Err(e);
         }
         let input_paths: Vec<&str> = inputs.iter().map(|f| f.path.as_str()).collect();
@@ -660,11 +771,11 @@ impl Store {
                 Ok(())
             }
             Ok(false) => {
-                persist::remove_files(dir, &written);
+                persist::remove_files(storage, &written);
                 Ok(())
             }
             Err(e) => {
-                persist::remove_files(dir, &written);
+                discard_files(storage, &written, &e);
                 Err(e)
             }
         }
@@ -681,12 +792,10 @@ impl Store {
             .collect();
         let mut deleted = Vec::new();
         for rel in due {
-            let path = self.config.data_dir.join(&rel);
-            match std::fs::remove_file(&path) {
+            match self.storage.delete(&rel) {
                 Ok(()) => deleted.push(rel),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(rel),
                 Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %e, "could not delete a retired file; retrying later")
+                    tracing::warn!(error = %e, "could not delete a retired file; retrying later")
                 }
             }
         }
@@ -718,9 +827,13 @@ impl ReadStore for Store {
             .files
             .iter()
             .filter(|f| f.table == table.name())
-            .map(|f| (Catalog::absolute(&self.config.data_dir, f), f.clone()))
+            .map(|f| (self.storage.location(&f.path), f.clone()))
             .collect();
         TableSnapshot { batches, files }
+    }
+
+    fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
+        self.storage.query_object_store()
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuwatch_e2e::TestServer;
+use gpuwatch_e2e::{S3Server, TestServer};
 
 use crate::{eventually, now_ns, otlp_json, rows, scalar};
 
@@ -43,14 +43,28 @@ async fn present(server: &TestServer) -> (Vec<i64>, usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_acknowledged_sample_survives_20_kill_9_exactly_once() {
+    crash_stress(None).await
+}
+
+/// The same with the files, the catalog, compaction and rollups in S3 (moto).
+#[tokio::test(flavor = "multi_thread")]
+async fn every_acknowledged_sample_survives_20_kill_9_exactly_once_on_an_object_store() {
+    let s3 = S3Server::start();
+    crash_stress(Some(&s3)).await
+}
+
+async fn crash_stress(s3: Option<&S3Server>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut server = TestServer::builder()
+    let mut builder = TestServer::builder()
         .data_dir(&dir.path().join("d"))
         .arg("--persist-interval")
         .arg("150ms")
         .arg("--compaction-interval")
-        .arg("100ms")
-        .start();
+        .arg("100ms");
+    if let Some(s3) = s3 {
+        builder = builder.object_store(s3, "crash");
+    }
+    let mut server = builder.start();
     let mut rng = Rng(now_ns() as u64 | 1);
     // Six hours ago, on an hour boundary; one sample every 2 s after it, wrapping within the six
     // hours so that no sample is in the future (the server rejects far-future points).

@@ -12,6 +12,7 @@ mod config;
 mod crash_stress;
 mod durability;
 mod grpc;
+mod object_store;
 mod otlp_partial;
 mod pipeline;
 mod python_sdk;

@@ -18,7 +18,6 @@
 
 pub mod rollup;
 
-use std::path::Path;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
@@ -26,7 +25,7 @@ use arrow::compute::concat_batches;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::buffer::conform;
-use crate::persist::FileMeta;
+use crate::persist::{FileMeta, Storage};
 use crate::schema::Table;
 use crate::{Error, Result};
 
@@ -107,6 +106,8 @@ pub struct MaintenanceReport {
     pub files_expired: usize,
     /// Retired files deleted from disk.
     pub files_deleted: usize,
+    /// Old catalog versions deleted (object store).
+    pub catalogs_deleted: usize,
 }
 
 /// The hour window a file belongs to (files never span hours).
@@ -115,12 +116,12 @@ pub fn window_of(file: &FileMeta) -> i64 {
 }
 
 /// Reads files of `table` into one batch in the table's current schema.
-pub fn read_files(data_dir: &Path, table: Table, files: &[FileMeta]) -> Result<RecordBatch> {
+pub fn read_files(storage: &Storage, table: Table, files: &[FileMeta]) -> Result<RecordBatch> {
     let mut batches = Vec::new();
     for f in files {
-        let path = data_dir.join(&f.path);
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+        let bytes = storage.read(&f.path)?;
+        let path = storage.location(&f.path);
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
         for b in reader {
             let b = b?;
             // A column of another type would be read back as nulls: refuse instead of losing it.
@@ -132,7 +133,7 @@ pub fn read_files(data_dir: &Path, table: Table, files: &[FileMeta]) -> Result<R
                         "parquet file",
                         format!(
                             "{}: column {} is {} where {} is expected; compaction of this window is skipped so that no value is lost",
-                            path.display(),
+                            path,
                             field.name(),
                             c.data_type(),
                             field.data_type()

@@ -1,8 +1,10 @@
 //! The catalog: which Parquet files hold which data, and how much of the WAL they cover.
 //!
-//! It is one JSON file, `catalog.json`, replaced atomically (write a temporary file, fsync,
-//! rename, fsync the directory), so a crash leaves either the old or the new catalog. Files on disk
-//! that the catalog does not name are leftovers of an interrupted persist and are removed at start.
+//! On local disk it is one JSON file, `catalog.json`, replaced atomically (write a temporary file,
+//! fsync, rename, fsync the directory), so a crash leaves either the old or the new catalog. On an
+//! object store each change is a new object, `catalog/<generation:020>.json`, written create-only
+//! (see [`super::storage`]). Files that the catalog does not name are leftovers of an interrupted
+//! persist and are removed at start.
 
 use std::fs;
 use std::io::{ErrorKind, Write};
@@ -10,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::storage::Writer;
 use crate::wal::sync_dir;
 use crate::{Error, Result};
 
@@ -61,6 +64,17 @@ pub struct Catalog {
     /// The next number for a compacted file's name.
     #[serde(default)]
     pub next_id: u64,
+    /// Incremented by every change: on an object store, the version in the object's name.
+    #[serde(default)]
+    pub generation: u64,
+    /// Who wrote this version (object store only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<Writer>,
+    /// Object store only: per writer id (one per data directory, hence per WAL), the last WAL
+    /// segment of that writer covered by the files. A server replays its own WAL against its own
+    /// entry, so a catalog written by another server never makes it skip a segment.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub wal_persisted_by: std::collections::BTreeMap<String, u64>,
 }
 
 impl Catalog {
@@ -126,6 +140,8 @@ mod tests {
                 at: 9,
             }],
             next_id: 2,
+            generation: 7,
+            ..Default::default()
         };
         c.save(dir.path()).expect("save");
         assert_eq!(Catalog::load(dir.path()).expect("load"), c);

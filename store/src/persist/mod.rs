@@ -3,13 +3,17 @@
 //! Layout: `<data-dir>/tables/<table>/<YYYY-MM-DD>/<HH>/<wal-seq:020>.parquet`, rows sorted by the
 //! table's sort columns (host, gpu_uuid, time for `gpu_metrics`), zstd, dictionary-encoded labels,
 //! delta-encoded timestamps. The name carries the last WAL segment the file covers, so names never
-//! collide and a leftover of an interrupted persist is recognisable.
+//! collide and a leftover of an interrupted persist is recognisable. With an object store the same
+//! layout sits under the prefix, each name followed by `-<writer id>` ([`storage`]).
 
 mod catalog;
+pub mod storage;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
+
+use bytes::Bytes;
 
 use arrow::array::{AsArray, BooleanArray, RecordBatch};
 use arrow::compute::{
@@ -22,9 +26,9 @@ use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::WriterProperties;
 
 pub use catalog::{CATALOG_FILE, Catalog, FileMeta, Retired};
+pub use storage::Storage;
 
 use crate::schema::Table;
-use crate::wal::sync_dir;
 use crate::{Error, Result};
 
 const NANOS_PER_HOUR: i64 = 3_600_000_000_000;
@@ -78,9 +82,9 @@ fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
 }
 
 /// Writes one table's batches as Parquet files, one per hour, named after `seq`. Each file is
-/// fsynced and renamed into place; the catalog is not touched.
+/// durable before this returns ([`Storage::put_new`]); the catalog is not touched.
 pub fn write_table(
-    data_dir: &Path,
+    storage: &Storage,
     table: Table,
     batches: &[RecordBatch],
     seq: u64,
@@ -111,20 +115,20 @@ pub fn write_table(
             filter_record_batch(&sorted, &mask)?
         };
         out.push(write_file(
-            data_dir,
+            storage,
             table,
             &part,
             *hour,
-            &format!("{seq:020}"),
+            &storage.file_name(&format!("{seq:020}")),
         )?);
     }
     Ok(out)
 }
 
-/// Writes `batch` (rows of one hour, sorted) as `tables/<table>/<date>/<HH>/<name>.parquet`:
-/// fsynced and renamed into place; the catalog is not touched.
+/// Writes `batch` (rows of one hour, sorted) as `tables/<table>/<date>/<HH>/<name>.parquet`,
+/// durable before this returns ([`Storage::put_new`]); the catalog is not touched.
 pub fn write_file(
-    data_dir: &Path,
+    storage: &Storage,
     table: Table,
     batch: &RecordBatch,
     hour: i64,
@@ -137,22 +141,16 @@ pub fn write_file(
         start.format("%Y-%m-%d"),
         start.format("%H")
     );
-    let path = data_dir.join(&rel);
-    let dir = path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| data_dir.to_path_buf());
-    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let tmp = path.with_extension("parquet.tmp");
-    let file = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let mut writer =
-        ArrowWriter::try_new(file, batch.schema(), Some(writer_properties(table, batch)))?;
+    let mut buf = Vec::new();
+    let mut writer = ArrowWriter::try_new(
+        &mut buf,
+        batch.schema(),
+        Some(writer_properties(table, batch)),
+    )?;
     writer.write(batch)?;
-    let file = writer.into_inner()?;
-    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    let bytes = file.metadata().map_err(|e| Error::io(&tmp, e))?.len();
-    fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-    sync_dir(&dir)?;
+    writer.close()?;
+    let bytes = buf.len() as u64;
+    storage.put_new(&rel, Bytes::from(buf))?;
     let times = batch.column(0).as_primitive::<TimestampNanosecondType>();
     let min_time = times.values().iter().copied().min().unwrap_or_default();
     let max_time = times.values().iter().copied().max().unwrap_or_default();
@@ -169,11 +167,10 @@ pub fn write_file(
 
 /// Removes files just written whose catalog update failed (best effort: a leftover is removed at
 /// the next start).
-pub fn remove_files(data_dir: &Path, files: &[FileMeta]) {
+pub fn remove_files(storage: &Storage, files: &[FileMeta]) {
     for f in files {
-        let path = data_dir.join(&f.path);
-        if let Err(e) = fs::remove_file(&path) {
-            tracing::warn!(file = %path.display(), error = %e, "could not remove a file whose catalog update failed");
+        if let Err(e) = storage.delete(&f.path) {
+            tracing::warn!(error = %e, "could not remove a file whose catalog update failed");
         }
     }
 }

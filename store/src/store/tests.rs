@@ -10,8 +10,150 @@ use crate::schema::value_index;
 
 const T0: i64 = 1_800_000_000_000_000_000;
 
-fn open(dir: &Path) -> Store {
-    Store::open(StoreConfig::new(dir), Arc::new(ManualClock::new(T0))).expect("open")
+/// An S3 server (moto) shared by the tests of this process, with one bucket; it stops when this
+/// process exits.
+struct Moto {
+    endpoint: String,
+    _child: std::process::Child,
+}
+
+const MOTO: &str = r#"
+import logging, os, time, urllib.request
+from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+parent = os.getppid()
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/gpuwatch-test", method="PUT")).read()
+print(port, flush=True)
+while os.getppid() == parent:
+    time.sleep(0.2)
+server.stop()
+"#;
+
+fn moto() -> &'static Moto {
+    static MOTO_SERVER: std::sync::OnceLock<Moto> = std::sync::OnceLock::new();
+    MOTO_SERVER.get_or_init(|| {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", MOTO])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 to start the S3 server");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the S3 server's port");
+        let port: u16 = line.trim().parse().unwrap_or_else(|_| {
+            panic!("the S3 server did not start (install it: pip install 'moto[server]'): {line:?}")
+        });
+        Moto {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            _child: child,
+        }
+    })
+}
+
+/// Where a test's store lives: a temporary data directory, and for the S3 variant a prefix of
+/// its own in the S3 server's bucket. The tests below run against both.
+pub(super) struct Place {
+    dir: tempfile::TempDir,
+    s3: Option<(String, Vec<(String, String)>)>,
+}
+
+impl Place {
+    pub(super) fn local() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            s3: None,
+        }
+    }
+
+    pub(super) fn s3() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let moto = moto();
+        let prefix = format!(
+            "s3://gpuwatch-test/run-{}/t{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let options = [
+            ("aws_endpoint", moto.endpoint.as_str()),
+            ("aws_allow_http", "true"),
+            ("aws_access_key_id", "test"),
+            ("aws_secret_access_key", "test"),
+            ("aws_region", "us-east-1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            s3: Some((prefix, options)),
+        }
+    }
+
+    /// A new data directory on `other`'s prefix.
+    fn s3_at(other: &Place) -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            s3: other.s3.clone(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config(&self) -> StoreConfig {
+        let mut c = StoreConfig::new(self.dir.path());
+        if let Some((url, options)) = &self.s3 {
+            c.object_store = Some(url.clone());
+            c.object_store_options = options.clone();
+        }
+        c
+    }
+}
+
+/// Runs each named test against local disk (`::local`) and the S3 server (`::s3`).
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn local() {
+                super::$name(&super::Place::local())
+            }
+            #[test]
+            fn s3() {
+                super::$name(&super::Place::s3())
+            }
+        }
+    )*};
+}
+
+on_both!(
+    writes_survive_reopen_without_persist,
+    persist_moves_rows_to_parquet_exactly_once,
+    a_file_the_catalog_does_not_name_is_removed_and_its_rows_come_from_the_wal,
+    parquet_files_are_sorted_and_zstd,
+    segments_rotate_by_size_and_replay_persists_within_the_buffer_cap,
+    compaction_merges_windows_builds_rollups_and_deletes_after_grace,
+    an_open_window_never_holds_more_than_the_bound,
+    retention_drops_whole_files_per_table,
+    readers_never_see_missing_or_doubled_rows_while_compaction_runs,
+    compaction_keeps_metrics_labels,
+    a_full_buffer_refuses_writes_until_a_persist_frees_it,
+    concurrent_writers_share_fsyncs_through_the_store,
+);
+
+fn open(p: &Place) -> Store {
+    Store::open(p.config(), Arc::new(ManualClock::new(T0))).expect("open")
+}
+
+fn exists(s: &Store, rel: &str) -> bool {
+    s.storage().read(rel).is_ok()
 }
 
 fn write_of(i: usize) -> WriteBatch {
@@ -35,8 +177,8 @@ fn powers(store: &Store) -> Vec<f64> {
                 .copied(),
         );
     }
-    for (path, _) in &snap.files {
-        let f = std::fs::File::open(path).expect("file");
+    for (_, meta) in &snap.files {
+        let f = store.storage().read(&meta.path).expect("file");
         let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
             .expect("parquet")
             .build()
@@ -61,27 +203,23 @@ fn expected(n: usize) -> Vec<f64> {
     (0..n).map(|i| i as f64).collect()
 }
 
-#[test]
-fn writes_survive_reopen_without_persist() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn writes_survive_reopen_without_persist(p: &Place) {
     {
-        let s = open(dir.path());
+        let s = open(p);
         for i in 0..10 {
             s.write(&write_of(i)).expect("write");
         }
         assert_eq!(powers(&s), expected(10));
         // Dropped without persisting: as after kill -9, only the WAL has the data.
     }
-    let s = open(dir.path());
+    let s = open(p);
     assert_eq!(powers(&s), expected(10));
     assert_eq!(s.stats().replayed_records.load(Ordering::Relaxed), 10);
 }
 
-#[test]
-fn persist_moves_rows_to_parquet_exactly_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn persist_moves_rows_to_parquet_exactly_once(p: &Place) {
     {
-        let s = open(dir.path());
+        let s = open(p);
         for i in 0..5 {
             s.write(&write_of(i)).expect("write");
         }
@@ -95,44 +233,39 @@ fn persist_moves_rows_to_parquet_exactly_once() {
         assert_eq!(snap.files.len(), 1);
         assert_eq!(powers(&s), expected(8));
     }
-    let s = open(dir.path());
+    let s = open(p);
     assert_eq!(
         powers(&s),
         expected(8),
         "no row lost or doubled across persist and restart"
     );
     // Only the segment written after the persist (and the new one) remain.
-    let segs = wal::list_segments(&dir.path().join("wal")).expect("list");
+    let segs = wal::list_segments(&p.path().join("wal")).expect("list");
     assert!(segs.len() <= 2, "{segs:?}");
 }
 
-#[test]
-fn a_file_the_catalog_does_not_name_is_removed_and_its_rows_come_from_the_wal() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn a_file_the_catalog_does_not_name_is_removed_and_its_rows_come_from_the_wal(p: &Place) {
     {
-        let s = open(dir.path());
+        let s = open(p);
         for i in 0..4 {
             s.write(&write_of(i)).expect("write");
         }
         // As if a persist wrote its file and crashed before the catalog update.
         let snap = s.snapshot(Table::GpuMetrics);
-        persist::write_table(dir.path(), Table::GpuMetrics, &snap.batches, 1).expect("file");
+        persist::write_table(s.storage(), Table::GpuMetrics, &snap.batches, 1).expect("file");
     }
-    let s = open(dir.path());
+    let s = open(p);
     assert_eq!(powers(&s), expected(4));
     assert_eq!(s.file_count(), 0);
 }
 
-#[test]
-fn parquet_files_are_sorted_and_zstd() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = open(dir.path());
+fn parquet_files_are_sorted_and_zstd(p: &Place) {
+    let s = open(p);
     for i in (0..9).rev() {
         s.write(&write_of(i)).expect("write");
     }
     let report = s.persist().expect("persist").expect("report");
-    let path = dir.path().join(&report.files[0].path);
-    let f = std::fs::File::open(&path).expect("file");
+    let f = s.storage().read(&report.files[0].path).expect("file");
     let builder =
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
     let meta = builder.metadata().clone();
@@ -162,13 +295,11 @@ fn parquet_files_are_sorted_and_zstd() {
     }
 }
 
-#[test]
-fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let small = |dir: &Path| StoreConfig {
+fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap(p: &Place) {
+    let small = |p: &Place| StoreConfig {
         wal_segment_bytes: 4096,
         max_buffer_bytes: 64 * 1024,
-        ..StoreConfig::new(dir)
+        ..p.config()
     };
     let n = 300;
     {
@@ -176,7 +307,7 @@ fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
             StoreConfig {
                 // Large enough that nothing is refused while writing.
                 max_buffer_bytes: 1 << 30,
-                ..small(dir.path())
+                ..small(p)
             },
             Arc::new(ManualClock::new(T0)),
         )
@@ -185,9 +316,9 @@ fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
             s.write(&write_of(i)).expect("write");
         }
     }
-    let segs = wal::list_segments(&dir.path().join("wal")).expect("list");
+    let segs = wal::list_segments(&p.path().join("wal")).expect("list");
     assert!(segs.len() > 10, "rotated by size: {} segments", segs.len());
-    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    let s = Store::open(small(p), Arc::new(ManualClock::new(T0))).expect("reopen");
     assert!(
         s.file_count() > 0,
         "replay persisted on the way instead of holding everything"
@@ -196,7 +327,7 @@ fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
     assert!(s.stats().persists.load(Ordering::Relaxed) > 1);
     assert_eq!(powers(&s), expected(n));
     drop(s);
-    let s = Store::open(small(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    let s = Store::open(small(p), Arc::new(ManualClock::new(T0))).expect("reopen");
     assert_eq!(
         powers(&s),
         expected(n),
@@ -204,13 +335,11 @@ fn segments_rotate_by_size_and_replay_persists_within_the_buffer_cap() {
     );
 }
 
-#[test]
-fn a_full_buffer_refuses_writes_until_a_persist_frees_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn a_full_buffer_refuses_writes_until_a_persist_frees_it(p: &Place) {
     let s = Store::open(
         StoreConfig {
             max_buffer_bytes: 32 * 1024,
-            ..StoreConfig::new(dir.path())
+            ..p.config()
         },
         Arc::new(ManualClock::new(T0)),
     )
@@ -231,10 +360,8 @@ fn a_full_buffer_refuses_writes_until_a_persist_frees_it() {
     assert_eq!(powers(&s), expected(acked + 1));
 }
 
-#[test]
-fn concurrent_writers_share_fsyncs_through_the_store() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = Arc::new(open(dir.path()));
+fn concurrent_writers_share_fsyncs_through_the_store(p: &Place) {
+    let s = Arc::new(open(p));
     std::thread::scope(|scope| {
         for w in 0..8 {
             let s = Arc::clone(&s);
@@ -273,11 +400,9 @@ fn files_of(s: &Store, table: Table) -> Vec<FileMeta> {
         .collect()
 }
 
-#[test]
-fn compaction_merges_windows_builds_rollups_and_deletes_after_grace() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn compaction_merges_windows_builds_rollups_and_deletes_after_grace(p: &Place) {
     let clock = Arc::new(ManualClock::new(T0));
-    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("open");
+    let s = Store::open(p.config(), clock.clone()).expect("open");
     // 240 samples 30 s apart (two hours), persisted in 12 slices: 6 files per hour.
     for slice in 0..12 {
         for i in slice * 20..(slice + 1) * 20 {
@@ -305,11 +430,11 @@ fn compaction_merges_windows_builds_rollups_and_deletes_after_grace() {
     // Replaced files stay on disk for the grace period, then go.
     let retired = s.catalog().retired;
     assert_eq!(retired.len(), 6);
-    assert!(retired.iter().all(|r| dir.path().join(&r.path).exists()));
+    assert!(retired.iter().all(|r| exists(&s, &r.path)));
     clock.advance(11 * 60_000_000_000);
     let r = s.maintain().expect("maintain");
     assert_eq!(r.files_deleted, 6);
-    assert!(retired.iter().all(|r| !dir.path().join(&r.path).exists()));
+    assert!(retired.iter().all(|r| !exists(&s, &r.path)));
     assert!(s.catalog().retired.is_empty());
     // Late data for the closed hour re-closes it: one file again, rollups replaced.
     s.write(&write_at(240, 0)).expect("late write");
@@ -329,15 +454,13 @@ fn compaction_merges_windows_builds_rollups_and_deletes_after_grace() {
     assert_eq!(powers(&s), want);
     // And all of it survives a restart.
     drop(s);
-    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("reopen");
+    let s = Store::open(p.config(), clock.clone()).expect("reopen");
     assert_eq!(powers(&s), want);
 }
 
-#[test]
-fn an_open_window_never_holds_more_than_the_bound() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn an_open_window_never_holds_more_than_the_bound(p: &Place) {
     let clock = Arc::new(ManualClock::new(T0));
-    let s = Store::open(StoreConfig::new(dir.path()), clock).expect("open");
+    let s = Store::open(p.config(), clock).expect("open");
     for i in 0..30 {
         s.write(&write_of(i)).expect("write");
         s.persist().expect("persist");
@@ -347,16 +470,14 @@ fn an_open_window_never_holds_more_than_the_bound() {
     assert_eq!(powers(&s), expected(30));
 }
 
-#[test]
-fn retention_drops_whole_files_per_table() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn retention_drops_whole_files_per_table(p: &Place) {
     let clock = Arc::new(ManualClock::new(T0));
     let config = StoreConfig {
         retention: crate::RetentionConfig {
             gpu_metrics: Some(std::time::Duration::from_secs(2 * 3600)),
             ..Default::default()
         },
-        ..StoreConfig::new(dir.path())
+        ..p.config()
     };
     let s = Store::open(config, clock.clone()).expect("open");
     for i in 0..240 {
@@ -375,9 +496,7 @@ fn retention_drops_whole_files_per_table() {
     assert_eq!(powers(&s), (120..240).map(|i| i as f64).collect::<Vec<_>>());
 }
 
-#[test]
-fn readers_never_see_missing_or_doubled_rows_while_compaction_runs() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn readers_never_see_missing_or_doubled_rows_while_compaction_runs(p: &Place) {
     let clock = Arc::new(ManualClock::new(T0));
     let s = Arc::new(
         Store::open(
@@ -386,7 +505,7 @@ fn readers_never_see_missing_or_doubled_rows_while_compaction_runs() {
                     max_files_per_window: 3,
                     ..Default::default()
                 },
-                ..StoreConfig::new(dir.path())
+                ..p.config()
             },
             clock.clone(),
         )
@@ -438,13 +557,11 @@ fn readers_never_see_missing_or_doubled_rows_while_compaction_runs() {
     assert!(s.stats().compactions.load(Ordering::Relaxed) > 5);
 }
 
-#[test]
-fn compaction_keeps_metrics_labels() {
+fn compaction_keeps_metrics_labels(p: &Place) {
     use crate::ingest::MetricRow;
     use arrow::array::Array;
-    let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0));
-    let s = Store::open(StoreConfig::new(dir.path()), clock.clone()).expect("open");
+    let s = Store::open(p.config(), clock.clone()).expect("open");
     for i in 0..4i64 {
         let row = MetricRow {
             time: T0 + i * 1_000_000_000,
@@ -460,8 +577,8 @@ fn compaction_keeps_metrics_labels() {
     assert_eq!(s.maintain().expect("maintain").windows_compacted, 1);
     let files = files_of(&s, Table::Metrics);
     assert_eq!(files.len(), 1);
-    let batch =
-        compact::read_files(dir.path(), Table::Metrics, &files).expect("read back the merged file");
+    let batch = compact::read_files(s.storage(), Table::Metrics, &files)
+        .expect("read back the merged file");
     assert_eq!(batch.num_rows(), 4);
     let labels = batch
         .column_by_name("labels")
@@ -473,4 +590,117 @@ fn compaction_keeps_metrics_labels() {
     let mut got: Vec<&str> = (0..values.len()).map(|i| values.value(i)).collect();
     got.sort();
     assert_eq!(got, vec!["n0", "n1", "n2", "n3"]);
+}
+
+/// A second store on `a`'s prefix, with a data directory (and so a WAL and writer id) of its own.
+fn sharing(a: &Place) -> Place {
+    Place::s3_at(a)
+}
+
+#[test]
+fn a_second_writer_on_one_prefix_is_stopped_and_loses_nothing() {
+    let a_place = Place::s3();
+    let b_place = sharing(&a_place);
+    let a = open(&a_place);
+    for i in 0..5 {
+        a.write(&write_of(i)).expect("write a");
+    }
+    a.persist().expect("persist a");
+    // B starts on the same prefix and loads A's catalog; A moves on.
+    let b = open(&b_place);
+    assert_eq!(powers(&b), expected(5));
+    for i in 5..10 {
+        a.write(&write_of(i)).expect("write a");
+    }
+    a.persist().expect("persist a");
+    // B's first catalog change meets A's version: refused, loudly, and B stops.
+    for i in 100..103 {
+        b.write(&write_of(i)).expect("acknowledged by b's wal");
+    }
+    let err = b.persist().expect_err("conflict");
+    assert!(matches!(err, Error::CatalogConflict { .. }), "{err}");
+    let msg = err.to_string();
+    let (prefix, _) = a_place.s3.clone().expect("s3");
+    assert!(msg.contains(&prefix), "{msg}");
+    let a_writer = a.storage().writer().expect("writer").clone();
+    assert!(msg.contains(&a_writer.id), "names the other writer: {msg}");
+    assert!(msg.contains(&a_writer.data_dir), "{msg}");
+    let why = b.fenced().expect("fenced");
+    assert!(why.contains("two servers"), "{why}");
+    let refused = b.write(&write_of(103)).expect_err("writes refused");
+    assert!(matches!(refused, Error::Fenced(_)), "{refused}");
+    assert!(matches!(b.persist(), Err(Error::Fenced(_))));
+    assert!(matches!(b.maintain(), Err(Error::Fenced(_))));
+    // A is untouched and goes on.
+    for i in 10..15 {
+        a.write(&write_of(i)).expect("write a");
+    }
+    a.persist().expect("persist a");
+    assert_eq!(powers(&a), expected(15));
+    assert!(a.fenced().is_none());
+    // Once A is gone, B restarts on the prefix: its WAL still holds what it acknowledged, and
+    // A's files were not touched.
+    drop(a);
+    drop(b);
+    let b = open(&b_place);
+    let mut want = expected(15);
+    want.extend([100.0, 101.0, 102.0]);
+    assert_eq!(powers(&b), want);
+    b.persist().expect("persist b");
+    drop(b);
+    let b = open(&b_place);
+    assert_eq!(powers(&b), want, "each row exactly once after the restart");
+}
+
+#[test]
+fn old_catalog_versions_go_after_the_grace_period_and_a_stale_writer_still_fails() {
+    let a_place = Place::s3();
+    let b_place = sharing(&a_place);
+    let clock = Arc::new(ManualClock::new(T0));
+    let zero_grace = |p: &Place| StoreConfig {
+        compaction: crate::CompactionConfig {
+            grace: std::time::Duration::ZERO,
+            ..Default::default()
+        },
+        ..p.config()
+    };
+    let a = Store::open(zero_grace(&a_place), clock.clone()).expect("open a");
+    a.write(&write_of(0)).expect("write");
+    a.persist().expect("persist");
+    // B loads version 1, then sits idle while A writes versions 2 and 3 and deletes 1 and 2.
+    let b = Store::open(zero_grace(&b_place), clock.clone()).expect("open b");
+    for i in 1..3 {
+        a.write(&write_of(i)).expect("write");
+        a.persist().expect("persist");
+    }
+    assert_eq!(a.catalog().generation, 3);
+    let r = a.maintain().expect("maintain");
+    assert_eq!(r.catalogs_deleted, 2, "{r:?}");
+    // B's version 2 can be created (it was deleted), but its predecessor is gone: B stops.
+    b.write(&write_of(50)).expect("write b");
+    let err = b.persist().expect_err("stale writer");
+    assert!(matches!(err, Error::CatalogConflict { .. }), "{err}");
+    assert!(b.fenced().is_some());
+    // The newest version is still A's, and a fresh reader sees A's rows only.
+    drop(b);
+    let c = Store::open(zero_grace(&Place::s3_at(&a_place)), clock).expect("open c");
+    assert_eq!(c.catalog().generation, 3);
+    assert_eq!(powers(&c), expected(3));
+}
+
+#[test]
+fn a_create_only_put_that_meets_its_own_bytes_succeeds_and_other_bytes_fail() {
+    let p = Place::s3();
+    let s = open(&p);
+    let st = s.storage();
+    let rel = "tables/x/2027-01-01/00/a.parquet";
+    st.put_new(rel, bytes::Bytes::from_static(b"one"))
+        .expect("first");
+    st.put_new(rel, bytes::Bytes::from_static(b"one"))
+        .expect("a retry that meets its own bytes");
+    let err = st
+        .put_new(rel, bytes::Bytes::from_static(b"two"))
+        .expect_err("never overwritten");
+    assert!(err.to_string().contains("never overwritten"), "{err}");
+    assert_eq!(st.read(rel).expect("read").as_ref(), b"one");
 }
