@@ -38,6 +38,7 @@ pub fn read_process(proc_root: &Path, pid: u32) -> ProcessInfo {
             user: String::new(),
             name: String::new(),
             scheduler: SLURM.to_string(),
+            k8s: None,
         })
     });
     ProcessInfo {
@@ -82,6 +83,7 @@ pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
         user,
         name,
         scheduler: SLURM.to_string(),
+        k8s: None,
     })
 }
 
@@ -172,6 +174,41 @@ mod tests {
             Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".into())
         );
         assert_eq!(pod_uid_from_cgroup("0::/system.slice\n"), None);
+    }
+
+    #[test]
+    fn pod_uid_in_every_cgroup_layout() {
+        let uid = Some("0a1b2c3d-0000-4000-8000-00000000abcd".to_string());
+        for cgroup in [
+            // cgroup v2, systemd driver, guaranteed QoS (no QoS slice), containerd.
+            "0::/kubepods.slice/kubepods-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/cri-containerd-9f.scope\n",
+            // cgroup v2, systemd driver, burstable, CRI-O.
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/crio-9f.scope\n",
+            // cgroup v2, cgroupfs driver.
+            "0::/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n",
+            // cgroup v1, cgroupfs driver, guaranteed, several hierarchies.
+            "12:pids:/kubepods/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n11:memory:/kubepods/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n",
+            // cgroup v1, systemd driver, docker.
+            "4:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/docker-9f.scope\n",
+            // A kubelet in a container (kind): its cgroups nest under kubelet.slice.
+            "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/cri-containerd-9f.scope\n",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(cgroup), uid, "{cgroup}");
+        }
+        for cgroup in [
+            "0::/\n",
+            "0::/system.slice/containerd.service\n",
+            // A pod-like name outside kubepods.
+            "0::/user.slice/pod0a1b2c3d-0000-4000-8000-00000000abcd\n",
+            // Too short to be a UID.
+            "0::/kubepods/burstable/pod0a1b2c3d/9f\n",
+            // Not hex.
+            "0::/kubepods/burstable/podzzzzzzzz-0000-4000-8000-00000000abcd/9f\n",
+            "no colons at all",
+            "",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(cgroup), None, "{cgroup}");
+        }
     }
 
     #[test]
