@@ -35,6 +35,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9400";
 /// Default `--buffer-max-bytes`: 256 MiB.
 pub const DEFAULT_BUFFER_MAX_BYTES: u64 = 256 << 20;
+/// Most MIG instances of one GPU (an A100/H100 has at most 7).
+pub const MAX_FAKE_MIG: u32 = 7;
 /// Smallest accepted `--buffer-max-bytes`.
 pub const MIN_BUFFER_MAX_BYTES: u64 = 64 << 10;
 
@@ -170,6 +172,11 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", default_value = "/dev")]
     pub fake_dev_dir: PathBuf,
 
+    /// With --source fake: split every GPU into N MIG instances (0 to 7; 0: MIG off), each a
+    /// row of its own [env: GPUWATCH_FAKE_MIG]
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub fake_mig: u32,
+
     /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -216,6 +223,8 @@ pub struct FileConfig {
     pub buffer_max_bytes: Option<u64>,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: Option<PathBuf>,
+    /// MIG instances per GPU of `--source fake`.
+    pub fake_mig: Option<u32>,
     /// Humantime duration between reads of the costly counters.
     pub slow_interval: Option<String>,
 }
@@ -257,6 +266,8 @@ pub struct AgentOptions {
     pub buffer_max_bytes: u64,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: PathBuf,
+    /// MIG instances per GPU of `--source fake` (0: MIG off).
+    pub fake_mig: u32,
     /// Least time between reads of the costly NVML counters (energy, per-process utilisation).
     pub slow_interval: Duration,
 }
@@ -284,6 +295,7 @@ impl Default for AgentOptions {
             buffer_dir: None,
             buffer_max_bytes: DEFAULT_BUFFER_MAX_BYTES,
             fake_dev_dir: PathBuf::from("/dev"),
+            fake_mig: 0,
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
         }
     }
@@ -337,6 +349,7 @@ struct Layer {
     buffer_dir: Option<PathBuf>,
     buffer_max_bytes: Option<u64>,
     fake_dev_dir: Option<PathBuf>,
+    fake_mig: Option<u32>,
     slow_interval: Option<Duration>,
 }
 
@@ -467,6 +480,12 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         env.fake_dev_dir,
         file.fake_dev_dir,
     );
+    let fake_mig = pick(m, "fake_mig", cli.fake_mig, env.fake_mig, file.fake_mig);
+    if fake_mig > MAX_FAKE_MIG {
+        return Err(Error::Invalid(format!(
+            "fake_mig must be between 0 and {MAX_FAKE_MIG} (MIG instances per gpu), got {fake_mig}"
+        )));
+    }
     let slow_interval = pick(
         m,
         "slow_interval",
@@ -533,6 +552,7 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
             buffer_dir,
             buffer_max_bytes,
             fake_dev_dir,
+            fake_mig,
             slow_interval,
         },
         log_level,
@@ -669,6 +689,9 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         fake_dev_dir: get(env, "GPUWATCH_FAKE_DEV_DIR", |v| {
             Ok(PathBuf::from(v.trim()))
         })?,
+        fake_mig: get(env, "GPUWATCH_FAKE_MIG", |v| {
+            v.trim().parse::<u32>().map_err(|e| e.to_string())
+        })?,
         slow_interval: get(env, "GPUWATCH_SLOW_INTERVAL", duration_arg)?,
     })
 }
@@ -729,6 +752,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         buffer_dir: file.buffer_dir,
         buffer_max_bytes: file.buffer_max_bytes,
         fake_dev_dir: file.fake_dev_dir,
+        fake_mig: file.fake_mig,
         slow_interval: file
             .slow_interval
             .map(|v| parse_duration(&v).map_err(|e| field("slow_interval", e.to_string())))
@@ -979,6 +1003,14 @@ host = "file-host"
         assert_eq!(e.exit_code(), 2);
         let e = load_with(&[], &env_of(&[("GPUWATCH_PROTOCOL", "udp")])).unwrap_err();
         assert!(e.to_string().contains("expected one of: http, grpc"), "{e}");
+        // MIG instances of the fake source.
+        let e = load_with(&["--source", "fake", "--fake-mig", "8"], &no_env).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("fake_mig"), "{e}");
+        let a = load_with(&["--source", "fake"], &env_of(&[("GPUWATCH_FAKE_MIG", "3")]))
+            .unwrap()
+            .agent;
+        assert_eq!(a.fake_mig, 3);
         // A grpc endpoint has no path and no tls.
         for bad in ["http://gw:4317/v1/metrics", "https://gw:4317"] {
             let e = load_with(&["--protocol", "grpc", "--endpoint", bad], &no_env).unwrap_err();

@@ -100,7 +100,8 @@ pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
             u32::try_from(opts.synthetic_gpus).unwrap_or(u32::MAX),
             &opts.fake_dev_dir,
             std::path::Path::new(PROC_ROOT),
-        ))),
+        )
+        .with_mig(opts.fake_mig))),
         SourceKind::Nvml | SourceKind::Auto => {
             let source = NvmlSource::with_slow_interval(opts.slow_interval)?;
             if opts.source == SourceKind::Auto {

@@ -3,6 +3,7 @@
 mod agent_events;
 mod agent_grpc;
 mod agent_kubernetes;
+mod agent_mig;
 mod agent_prometheus;
 mod agent_slurm;
 mod agent_spool;

@@ -271,7 +271,13 @@ fn labels(host: &str, s: &GpuSample) -> String {
         escape_label(&s.gpu_model),
         escape_label(host)
     );
-    if let Some(gi) = s.mig_instance.as_deref().and_then(|m| m.split('.').next()) {
+    // The GPU instance id, when the source knows it (`<gi>.<ci>`).
+    if let Some(gi) = s
+        .mig_instance
+        .as_deref()
+        .and_then(|m| m.split('.').next())
+        .filter(|gi| !gi.is_empty() && gi.bytes().all(|b| b.is_ascii_digit()))
+    {
         let _ = write!(l, ",GPU_I_ID=\"{}\"", escape_label(gi));
     }
     match s.job.as_ref() {
