@@ -200,8 +200,12 @@ fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        // tonic repeats its cause in its own text: keep each part once.
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
