@@ -207,6 +207,8 @@ impl Exporter {
             Protocol::Grpc => Transport::Grpc(GrpcTransport::new(endpoint)?),
         };
         let next_seq = spool.last_seq().map_or(0, |s| s + 1);
+        // A spool replayed from disk shows on /metrics before the first send.
+        crate::metrics::spool_state(spool.len(), spool.bytes(), spool.dropped());
         Ok(Exporter {
             transport,
             spool,
@@ -327,6 +329,12 @@ impl Exporter {
                         self.spool.pop_front();
                         crate::metrics::exported();
                     }
+                    // While a long backlog drains, /metrics follows it batch by batch.
+                    crate::metrics::spool_state(
+                        self.spool.len(),
+                        self.spool.bytes(),
+                        self.spool.dropped(),
+                    );
                     if rejected_points > 0 {
                         let points = u64::try_from(rejected_points).unwrap_or(0);
                         self.rejected_points += points;
