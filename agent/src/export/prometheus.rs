@@ -450,6 +450,26 @@ mod tests {
     }
 
     #[test]
+    fn pods_and_mig_instances_get_dcgm_exporter_labels() {
+        let mut s = sample();
+        s.mig_instance = Some("2.0".into());
+        s.job = Some(crate::attribute::kubernetes::job_of(&crate::collect::PodLabels {
+            namespace: "ml".into(),
+            pod: "train-0".into(),
+            container: "trainer".into(),
+        }));
+        let l = labels("node-1", &s);
+        assert!(
+            l.ends_with(",GPU_I_ID=\"2\",namespace=\"ml\",pod=\"train-0\",container=\"trainer\""),
+            "{l}"
+        );
+        assert!(!l.contains("hpc_job"), "{l}");
+        // An instance named without its GPU instance id (NVML's `dev<n>`) has no GPU_I_ID.
+        s.mig_instance = Some("dev1".into());
+        assert!(!labels("node-1", &s).contains("GPU_I_ID"));
+    }
+
+    #[test]
     fn dcgm_names_units_and_labels() {
         let expo = Exposition {
             host: "node-1".into(),
