@@ -35,6 +35,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9400";
 /// Default `--buffer-max-bytes`: 256 MiB.
 pub const DEFAULT_BUFFER_MAX_BYTES: u64 = 256 << 20;
+/// Most MIG instances of one GPU (an A100/H100 has at most 7).
+pub const MAX_FAKE_MIG: u32 = 7;
 /// Smallest accepted `--buffer-max-bytes`.
 pub const MIN_BUFFER_MAX_BYTES: u64 = 64 << 10;
 
@@ -44,6 +46,8 @@ pub enum Protocol {
     /// OTLP/HTTP with protobuf bodies, gzip-compressed.
     #[default]
     Http,
+    /// OTLP/gRPC (MetricsService/Export), gzip-compressed.
+    Grpc,
 }
 
 /// Where samples come from.
@@ -86,13 +90,14 @@ Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 othe
     after_help = AFTER_HELP
 )]
 pub struct Cli {
-    /// OTLP endpoint; `/v1/metrics` is appended unless already there [env: GPUWATCH_ENDPOINT]
+    /// OTLP endpoint. With http, `/v1/metrics` is appended unless already there; with grpc it
+    /// is `http://host:port` and defaults to http://127.0.0.1:4317 [env: GPUWATCH_ENDPOINT]
     #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     pub endpoint: String,
 
-    /// Wire protocol. Only `http` (OTLP/HTTP protobuf) for now; `grpc` comes in a later
-    /// release [env: GPUWATCH_PROTOCOL]
-    #[arg(long, default_value = "http", value_parser = ProtocolParser)]
+    /// Wire protocol: `http` (OTLP/HTTP protobuf) or `grpc` (OTLP/gRPC), both gzip
+    /// [env: GPUWATCH_PROTOCOL]
+    #[arg(long, value_enum, default_value_t = Protocol::Http)]
     pub protocol: Protocol,
 
     /// Time between samples, e.g. 5s, 500ms, 1m [env: GPUWATCH_INTERVAL]
@@ -135,6 +140,12 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", default_value = crate::attribute::DEFAULT_JOB_MAPPING_DIR)]
     pub job_mapping_dir: PathBuf,
 
+    /// The kubelet's pod-resources socket (v1 PodResourcesLister); while it exists, each GPU
+    /// is labelled with the pod holding it, asked again at every collection
+    /// [env: GPUWATCH_POD_RESOURCES_SOCKET]
+    #[arg(long, value_name = "PATH", default_value = crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: PathBuf,
+
     /// Where the Prometheus exposition (dcgm-exporter names, plus the agent's own metrics) is
     /// served on /metrics; `off` disables it [env: GPUWATCH_METRICS_ADDR]
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = metrics_addr_arg)]
@@ -161,6 +172,11 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", default_value = "/dev")]
     pub fake_dev_dir: PathBuf,
 
+    /// With --source fake: split every GPU into N MIG instances (0 to 7; 0: MIG off), each a
+    /// row of its own [env: GPUWATCH_FAKE_MIG]
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub fake_mig: u32,
+
     /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -177,7 +193,7 @@ pub struct Cli {
 pub struct FileConfig {
     /// OTLP endpoint.
     pub endpoint: Option<String>,
-    /// `http`.
+    /// `http` or `grpc`.
     pub protocol: Option<String>,
     /// Humantime duration, e.g. `"5s"`.
     pub interval: Option<String>,
@@ -197,6 +213,8 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     /// Job mapping directory.
     pub job_mapping_dir: Option<PathBuf>,
+    /// The kubelet's pod-resources socket.
+    pub pod_resources_socket: Option<PathBuf>,
     /// `/metrics` address or `off`.
     pub metrics_addr: Option<String>,
     /// Disk spool directory.
@@ -205,6 +223,8 @@ pub struct FileConfig {
     pub buffer_max_bytes: Option<u64>,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: Option<PathBuf>,
+    /// MIG instances per GPU of `--source fake`.
+    pub fake_mig: Option<u32>,
     /// Humantime duration between reads of the costly counters.
     pub slow_interval: Option<String>,
 }
@@ -236,6 +256,8 @@ pub struct AgentOptions {
     pub once: bool,
     /// Job mapping directory (Slurm prolog/epilog).
     pub job_mapping_dir: PathBuf,
+    /// The kubelet's pod-resources socket (used while it exists).
+    pub pod_resources_socket: PathBuf,
     /// Where `/metrics` is served; `None`: nowhere.
     pub metrics_addr: Option<SocketAddr>,
     /// Disk spool directory; `None`: an in-memory queue.
@@ -244,6 +266,8 @@ pub struct AgentOptions {
     pub buffer_max_bytes: u64,
     /// Device nodes of `--source fake`.
     pub fake_dev_dir: PathBuf,
+    /// MIG instances per GPU of `--source fake` (0: MIG off).
+    pub fake_mig: u32,
     /// Least time between reads of the costly NVML counters (energy, per-process utilisation).
     pub slow_interval: Duration,
 }
@@ -264,10 +288,14 @@ impl Default for AgentOptions {
             labels: Vec::new(),
             once: false,
             job_mapping_dir: PathBuf::from(crate::attribute::DEFAULT_JOB_MAPPING_DIR),
+            pod_resources_socket: PathBuf::from(
+                crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET,
+            ),
             metrics_addr: None,
             buffer_dir: None,
             buffer_max_bytes: DEFAULT_BUFFER_MAX_BYTES,
             fake_dev_dir: PathBuf::from("/dev"),
+            fake_mig: 0,
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
         }
     }
@@ -316,10 +344,12 @@ struct Layer {
     config: Option<PathBuf>,
     log_level: Option<String>,
     job_mapping_dir: Option<PathBuf>,
+    pod_resources_socket: Option<PathBuf>,
     metrics_addr: Option<MetricsAddr>,
     buffer_dir: Option<PathBuf>,
     buffer_max_bytes: Option<u64>,
     fake_dev_dir: Option<PathBuf>,
+    fake_mig: Option<u32>,
     slow_interval: Option<Duration>,
 }
 
@@ -372,6 +402,9 @@ fn pick_opt<T>(
 }
 
 fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings> {
+    let protocol = pick(m, "protocol", cli.protocol, env.protocol, file.protocol);
+    // Left unset everywhere, the endpoint follows the protocol: 4318 for http, 4317 for grpc.
+    let endpoint_given = typed(m, "endpoint") || env.endpoint.is_some() || file.endpoint.is_some();
     let endpoint = pick(
         m,
         "endpoint",
@@ -379,7 +412,11 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         env.endpoint,
         file.endpoint,
     );
-    let protocol = pick(m, "protocol", cli.protocol, env.protocol, file.protocol);
+    let endpoint = if !endpoint_given && protocol == Protocol::Grpc {
+        crate::export::DEFAULT_GRPC_ENDPOINT.to_string()
+    } else {
+        endpoint
+    };
     let interval = pick(m, "interval", cli.interval, env.interval, file.interval);
     let source = pick(m, "source", cli.source, env.source, file.source);
     let synthetic_gpus = pick(
@@ -407,6 +444,13 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         cli.job_mapping_dir.clone(),
         env.job_mapping_dir,
         file.job_mapping_dir,
+    );
+    let pod_resources_socket = pick(
+        m,
+        "pod_resources_socket",
+        cli.pod_resources_socket.clone(),
+        env.pod_resources_socket,
+        file.pod_resources_socket,
     );
     let metrics_addr = pick(
         m,
@@ -436,6 +480,12 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         env.fake_dev_dir,
         file.fake_dev_dir,
     );
+    let fake_mig = pick(m, "fake_mig", cli.fake_mig, env.fake_mig, file.fake_mig);
+    if fake_mig > MAX_FAKE_MIG {
+        return Err(Error::Invalid(format!(
+            "fake_mig must be between 0 and {MAX_FAKE_MIG} (MIG instances per gpu), got {fake_mig}"
+        )));
+    }
     let slow_interval = pick(
         m,
         "slow_interval",
@@ -481,7 +531,10 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         None => default_host(source),
     };
     let seed = seed.unwrap_or_else(|| seed_from_host(&host));
-    crate::export::metrics_url(&endpoint)?;
+    match protocol {
+        Protocol::Http => crate::export::metrics_url(&endpoint).map(drop)?,
+        Protocol::Grpc => crate::export::grpc_url(&endpoint).map(drop)?,
+    }
     Ok(Settings {
         agent: AgentOptions {
             endpoint,
@@ -494,10 +547,12 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
             seed,
             once,
             job_mapping_dir,
+            pod_resources_socket,
             metrics_addr: metrics_addr.0,
             buffer_dir,
             buffer_max_bytes,
             fake_dev_dir,
+            fake_mig,
             slow_interval,
         },
         log_level,
@@ -564,56 +619,6 @@ fn label_arg(value: &str) -> Result<(String, String), String> {
     parse_label(value).map_err(|e| e.to_string())
 }
 
-/// What to say about `grpc`, which INTERFACE.md lists but this release does not speak yet.
-const GRPC_NOT_YET: &str =
-    "grpc is not supported yet: use http (OTLP/gRPC comes in a later release)";
-
-fn parse_protocol(value: &str) -> Result<Protocol, String> {
-    if value.trim().eq_ignore_ascii_case("grpc") {
-        return Err(GRPC_NOT_YET.to_string());
-    }
-    value_enum::<Protocol>(value)
-}
-
-/// clap parser for `--protocol`: the enum's values in `--help`, and a clear word on `grpc`.
-#[derive(Clone)]
-struct ProtocolParser;
-
-impl clap::builder::TypedValueParser for ProtocolParser {
-    type Value = Protocol;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<Protocol, clap::Error> {
-        if value
-            .to_str()
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("grpc"))
-        {
-            let arg = arg.map_or_else(|| "--protocol".to_string(), ToString::to_string);
-            let err = clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                format!("invalid value 'grpc' for '{arg}': {GRPC_NOT_YET}\n"),
-            )
-            .with_cmd(cmd);
-            return Err(err);
-        }
-        clap::builder::EnumValueParser::<Protocol>::new().parse_ref(cmd, arg, value)
-    }
-
-    fn possible_values(
-        &self,
-    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
-        Some(Box::new(
-            Protocol::value_variants()
-                .iter()
-                .filter_map(ValueEnum::to_possible_value),
-        ))
-    }
-}
-
 fn value_enum<T: ValueEnum>(value: &str) -> Result<T, String> {
     T::from_str(value.trim(), true).map_err(|_| {
         let names: Vec<String> = T::value_variants()
@@ -651,7 +656,7 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
     let string = |v: &str| Ok(v.trim().to_string());
     Ok(Layer {
         endpoint: get(env, "GPUWATCH_ENDPOINT", string)?,
-        protocol: get(env, "GPUWATCH_PROTOCOL", parse_protocol)?,
+        protocol: get(env, "GPUWATCH_PROTOCOL", value_enum::<Protocol>)?,
         interval: get(env, "GPUWATCH_INTERVAL", duration_arg)?,
         source: get(env, "GPUWATCH_SOURCE", value_enum::<SourceKind>)?,
         synthetic_gpus: get(env, "GPUWATCH_SYNTHETIC_GPUS", |v| {
@@ -673,6 +678,9 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         job_mapping_dir: get(env, "GPUWATCH_JOB_MAPPING_DIR", |v| {
             Ok(PathBuf::from(v.trim()))
         })?,
+        pod_resources_socket: get(env, "GPUWATCH_POD_RESOURCES_SOCKET", |v| {
+            Ok(PathBuf::from(v.trim()))
+        })?,
         metrics_addr: get(env, "GPUWATCH_METRICS_ADDR", parse_metrics_addr)?,
         buffer_dir: get(env, "GPUWATCH_BUFFER_DIR", |v| Ok(PathBuf::from(v.trim())))?,
         buffer_max_bytes: get(env, "GPUWATCH_BUFFER_MAX_BYTES", |v| {
@@ -680,6 +688,9 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         })?,
         fake_dev_dir: get(env, "GPUWATCH_FAKE_DEV_DIR", |v| {
             Ok(PathBuf::from(v.trim()))
+        })?,
+        fake_mig: get(env, "GPUWATCH_FAKE_MIG", |v| {
+            v.trim().parse::<u32>().map_err(|e| e.to_string())
         })?,
         slow_interval: get(env, "GPUWATCH_SLOW_INTERVAL", duration_arg)?,
     })
@@ -707,7 +718,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         endpoint: file.endpoint,
         protocol: file
             .protocol
-            .map(|v| parse_protocol(&v).map_err(|m| field("protocol", m)))
+            .map(|v| value_enum::<Protocol>(&v).map_err(|m| field("protocol", m)))
             .transpose()?,
         interval: file
             .interval
@@ -733,6 +744,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         config: None,
         log_level: file.log_level,
         job_mapping_dir: file.job_mapping_dir,
+        pod_resources_socket: file.pod_resources_socket,
         metrics_addr: file
             .metrics_addr
             .map(|v| parse_metrics_addr(&v).map_err(|m| field("metrics_addr", m)))
@@ -740,6 +752,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         buffer_dir: file.buffer_dir,
         buffer_max_bytes: file.buffer_max_bytes,
         fake_dev_dir: file.fake_dev_dir,
+        fake_mig: file.fake_mig,
         slow_interval: file
             .slow_interval
             .map(|v| parse_duration(&v).map_err(|e| field("slow_interval", e.to_string())))
@@ -985,17 +998,24 @@ host = "file-host"
         let e = load_with(&["--config", "/nonexistent/gpuwatch.toml"], &no_env).unwrap_err();
         assert!(matches!(e, Error::ConfigRead { .. }), "{e}");
         assert_eq!(e.exit_code(), 2);
-        // Only http for now.
-        let e = load_with(&["--protocol", "grpc"], &no_env).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
-        let e = load_with(&["--protocol", "grpc"], &no_env).unwrap_err();
-        assert!(e.to_string().contains("later release"), "{e}");
+        // Protocols.
         let e = load_with(&["--protocol", "udp"], &no_env).unwrap_err();
         assert_eq!(e.exit_code(), 2);
-        let e = load_with(&[], &env_of(&[("GPUWATCH_PROTOCOL", "grpc")])).unwrap_err();
-        assert!(e.to_string().contains("later release"), "{e}");
         let e = load_with(&[], &env_of(&[("GPUWATCH_PROTOCOL", "udp")])).unwrap_err();
-        assert!(e.to_string().contains("expected one of: http"), "{e}");
+        assert!(e.to_string().contains("expected one of: http, grpc"), "{e}");
+        // MIG instances of the fake source.
+        let e = load_with(&["--source", "fake", "--fake-mig", "8"], &no_env).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("fake_mig"), "{e}");
+        let a = load_with(&["--source", "fake"], &env_of(&[("GPUWATCH_FAKE_MIG", "3")]))
+            .unwrap()
+            .agent;
+        assert_eq!(a.fake_mig, 3);
+        // A grpc endpoint has no path and no tls.
+        for bad in ["http://gw:4317/v1/metrics", "https://gw:4317"] {
+            let e = load_with(&["--protocol", "grpc", "--endpoint", bad], &no_env).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
         // Out of range.
         let e = load_with(&["--interval", "1ms"], &no_env).unwrap_err();
         assert_eq!(e.exit_code(), 2);
@@ -1007,6 +1027,35 @@ host = "file-host"
         // Unknown flag.
         let e = load_with(&["--frobnicate"], &no_env).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn grpc_protocol_and_its_default_endpoint() {
+        // Nothing says where: the grpc port.
+        let a = load_with(&["--protocol", "grpc"], &no_env).unwrap().agent;
+        assert_eq!(a.protocol, Protocol::Grpc);
+        assert_eq!(a.endpoint, "http://127.0.0.1:4317");
+        let a = load_with(&[], &env_of(&[("GPUWATCH_PROTOCOL", "grpc")]))
+            .unwrap()
+            .agent;
+        assert_eq!(a.endpoint, "http://127.0.0.1:4317");
+        // An endpoint given anywhere wins.
+        let a = load_with(
+            &["--protocol", "grpc"],
+            &env_of(&[("GPUWATCH_ENDPOINT", "http://gw:14317")]),
+        )
+        .unwrap()
+        .agent;
+        assert_eq!(a.endpoint, "http://gw:14317");
+        let file = TempFile::new("grpc", "protocol = \"grpc\"\nendpoint = \"http://gw:4317\"\n");
+        let a = load_with(&["--config", &file.arg()], &no_env).unwrap().agent;
+        assert_eq!(a.protocol, Protocol::Grpc);
+        assert_eq!(a.endpoint, "http://gw:4317");
+        // The flag beats the file.
+        let a = load_with(&["--config", &file.arg(), "--protocol", "http"], &no_env)
+            .unwrap()
+            .agent;
+        assert_eq!(a.protocol, Protocol::Http);
     }
 
     #[test]

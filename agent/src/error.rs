@@ -110,21 +110,22 @@ pub enum Error {
     ExportRetry {
         /// Where the request went.
         url: String,
-        /// Connect error, timeout or HTTP status.
+        /// Connect error, timeout, HTTP status or gRPC code, or the backoff still running.
         reason: String,
         /// Requests now waiting in the queue.
         queued: usize,
     },
 
-    /// The endpoint answered 4xx (not 429): the request was dropped because it will never succeed.
+    /// The endpoint answered 4xx (not 429), or a gRPC code that will not change: the request
+    /// was dropped because it will never succeed.
     #[error(
-        "export to {url} rejected with http {status}: {body}; the request was dropped, check the endpoint and the agent version"
+        "export to {url} rejected ({status}): {body}; the request was dropped, check the endpoint and the agent version"
     )]
     ExportRejected {
         /// Where the request went.
         url: String,
-        /// The HTTP status.
-        status: u16,
+        /// The answer: `http 400`, `grpc InvalidArgument`, …
+        status: String,
         /// The start of the response body.
         body: String,
     },

@@ -11,11 +11,13 @@
 //!  │  nvml::NvmlSource    │                  │  encode()        │                          │
 //!  │  synthetic::Fleet    │                  └──────────────────┘                          ▼
 //!  └──────────────────────┘                               ┌────────────────────────────────────┐
-//!                                                         │ export::http::Exporter             │
-//!                                                         │  protobuf → gzip → POST /v1/metrics│
-//!                                                         │  failures → export::queue::Spool   │
-//!                                                         │  (bounded, oldest dropped, retried │
-//!                                                         │   oldest-first on the next tick)   │
+//!                                                         │ export::Exporter                   │
+//!                                                         │  protobuf → gzip → export::Spool   │
+//!                                                         │  (memory or disk, bounded, oldest  │
+//!                                                         │   dropped) → batches, oldest first │
+//!                                                         │  → POST /v1/metrics (http) or      │
+//!                                                         │    MetricsService/Export (grpc)    │
+//!                                                         │  failures: retried with backoff    │
 //!                                                         └────────────────────────────────────┘
 //! ```
 //!
@@ -24,7 +26,8 @@
 //! and the server's `demo` (which backfills history) drive it with any clock. The
 //! [`attribute::Attributor`] then labels GPUs and processes with their jobs (Slurm job mapping
 //! dir, `/proc/<pid>/environ` and cgroup). [`export::otlp::encode_collection`] turns it all into
-//! one OTLP request following docs/schema.md; the [`Exporter`] POSTs it and keeps what fails in
+//! one OTLP request following docs/schema.md; the [`Exporter`] sends it (OTLP/HTTP or OTLP/gRPC,
+//! [`Protocol`]) and keeps what fails in
 //! a [`export::Spool`]: in memory, or the crash-safe disk spool of `--buffer-dir`
 //! ([`buffer::DiskSpool`]). The last collection is also served on `/metrics` under
 //! dcgm-exporter's names ([`export::prometheus`]) with the agent's own counters ([`metrics`]).
@@ -97,7 +100,8 @@ pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
             u32::try_from(opts.synthetic_gpus).unwrap_or(u32::MAX),
             &opts.fake_dev_dir,
             std::path::Path::new(PROC_ROOT),
-        ))),
+        )
+        .with_mig(opts.fake_mig))),
         SourceKind::Nvml | SourceKind::Auto => {
             let source = NvmlSource::with_slow_interval(opts.slow_interval)?;
             if opts.source == SourceKind::Auto {
@@ -146,8 +150,12 @@ async fn print_once(opts: &AgentOptions, mut source: Box<dyn Source>) -> Result<
     let mut samples = source.collect(now_unix_nano())?;
     let mut processes = source.processes();
     if source.attributable() {
-        attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT))
-            .apply(&mut samples, &mut processes);
+        let mut attributor =
+            attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT));
+        let mut pods = attribute::kubernetes::PodResources::new(&opts.pod_resources_socket);
+        pods.refresh().await;
+        attributor.set_pod_devices(pods.devices().clone());
+        attributor.apply(&mut samples, &mut processes);
     }
     let events = source.events();
     #[derive(serde::Serialize)]
@@ -179,17 +187,16 @@ pub async fn run_with_source(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let resource = resource_attributes(opts, source.simulated());
-    let mut exporter = match &opts.buffer_dir {
-        Some(dir) => Exporter::with_spool(
-            &opts.endpoint,
-            Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
-        )?,
-        None => Exporter::new(&opts.endpoint)?,
+    let spool: Box<dyn export::Spool> = match &opts.buffer_dir {
+        Some(dir) => Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
+        None => Box::new(export::MemoryQueue::default()),
     };
+    let mut exporter = Exporter::for_protocol(opts.protocol, &opts.endpoint, spool)?;
     info!(
         source = source.name(),
         host = %opts.host,
         url = exporter.url(),
+        protocol = ?opts.protocol,
         interval = %humantime::format_duration(opts.interval),
         simulated = source.simulated(),
         "agent started"
@@ -209,8 +216,12 @@ pub async fn run_with_source(
         },
         None => None,
     };
-    let mut attributor = source.attributable().then(|| {
-        attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT))
+    let mut attributor = source.attributable().then(|| Attribution {
+        attributor: attribute::Attributor::new(
+            &opts.job_mapping_dir,
+            std::path::Path::new(PROC_ROOT),
+        ),
+        pods: attribute::kubernetes::PodResources::new(&opts.pod_resources_socket),
     });
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -254,10 +265,16 @@ pub async fn run_with_source(
     Ok(())
 }
 
+/// Job attribution: Slurm (mapping dir, `/proc`) and Kubernetes (the kubelet's pod resources).
+struct Attribution {
+    attributor: attribute::Attributor,
+    pods: attribute::kubernetes::PodResources,
+}
+
 /// One collection: read, encode, export. Failures are logged; the loop goes on.
 async fn tick(
     source: &mut dyn Source,
-    attributor: Option<&mut attribute::Attributor>,
+    attribution: Option<&mut Attribution>,
     exporter: &mut Exporter,
     resource: &[(String, String)],
     expo: &export::prometheus::SharedExposition,
@@ -275,8 +292,10 @@ async fn tick(
         debug!("no gpus read this tick");
     }
     let mut processes = source.processes();
-    if let Some(a) = attributor {
-        a.apply(&mut samples, &mut processes);
+    if let Some(a) = attribution {
+        a.pods.refresh().await;
+        a.attributor.set_pod_devices(a.pods.devices().clone());
+        a.attributor.apply(&mut samples, &mut processes);
     }
     let events = source.events();
     let req: ExportMetricsServiceRequest =

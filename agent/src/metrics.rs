@@ -13,7 +13,8 @@
 //! | `gpuwatch_agent_nvml_errors_total{call}` | counter | NVML calls that failed, by call |
 //! | `gpuwatch_agent_exported_requests_total` | counter | requests the endpoint accepted |
 //! | `gpuwatch_agent_export_failures_total` | counter | send attempts that failed and will be retried |
-//! | `gpuwatch_agent_export_rejected_total` | counter | requests the endpoint refused for good (4xx) |
+//! | `gpuwatch_agent_export_rejected_total` | counter | requests the endpoint refused for good (4xx, or a gRPC code that will not change) |
+//! | `gpuwatch_agent_export_rejected_points_total` | counter | data points refused in partial-success answers (the rest of those requests was stored) |
 //! | `gpuwatch_agent_spool_requests` | gauge | requests waiting in the spool |
 //! | `gpuwatch_agent_spool_bytes` | gauge | bytes waiting in the spool |
 //! | `gpuwatch_agent_spool_dropped_total` | counter | oldest requests dropped because the spool was full |
@@ -35,6 +36,7 @@ static GPU_PROCESSES: AtomicU64 = AtomicU64::new(0);
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
 static EXPORT_FAILURES: AtomicU64 = AtomicU64::new(0);
 static EXPORT_REJECTED: AtomicU64 = AtomicU64::new(0);
+static EXPORT_REJECTED_POINTS: AtomicU64 = AtomicU64::new(0);
 static SPOOL_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static SPOOL_BYTES: AtomicU64 = AtomicU64::new(0);
 static SPOOL_DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -73,6 +75,11 @@ pub fn export_failed() {
 /// The endpoint refused a request for good.
 pub fn export_rejected() {
     EXPORT_REJECTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The endpoint accepted a request but refused `points` of its data points.
+pub fn export_rejected_points(points: u64) {
+    EXPORT_REJECTED_POINTS.fetch_add(points, Ordering::Relaxed);
 }
 
 /// The spool's state after a send.
@@ -189,6 +196,13 @@ pub fn render(out: &mut String) {
         "counter",
         "requests the endpoint refused for good",
         load(&EXPORT_REJECTED),
+    );
+    one(
+        out,
+        "gpuwatch_agent_export_rejected_points_total",
+        "counter",
+        "data points the endpoint refused in partial-success answers",
+        load(&EXPORT_REJECTED_POINTS),
     );
     one(
         out,

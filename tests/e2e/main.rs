@@ -1,6 +1,9 @@
 //! End-to-end tests: the real `gpuwatch` and `gpuwatch-agent` binaries, started on free ports.
 
 mod agent_events;
+mod agent_grpc;
+mod agent_kubernetes;
+mod agent_mig;
 mod agent_prometheus;
 mod agent_slurm;
 mod agent_spool;

@@ -10,6 +10,10 @@
 //!    a job with no process on it still carries the job;
 //! 3. a GPU with no mapping file takes the job of its first process that has one.
 //!
+//! 4. on Kubernetes, a GPU that the kubelet's pod-resources API lists as allocated to a pod
+//!    takes that pod ([`kubernetes`]; `scheduler = kubernetes`, `k8s.*` labels), and so do the
+//!    GPU processes whose cgroup path names a pod.
+//!
 //! When a GPU's mapping file lists several jobs (a shared GPU), the job of a process on it
 //! that is listed wins; otherwise the last line (the newest job). The directory is read again at
 //! every collection, so a job starting or ending is seen at the next tick without a restart.
@@ -17,6 +21,7 @@
 //! a GPU: its environment cannot change, and re-reading it every tick was a tenth of the
 //! agent's CPU time on a one-GPU host.
 
+pub mod kubernetes;
 pub mod proc;
 pub mod slurm;
 
@@ -41,6 +46,7 @@ pub struct Attributor {
     warned: bool,
     /// What was read of each GPU process, with its start time.
     known: HashMap<u32, (u64, proc::ProcessInfo)>,
+    pods: kubernetes::DeviceMap,
 }
 
 impl Attributor {
@@ -51,13 +57,21 @@ impl Attributor {
             proc_root: proc_root.to_path_buf(),
             warned: false,
             known: HashMap::new(),
+            pods: kubernetes::DeviceMap::new(),
         }
+    }
+
+    /// The GPU devices allocated to pods, from the last answer of the kubelet (empty when not
+    /// on Kubernetes).
+    pub fn set_pod_devices(&mut self, pods: kubernetes::DeviceMap) {
+        self.pods = pods;
     }
 
     /// Label `gpus` and `procs` with their jobs (replacing any previous label).
     pub fn apply(&mut self, gpus: &mut [GpuSample], procs: &mut [ProcessSample]) {
         let mut known = HashMap::with_capacity(procs.len());
-        for p in procs.iter_mut() {
+        let mut in_pod = vec![false; procs.len()];
+        for (p, in_pod) in procs.iter_mut().zip(in_pod.iter_mut()) {
             let started = proc::start_time(&self.proc_root, p.pid);
             let info = match (started, self.known.remove(&p.pid)) {
                 (Some(s), Some((was, info))) if s == was => info,
@@ -67,6 +81,7 @@ impl Attributor {
                 p.process_name.clone_from(&info.name);
             }
             p.job.clone_from(&info.job);
+            *in_pod = info.pod_uid.is_some();
             if let Some(s) = started {
                 known.insert(p.pid, (s, info));
             }
@@ -120,6 +135,19 @@ impl Attributor {
                 }
                 _ => on_gpu.first().map(|j| (*j).clone()),
             };
+        }
+        if self.pods.is_empty() {
+            return;
+        }
+        for gpu in gpus.iter_mut() {
+            if let Some(pod) = self.pods.get(&gpu.gpu_uuid).and_then(|v| v.first()) {
+                gpu.job = Some(kubernetes::job_of(pod));
+            }
+        }
+        for (p, in_pod) in procs.iter_mut().zip(in_pod) {
+            if in_pod && let Some(pod) = self.pods.get(&p.gpu_uuid).and_then(|v| v.first()) {
+                p.job = Some(kubernetes::job_of(pod));
+            }
         }
     }
 }
@@ -277,6 +305,46 @@ mod tests {
         d.fake_process(6000, &[("SLURM_JOB_ID", "22")], "");
         a.apply(&mut gpus, &mut procs);
         assert_eq!(procs[0].job.as_ref().unwrap().id, "22");
+    }
+
+    #[test]
+    fn pods_label_their_gpus_and_the_processes_in_them() {
+        use crate::collect::PodLabels;
+        let d = Dirs::new("k8s");
+        // A Slurm job on GPU 2 (a node may run both): kept, the kubelet does not list GPU 2.
+        std::fs::write(d.jobs().join("2"), "88\n").unwrap();
+        d.fake_process(
+            6000,
+            &[("PATH", "/bin")],
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/cri-containerd-1.scope\n",
+        );
+        d.fake_process(6001, &[("PATH", "/bin")], "0::/user.slice\n");
+        let mut pods = kubernetes::DeviceMap::new();
+        let labels = PodLabels {
+            namespace: "ml".into(),
+            pod: "train-0".into(),
+            container: "trainer".into(),
+        };
+        pods.insert("GPU-0".into(), vec![labels.clone()]);
+        let mut gpus = vec![gpu(0), gpu(1), gpu(2)];
+        let mut procs = vec![process(0, 6000), process(0, 6001)];
+        let mut a = Attributor::new(&d.jobs(), &d.proc());
+        a.set_pod_devices(pods);
+        a.apply(&mut gpus, &mut procs);
+        let job = gpus[0].job.as_ref().unwrap();
+        assert_eq!(job.scheduler, "kubernetes");
+        assert_eq!(job.id, "ml/train-0");
+        assert_eq!(job.k8s.as_ref(), Some(&labels));
+        assert_eq!(gpus[1].job, None);
+        assert_eq!(gpus[2].job.as_ref().unwrap().id, "88");
+        assert_eq!(procs[0].job.as_ref().unwrap().id, "ml/train-0");
+        // Not in a pod's cgroup: not the pod's process.
+        assert_eq!(procs[1].job, None);
+        // The pod goes away from the kubelet's answer: the label goes at the next tick.
+        a.set_pod_devices(kubernetes::DeviceMap::new());
+        a.apply(&mut gpus, &mut procs);
+        assert_eq!(gpus[0].job, None);
+        assert_eq!(procs[0].job, None);
     }
 
     #[test]

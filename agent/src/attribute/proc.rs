@@ -38,6 +38,7 @@ pub fn read_process(proc_root: &Path, pid: u32) -> ProcessInfo {
             user: String::new(),
             name: String::new(),
             scheduler: SLURM.to_string(),
+            k8s: None,
         })
     });
     ProcessInfo {
@@ -98,6 +99,7 @@ pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
         user,
         name,
         scheduler: SLURM.to_string(),
+        k8s: None,
     })
 }
 
@@ -202,6 +204,41 @@ mod tests {
         let me = start_time(Path::new("/proc"), std::process::id());
         assert!(me.is_some());
         assert_eq!(me, start_time(Path::new("/proc"), std::process::id()));
+    }
+
+    #[test]
+    fn pod_uid_in_every_cgroup_layout() {
+        let uid = Some("0a1b2c3d-0000-4000-8000-00000000abcd".to_string());
+        for cgroup in [
+            // cgroup v2, systemd driver, guaranteed QoS (no QoS slice), containerd.
+            "0::/kubepods.slice/kubepods-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/cri-containerd-9f.scope\n",
+            // cgroup v2, systemd driver, burstable, CRI-O.
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/crio-9f.scope\n",
+            // cgroup v2, cgroupfs driver.
+            "0::/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n",
+            // cgroup v1, cgroupfs driver, guaranteed, several hierarchies.
+            "12:pids:/kubepods/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n11:memory:/kubepods/pod0a1b2c3d-0000-4000-8000-00000000abcd/9f\n",
+            // cgroup v1, systemd driver, docker.
+            "4:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/docker-9f.scope\n",
+            // A kubelet in a container (kind): its cgroups nest under kubelet.slice.
+            "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod0a1b2c3d_0000_4000_8000_00000000abcd.slice/cri-containerd-9f.scope\n",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(cgroup), uid, "{cgroup}");
+        }
+        for cgroup in [
+            "0::/\n",
+            "0::/system.slice/containerd.service\n",
+            // A pod-like name outside kubepods.
+            "0::/user.slice/pod0a1b2c3d-0000-4000-8000-00000000abcd\n",
+            // Too short to be a UID.
+            "0::/kubepods/burstable/pod0a1b2c3d/9f\n",
+            // Not hex.
+            "0::/kubepods/burstable/podzzzzzzzz-0000-4000-8000-00000000abcd/9f\n",
+            "no colons at all",
+            "",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(cgroup), None, "{cgroup}");
+        }
     }
 
     #[test]

@@ -90,6 +90,7 @@ pub fn read_job_info(dir: &Path, id: &str) -> JobLabels {
         user: String::new(),
         name: String::new(),
         scheduler: SLURM.to_string(),
+        k8s: None,
     };
     // An id is a file name here: refuse anything that could leave the directory.
     if id.is_empty() || id.contains('/') || id.starts_with('.') {

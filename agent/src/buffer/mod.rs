@@ -379,6 +379,26 @@ impl Spool for DiskSpool {
         self.front.as_ref()
     }
 
+    fn peek(&self, max_items: usize, max_bytes: u64) -> Vec<Encoded> {
+        let Some(front) = self.front.clone() else {
+            return Vec::new();
+        };
+        let mut bytes = front.body.len() as u64;
+        let mut out = vec![front];
+        for e in self.entries.iter().skip(1) {
+            if out.len() >= max_items || bytes + e.len > max_bytes {
+                break;
+            }
+            // An unreadable record ends the batch; it is dropped when it reaches the front.
+            let Ok(item) = self.read_entry(e) else {
+                break;
+            };
+            bytes += e.len;
+            out.push(item);
+        }
+        out
+    }
+
     fn pop_front(&mut self) -> Option<Encoded> {
         let item = self.front.take()?;
         debug_assert_eq!(self.entries.front().map(|e| e.seq), Some(item.seq));

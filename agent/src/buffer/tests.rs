@@ -159,3 +159,35 @@ fn one_agent_per_directory() {
     let e = DiskSpool::open(&d.0, 1 << 20).unwrap_err();
     assert!(e.to_string().contains("own --buffer-dir"), "{e}");
 }
+
+#[test]
+fn peek_reads_a_batch_across_segments_and_reopen() {
+    let d = Dir::new("peek");
+    {
+        // 4 KiB segments: 30 records of 300 bytes span several of them.
+        let mut s = DiskSpool::open(&d.0, 64 << 10).unwrap();
+        for seq in 0..30 {
+            s.push(item(seq, 300));
+        }
+        assert!(segment_files(&d.0).len() > 1);
+        let batch = s.peek(20, 1 << 20);
+        assert_eq!(
+            batch.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (0..20).collect::<Vec<_>>()
+        );
+        for e in &batch {
+            assert_eq!(*e, item(e.seq, 300), "body of {} changed", e.seq);
+        }
+        // The byte bound: 3 bodies of 300 fit in 900, the 4th does not.
+        assert_eq!(s.peek(20, 900).len(), 3);
+        assert_eq!(s.len(), 30, "peek consumes nothing");
+        for _ in 0..5 {
+            s.pop_front();
+        }
+    }
+    let s = DiskSpool::open(&d.0, 64 << 10).unwrap();
+    assert_eq!(
+        s.peek(4, 1 << 20).iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![5, 6, 7, 8]
+    );
+}

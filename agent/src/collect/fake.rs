@@ -10,6 +10,14 @@
 //! each new line is one `xid` event and counts in `xid_errors_total`, as an NVML event would.
 //! Values are plain and predictable; nothing here pretends to be a calibrated simulation
 //! (that is [`super::synthetic::Fleet`]).
+//!
+//! **MIG** (`--fake-mig N`): every GPU is split into `N` MIG instances, as NVML shows a
+//! MIG-enabled GPU. The GPU keeps its own row (power, temperature, clocks, energy, ECC: what
+//! NVML reads on the parent), with utilisation null (NVML does not give it on a MIG-enabled
+//! GPU); each instance is a row of its own with `gpu_uuid` = its MIG device UUID
+//! ([`FakeNvml::mig_uuid`]), the parent's `gpu_index`, `mig_instance` = `"<gi>.<ci>"` (GPU
+//! instance `1..=N`, compute instance 0) and only what a MIG device handle gives: memory used
+//! and total (the GPU's memory split evenly); everything else null.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +44,7 @@ pub struct FakeNvml {
     processes: Vec<ProcessSample>,
     xid_seen: Vec<usize>,
     events: Vec<GpuEvent>,
+    mig: u32,
 }
 
 impl FakeNvml {
@@ -51,7 +60,19 @@ impl FakeNvml {
             processes: Vec::new(),
             xid_seen: vec![0; gpus as usize],
             events: Vec::new(),
+            mig: 0,
         }
+    }
+
+    /// Split every GPU into `instances` MIG instances (0: MIG off).
+    pub fn with_mig(mut self, instances: u32) -> Self {
+        self.mig = instances;
+        self
+    }
+
+    /// The MIG device UUID of GPU instance `gi` of fake GPU `index`.
+    pub fn mig_uuid(index: u32, gi: u32) -> String {
+        format!("MIG-fa4e0000-0000-4000-8000-{index:06x}{gi:06x}")
     }
 
     /// The UUID of fake GPU `index`.
@@ -161,6 +182,23 @@ impl Source for FakeNvml {
             }
             *seen = (*seen).max(xids.len());
             s.xid_errors_total = Some(*seen as i64);
+            if self.mig > 0 {
+                s.gpu_utilization = None;
+                s.memory_utilization = None;
+                let share = TOTAL_MEMORY / i64::from(self.mig);
+                for gi in 1..=self.mig {
+                    let mut m = GpuSample::empty(
+                        now_unix_nano,
+                        Self::mig_uuid(index, gi),
+                        index,
+                        format!("{} MIG", s.gpu_model),
+                    );
+                    m.mig_instance = Some(format!("{gi}.0"));
+                    m.memory_total_bytes = Some(share);
+                    m.memory_used_bytes = Some(IDLE_MEMORY / i64::from(self.mig));
+                    samples.push(m);
+                }
+            }
             for &pid in procs {
                 self.processes.push(ProcessSample {
                     time_unix_nano: now_unix_nano,
@@ -173,7 +211,9 @@ impl Source for FakeNvml {
                     sm_utilization: Some(1.0 / procs.len() as f64),
                 });
             }
-            samples.push(s);
+            // The GPU's own row first, then its instances (NVML's order).
+            let at = samples.len() - if self.mig > 0 { self.mig as usize } else { 0 };
+            samples.insert(at, s);
         }
         Ok(samples)
     }
@@ -227,5 +267,43 @@ mod tests {
         assert_eq!((events[0].gpu_index, events[0].code), (1, 79));
         assert!(fake.events().is_empty(), "events are drained");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mig_instances_are_rows_of_their_own() {
+        let dir = std::env::temp_dir().join(format!("gpuwatch-fake-mig-{}", std::process::id()));
+        let mut fake = FakeNvml::new(2, &dir, Path::new("/nonexistent-proc")).with_mig(3);
+        let samples = fake.collect(1_000_000_000).unwrap();
+        assert_eq!(samples.len(), 2 * (1 + 3));
+        let parent = &samples[4];
+        assert_eq!((parent.gpu_index, parent.mig_instance.as_deref()), (1, None));
+        assert_eq!(parent.gpu_uuid, FakeNvml::uuid(1));
+        assert_eq!(parent.gpu_utilization, None, "not given on a MIG-enabled gpu");
+        assert!(parent.power_watts.is_some());
+        let rows: Vec<(u32, String, String)> = samples[5..]
+            .iter()
+            .map(|m| {
+                (
+                    m.gpu_index,
+                    m.gpu_uuid.clone(),
+                    m.mig_instance.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            (1..=3)
+                .map(|gi| (1, FakeNvml::mig_uuid(1, gi), format!("{gi}.0")))
+                .collect::<Vec<_>>()
+        );
+        let m = &samples[5];
+        assert_eq!(m.memory_total_bytes, Some(TOTAL_MEMORY / 3));
+        assert!(m.memory_used_bytes.is_some());
+        // What a MIG handle cannot give is null, never 0.
+        assert_eq!(m.power_watts, None);
+        assert_eq!(m.gpu_utilization, None);
+        assert_eq!(m.temperature_celsius, None);
+        assert_eq!(m.energy_joules, None);
+        assert_ne!(FakeNvml::mig_uuid(0, 1), FakeNvml::mig_uuid(1, 0));
     }
 }

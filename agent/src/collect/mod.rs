@@ -25,6 +25,20 @@ pub struct JobLabels {
     pub name: String,
     /// `slurm`, `kubernetes` or `static`.
     pub scheduler: String,
+    /// The Kubernetes pod and container, for `scheduler = kubernetes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k8s: Option<PodLabels>,
+}
+
+/// Where a GPU is allocated in Kubernetes (from the kubelet's pod-resources API).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PodLabels {
+    /// `k8s.namespace.name`.
+    pub namespace: String,
+    /// `k8s.pod.name`.
+    pub pod: String,
+    /// `k8s.container.name`.
+    pub container: String,
 }
 
 /// One reading of one GPU (or MIG instance). Becomes one row of `gpu_metrics`.

@@ -419,6 +419,44 @@ impl NvmlSource {
         Some(s)
     }
 
+    /// The MIG instances of GPU `index` when MIG is on, one row each, after the GPU's own row:
+    /// `gpu_uuid` is the MIG device UUID, `gpu_index` the parent's, `mig_instance` `dev<n>`
+    /// (the MIG device index on its GPU, nvidia-smi's "MIG … Device n": nvml-wrapper 0.13 does
+    /// not read GPU/compute instance ids). A MIG handle gives memory used and total; the other
+    /// fields are per GPU (power, temperature, clocks, ECC: on the parent's row) or not given
+    /// (utilisation) and stay null.
+    fn read_mig(&mut self, index: u32, now: u64) -> Vec<GpuSample> {
+        let nvml = self.nvml;
+        let Ok(device) = nvml.device_by_index(index) else {
+            return Vec::new();
+        };
+        // Not supported (before Ampere, most boards) or off: no instances.
+        match device.mig_mode() {
+            Ok(mode) if mode.current == 1 => {}
+            _ => return Vec::new(),
+        }
+        let count = field(index, "mig device count", device.mig_device_count()).unwrap_or(0);
+        let mut out = Vec::new();
+        for n in 0..count {
+            // A slot without an instance answers NotFound.
+            let Ok(mig) = device.mig_device_by_index(n) else {
+                continue;
+            };
+            let Some(uuid) = field(index, "mig uuid", mig.uuid()) else {
+                continue;
+            };
+            let model = field(index, "mig name", mig.name()).unwrap_or_else(|| "MIG".into());
+            let mut s = GpuSample::empty(now, uuid, index, model);
+            s.mig_instance = Some(format!("dev{n}"));
+            if let Some(m) = field(index, "mig memory info", mig.memory_info()) {
+                s.memory_used_bytes = to_i64(m.used);
+                s.memory_total_bytes = to_i64(m.total);
+            }
+            out.push(s);
+        }
+        out
+    }
+
     /// GPM metrics between the previous collection and now.
     fn read_gpm(&mut self, index: u32, device: &Device<'static>, s: &mut GpuSample) {
         if self.gpm_unsupported.contains(&index) {
@@ -476,9 +514,14 @@ impl Source for NvmlSource {
         })?;
         self.processes.clear();
         self.drain_events(now_unix_nano);
-        Ok((0..count)
-            .filter_map(|i| self.read_gpu(i, now_unix_nano))
-            .collect())
+        let mut samples = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            if let Some(s) = self.read_gpu(i, now_unix_nano) {
+                samples.push(s);
+                samples.extend(self.read_mig(i, now_unix_nano));
+            }
+        }
+        Ok(samples)
     }
 
     fn processes(&mut self) -> Vec<ProcessSample> {

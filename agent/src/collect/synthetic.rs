@@ -652,6 +652,7 @@ impl Fleet {
             user: j.user.to_string(),
             name: j.kind.name().to_string(),
             scheduler: "slurm".to_string(),
+            k8s: None,
         });
         let gpu = &self.gpus[i];
         let n = &mut self.noise;

@@ -1,19 +1,20 @@
-//! OTLP/HTTP exporter: protobuf, gzip, POST to `<endpoint>/v1/metrics`, with a retry queue.
+//! OTLP/HTTP: protobuf, gzip, POST to `<endpoint>/v1/metrics`. The retry spool, batching and
+//! backoff around it live in [`crate::export::exporter`].
 //!
-//! Every request goes to the back of the [`Spool`]; then the spool is drained oldest-first until
-//! it is empty or a send fails. A failure that may pass (connect error, timeout, 429, 5xx) keeps
-//! the request and everything behind it for the next call, so order is preserved. A 4xx other
-//! than 429 will never succeed: the request is logged with the response body and dropped.
+//! A connect error, a timeout, 429 or 5xx may pass: the exporter keeps the request. A 4xx other
+//! than 429 will never succeed: the request is logged with the response body and dropped. A 2xx
+//! answer's body is read as an `ExportMetricsServiceResponse` for its partial success.
 
 use std::time::Duration;
 
 use flate2::{Compress, Compression, FlushCompress, Status};
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use prost::Message;
-use tracing::{debug, error, warn};
 
 use crate::error::{Error, Result};
-use crate::export::queue::{Encoded, MemoryQueue, Spool};
+use crate::export::exporter::Outcome;
 
 /// Per-request timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -113,45 +114,14 @@ impl Gzip {
     }
 }
 
-/// Sends OTLP requests over HTTP, keeping the ones that fail for a later retry.
-pub struct Exporter {
+/// OTLP/HTTP: POST to `<endpoint>/v1/metrics` with reqwest.
+pub(crate) struct HttpTransport {
     client: reqwest::Client,
     url: String,
-    spool: Box<dyn Spool>,
-    next_seq: u64,
-    rejected: u64,
-    gzip: Gzip,
 }
 
-impl std::fmt::Debug for Exporter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exporter")
-            .field("url", &self.url)
-            .field("queued", &self.spool.len())
-            .field("dropped", &self.spool.dropped())
-            .finish_non_exhaustive()
-    }
-}
-
-enum Outcome {
-    Sent,
-    /// Will never succeed: drop it.
-    Rejected {
-        status: u16,
-        body: String,
-    },
-    /// May succeed later: keep it.
-    Retry(String),
-}
-
-impl Exporter {
-    /// An exporter to `endpoint` (see [`metrics_url`]) with the default in-memory queue.
-    pub fn new(endpoint: &str) -> Result<Self> {
-        Self::with_spool(endpoint, Box::new(MemoryQueue::default()))
-    }
-
-    /// An exporter to `endpoint` keeping failed requests in `spool`.
-    pub fn with_spool(endpoint: &str, spool: Box<dyn Spool>) -> Result<Self> {
+impl HttpTransport {
+    pub(crate) fn new(endpoint: &str) -> Result<Self> {
         let url = metrics_url(endpoint)?;
         let client = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
@@ -159,156 +129,67 @@ impl Exporter {
             .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(Error::HttpClient)?;
-        let next_seq = spool.last_seq().map_or(0, |s| s + 1);
-        Ok(Exporter {
-            client,
-            url,
-            spool,
-            next_seq,
-            rejected: 0,
-            gzip: Gzip::new(),
-        })
+        Ok(HttpTransport { client, url })
     }
 
-    /// The URL requests go to.
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
-    /// Requests waiting for a retry.
-    pub fn queued(&self) -> usize {
-        self.spool.len()
-    }
-
-    /// Requests dropped because the queue was full.
-    pub fn dropped(&self) -> u64 {
-        self.spool.dropped()
-    }
-
-    /// Requests dropped because the endpoint rejected them (4xx other than 429).
-    pub fn rejected(&self) -> u64 {
-        self.rejected
-    }
-
-    /// Bytes waiting in the spool.
-    pub fn queued_bytes(&self) -> u64 {
-        self.spool.bytes()
-    }
-
-    /// Queue `req` behind anything still waiting, then send the queue oldest-first.
-    ///
-    /// `Ok` when everything queued was delivered. [`Error::ExportRetry`] when a send failed in
-    /// a way that may pass: the request stays queued and goes out, in order, on the next call to
-    /// `send` or [`flush`](Self::flush). [`Error::ExportRejected`] when the endpoint refused
-    /// this very request for good. Cancel-safe: a request leaves the queue only once answered.
-    pub async fn send(&mut self, req: &ExportMetricsServiceRequest) -> Result<()> {
-        let body = self.gzip.encode(&req.encode_to_vec())?;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        if let Some(evicted) = self.spool.push(Encoded { seq, body }) {
-            warn!(
-                request = evicted.seq,
-                dropped_total = self.spool.dropped(),
-                "retry queue full: dropped the oldest request"
-            );
+    /// POST one gzip protobuf body.
+    pub(crate) async fn post(&self, body: Vec<u8>) -> Outcome {
+        let response = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+            .header(reqwest::header::CONTENT_ENCODING, "gzip")
+            .body(body)
+            .send()
+            .await;
+        let response = match response {
+            Ok(r) => r,
+            Err(e) => return Outcome::Retry(error_chain(&e)),
+        };
+        let status = response.status();
+        let code = status.as_u16();
+        if status.is_success() {
+            // An OTLP answer: empty, or an ExportMetricsServiceResponse with partial_success.
+            let bytes = response.bytes().await.unwrap_or_default();
+            let partial = ExportMetricsServiceResponse::decode(&bytes[..])
+                .ok()
+                .and_then(|r| r.partial_success);
+            return match partial {
+                Some(p) => Outcome::Sent {
+                    rejected_points: p.rejected_data_points,
+                    message: p.error_message,
+                },
+                None => Outcome::Sent {
+                    rejected_points: 0,
+                    message: String::new(),
+                },
+            };
         }
-        self.drain(Some(seq)).await
-    }
-
-    /// Send whatever is queued, oldest first.
-    pub async fn flush(&mut self) -> Result<()> {
-        self.drain(None).await
-    }
-
-    async fn drain(&mut self, mine: Option<u64>) -> Result<()> {
-        let result = self.drain_inner(mine).await;
-        crate::metrics::spool_state(self.spool.len(), self.spool.bytes(), self.spool.dropped());
-        result
-    }
-
-    async fn drain_inner(&mut self, mine: Option<u64>) -> Result<()> {
-        let mut mine_rejected = None;
-        while let Some(entry) = self.spool.front() {
-            let seq = entry.seq;
-            let body = entry.body.clone();
-            match post(&self.client, &self.url, body).await {
-                Outcome::Sent => {
-                    debug!(request = seq, url = %self.url, "exported");
-                    crate::metrics::exported();
-                    self.spool.pop_front();
-                }
-                Outcome::Rejected { status, body } => {
-                    error!(
-                        request = seq,
-                        url = %self.url,
-                        status,
-                        body = %body,
-                        "endpoint rejected the request; dropping it, it will never succeed"
-                    );
-                    self.spool.pop_front();
-                    self.rejected += 1;
-                    crate::metrics::export_rejected();
-                    if Some(seq) == mine {
-                        mine_rejected = Some(Error::ExportRejected {
-                            url: self.url.clone(),
-                            status,
-                            body,
-                        });
-                    }
-                }
-                Outcome::Retry(reason) => {
-                    crate::metrics::export_failed();
-                    return Err(Error::ExportRetry {
-                        url: self.url.clone(),
-                        reason,
-                        queued: self.spool.len(),
-                    });
-                }
+        if code == 429 || status.is_server_error() {
+            return Outcome::Retry(format!("http {code}"));
+        }
+        let mut text = response.text().await.unwrap_or_default();
+        if text.len() > MAX_BODY_IN_LOG {
+            let mut cut = MAX_BODY_IN_LOG;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
             }
+            text.truncate(cut);
+            text.push('…');
         }
-        mine_rejected.map_or(Ok(()), Err)
-    }
-}
-
-/// POST one encoded request. A free function so that the exporter's future only borrows what is
-/// `Sync` (the spool need not be) and stays `Send`.
-async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Outcome {
-    let response = client
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
-        .header(reqwest::header::CONTENT_ENCODING, "gzip")
-        .body(body)
-        .send()
-        .await;
-    let response = match response {
-        Ok(r) => r,
-        Err(e) => return Outcome::Retry(error_chain(&e)),
-    };
-    let status = response.status();
-    if status.is_success() {
-        return Outcome::Sent;
-    }
-    let code = status.as_u16();
-    if code == 429 || status.is_server_error() {
-        return Outcome::Retry(format!("http {code}"));
-    }
-    let mut text = response.text().await.unwrap_or_default();
-    if text.len() > MAX_BODY_IN_LOG {
-        let mut cut = MAX_BODY_IN_LOG;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+        if status.is_client_error() {
+            Outcome::Rejected {
+                status: format!("http {code}"),
+                body: text,
+            }
+        } else {
+            // 1xx/3xx after redirects: unexpected, but not proof the data is bad.
+            Outcome::Retry(format!("unexpected http {code}"))
         }
-        text.truncate(cut);
-        text.push('…');
-    }
-    if status.is_client_error() {
-        Outcome::Rejected {
-            status: code,
-            body: text,
-        }
-    } else {
-        // 1xx/3xx after redirects: unexpected, but not proof the data is bad.
-        Outcome::Retry(format!("unexpected http {code}"))
     }
 }
 
@@ -329,6 +210,7 @@ mod tests {
     use super::*;
     use crate::collect::GpuSample;
     use crate::export::otlp::encode;
+    use crate::export::{Exporter, MemoryQueue};
     use flate2::read::GzDecoder;
     use std::collections::VecDeque;
     use std::io::Read;
@@ -417,25 +299,31 @@ mod tests {
                 .map(|(_, v)| v.as_str())
         }
 
-        /// The `time_unix_nano` of the first point: the marker each test request carries.
-        fn marker(&self) -> u64 {
+        /// The `time_unix_nano` of the first point of each resource: the marker each test
+        /// request carries (a batch carries several).
+        fn markers(&self) -> Vec<u64> {
             let mut raw = Vec::new();
             GzDecoder::new(&self.body[..])
                 .read_to_end(&mut raw)
                 .unwrap();
             let req = ExportMetricsServiceRequest::decode(&raw[..]).unwrap();
-            let m = &req.resource_metrics[0].scope_metrics[0].metrics[0];
-            match m.data.as_ref().unwrap() {
-                opentelemetry_proto::tonic::metrics::v1::metric::Data::Gauge(g) => {
-                    g.data_points[0].time_unix_nano
-                }
-                other => panic!("{other:?}"),
-            }
+            req.resource_metrics
+                .iter()
+                .map(|rm| match rm.scope_metrics[0].metrics[0].data.as_ref().unwrap() {
+                    opentelemetry_proto::tonic::metrics::v1::metric::Data::Gauge(g) => {
+                        g.data_points[0].time_unix_nano
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect()
         }
     }
 
+    /// Scripted answer: 200 with a partial success of 3 rejected points.
+    const PARTIAL: u16 = 2003;
+
     /// A tiny HTTP/1.1 server: answers each request with the next scripted status (200 when
-    /// the script is empty) and `Connection: close`.
+    /// the script is empty; [`PARTIAL`] for a partial success) and `Connection: close`.
     struct TestServer {
         url: String,
         received: Arc<Mutex<Vec<Received>>>,
@@ -512,17 +400,34 @@ mod tests {
             headers,
             body,
         });
-        let status = script.lock().unwrap().pop_front().unwrap_or(200);
-        let reply = if status == 200 {
-            ""
-        } else {
-            "{\"error\":\"bad request: test says no\"}"
+        let scripted = script.lock().unwrap().pop_front().unwrap_or(200);
+        let (status, kind, reply): (u16, &str, Vec<u8>) = match scripted {
+            200 => (200, "application/x-protobuf", Vec::new()),
+            PARTIAL => (
+                200,
+                "application/x-protobuf",
+                ExportMetricsServiceResponse {
+                    partial_success: Some(
+                        opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsPartialSuccess {
+                            rejected_data_points: 3,
+                            error_message: "3 points ahead of the server clock".into(),
+                        },
+                    ),
+                }
+                .encode_to_vec(),
+            ),
+            other => (
+                other,
+                "application/json",
+                b"{\"error\":\"bad request: test says no\"}".to_vec(),
+            ),
         };
-        let response = format!(
-            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{reply}",
+        let head = format!(
+            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nContent-Type: {kind}\r\nConnection: close\r\n\r\n",
             reply.len()
         );
-        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.write_all(head.as_bytes()).await;
+        let _ = stream.write_all(&reply).await;
         let _ = stream.shutdown().await;
     }
 
@@ -532,8 +437,16 @@ mod tests {
         encode(&[s], &[("host.name".into(), "t".into())])
     }
 
-    fn markers(server: &TestServer) -> Vec<u64> {
-        server.received().iter().map(Received::marker).collect()
+    /// Markers per request received, in order.
+    fn markers(server: &TestServer) -> Vec<Vec<u64>> {
+        server.received().iter().map(Received::markers).collect()
+    }
+
+    /// An exporter that retries at every call (backoff is tested on its own).
+    fn eager(url: &str, spool: Box<dyn crate::export::Spool>) -> Exporter {
+        let mut e = Exporter::with_spool(url, spool).unwrap();
+        e.set_backoff(Duration::ZERO, Duration::ZERO);
+        e
     }
 
     #[tokio::test]
@@ -549,7 +462,7 @@ mod tests {
             Some("application/x-protobuf")
         );
         assert_eq!(got[0].header("content-encoding"), Some("gzip"));
-        assert_eq!(got[0].marker(), 7);
+        assert_eq!(got[0].markers(), vec![7]);
         let mut raw = Vec::new();
         GzDecoder::new(&got[0].body[..])
             .read_to_end(&mut raw)
@@ -564,7 +477,7 @@ mod tests {
     #[tokio::test]
     async fn retries_in_order_after_5xx_and_429() {
         let server = TestServer::start(&[503, 429]).await;
-        let mut exporter = Exporter::new(&server.url).unwrap();
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::default()));
         let e = exporter.send(&request(1)).await.unwrap_err();
         assert!(matches!(e, Error::ExportRetry { queued: 1, .. }), "{e}");
         assert!(e.to_string().contains("http 503"), "{e}");
@@ -572,18 +485,49 @@ mod tests {
         assert!(matches!(e, Error::ExportRetry { queued: 2, .. }), "{e}");
         exporter.send(&request(3)).await.unwrap();
         assert_eq!(exporter.queued(), 0);
-        // 1 failed twice, then 1, 2, 3 went out in order.
-        assert_eq!(markers(&server), vec![1, 1, 1, 2, 3]);
+        // 1 failed alone, then in a batch with 2; then 1, 2, 3 went out in one batch, in order.
+        assert_eq!(
+            markers(&server),
+            vec![vec![1], vec![1, 2], vec![1, 2, 3]]
+        );
+    }
+
+    #[tokio::test]
+    async fn backoff_defers_attempts_until_flush() {
+        let server = TestServer::start(&[503]).await;
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        assert!(exporter.send(&request(1)).await.is_err());
+        // Within the backoff: queued, not sent.
+        let e = exporter.send(&request(2)).await.unwrap_err();
+        assert!(e.to_string().contains("backing off"), "{e}");
+        assert_eq!(markers(&server), vec![vec![1]]);
+        assert_eq!(exporter.queued(), 2);
+        // The shutdown flush does not wait.
+        exporter.flush().await.unwrap();
+        assert_eq!(markers(&server), vec![vec![1], vec![1, 2]]);
+        // A success resets the delay: the next send goes out at once.
+        exporter.send(&request(3)).await.unwrap();
+        assert_eq!(markers(&server).last(), Some(&vec![3]));
+    }
+
+    #[tokio::test]
+    async fn partial_success_counts_as_sent_and_counts_points() {
+        let server = TestServer::start(&[PARTIAL]).await;
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::default()));
+        exporter.send(&request(1)).await.unwrap();
+        assert_eq!(exporter.queued(), 0);
+        assert_eq!(exporter.rejected(), 0);
+        assert_eq!(exporter.rejected_points(), 3);
     }
 
     #[tokio::test]
     async fn client_error_drops_the_request() {
         let server = TestServer::start(&[400]).await;
-        let mut exporter = Exporter::new(&server.url).unwrap();
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::default()));
         let e = exporter.send(&request(1)).await.unwrap_err();
         match &e {
             Error::ExportRejected { status, body, .. } => {
-                assert_eq!(*status, 400);
+                assert_eq!(status, "http 400");
                 assert!(body.contains("test says no"), "{body}");
             }
             other => panic!("{other}"),
@@ -591,18 +535,23 @@ mod tests {
         assert_eq!(exporter.queued(), 0);
         assert_eq!(exporter.rejected(), 1);
         exporter.send(&request(2)).await.unwrap();
-        assert_eq!(markers(&server), vec![1, 2]);
+        assert_eq!(markers(&server), vec![vec![1], vec![2]]);
     }
 
     #[tokio::test]
-    async fn older_rejected_request_does_not_fail_a_newer_one() {
-        let server = TestServer::start(&[503, 400]).await;
-        let mut exporter = Exporter::new(&server.url).unwrap();
+    async fn a_rejected_batch_is_split_and_only_the_bad_request_dropped() {
+        let server = TestServer::start(&[503, 400, 400]).await;
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::default()));
         assert!(exporter.send(&request(1)).await.is_err());
-        // Request 1 is now rejected for good; request 2 goes through.
+        // [1, 2] is rejected as a batch; alone, 1 is rejected again and dropped, 2 goes through
+        // (and the older rejection does not fail the newer request).
         exporter.send(&request(2)).await.unwrap();
-        assert_eq!(markers(&server), vec![1, 1, 2]);
+        assert_eq!(
+            markers(&server),
+            vec![vec![1], vec![1, 2], vec![1], vec![2]]
+        );
         assert_eq!(exporter.rejected(), 1);
+        assert_eq!(exporter.queued(), 0);
     }
 
     #[tokio::test]
@@ -622,14 +571,16 @@ mod tests {
     #[tokio::test]
     async fn bounded_queue_drops_oldest_and_keeps_order() {
         let server = TestServer::start(&[503, 503, 503]).await;
-        let mut exporter =
-            Exporter::with_spool(&server.url, Box::new(MemoryQueue::new(2))).unwrap();
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::new(2)));
         assert!(exporter.send(&request(1)).await.is_err()); // [1]
         assert!(exporter.send(&request(2)).await.is_err()); // [1, 2]
         assert!(exporter.send(&request(3)).await.is_err()); // 1 dropped: [2, 3]
-        exporter.send(&request(4)).await.unwrap(); // 2 dropped: [3, 4], both sent
+        exporter.send(&request(4)).await.unwrap(); // 2 dropped: [3, 4], sent together
         assert_eq!(exporter.dropped(), 2);
         assert_eq!(exporter.queued(), 0);
-        assert_eq!(markers(&server), vec![1, 1, 2, 3, 4]);
+        assert_eq!(
+            markers(&server),
+            vec![vec![1], vec![1, 2], vec![2, 3], vec![3, 4]]
+        );
     }
 }

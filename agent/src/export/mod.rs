@@ -1,11 +1,16 @@
-//! Export: samples → OTLP protobuf ([`otlp::encode`]) → gzip → HTTP POST ([`http::Exporter`]),
-//! with failed requests kept in a bounded retry queue ([`queue::Spool`]).
+//! Export: samples → OTLP protobuf ([`otlp::encode`]) → gzip → the retry spool
+//! ([`queue::Spool`]) → OTLP/HTTP POST ([`http`]) or OTLP/gRPC `Export` ([`grpc`]), batched and
+//! retried with backoff by the [`Exporter`].
 
+pub mod exporter;
+pub mod grpc;
 pub mod http;
 pub mod otlp;
 pub mod prometheus;
 pub mod queue;
 
-pub use http::{Exporter, metrics_url};
+pub use exporter::Exporter;
+pub use grpc::{DEFAULT_GRPC_ENDPOINT, grpc_url};
+pub use http::metrics_url;
 pub use otlp::encode;
 pub use queue::{Encoded, MemoryQueue, Spool};

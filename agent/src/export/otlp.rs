@@ -264,6 +264,13 @@ fn push_job(attrs: &mut Vec<KeyValue>, job: Option<&crate::collect::JobLabels>) 
         attrs.push(string_kv("job.name", &job.name));
     }
     attrs.push(string_kv("job.scheduler", &job.scheduler));
+    if let Some(k8s) = &job.k8s {
+        attrs.push(string_kv("k8s.namespace.name", &k8s.namespace));
+        attrs.push(string_kv("k8s.pod.name", &k8s.pod));
+        if !k8s.container.is_empty() {
+            attrs.push(string_kv("k8s.container.name", &k8s.container));
+        }
+    }
 }
 
 /// Metric name of a process's GPU memory (`gpu_processes.used_memory_bytes`).
@@ -479,6 +486,7 @@ mod collection_tests {
                 user: "alice".into(),
                 name: String::new(),
                 scheduler: "slurm".into(),
+                k8s: None,
             }),
             used_memory_bytes: Some(1 << 30),
             sm_utilization: Some(0.5),
@@ -679,6 +687,7 @@ mod tests {
             user: "alice".into(),
             name: "train-llm".into(),
             scheduler: "slurm".into(),
+            k8s: None,
         });
         a.mig_instance = Some("1.0".into());
         let mut b = sample("GPU-b", 1, 200);

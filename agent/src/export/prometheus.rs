@@ -4,7 +4,8 @@
 //!
 //! Labels on every GPU series, as dcgm-exporter writes them: `gpu` (index), `UUID`, `device`
 //! (`nvidia<index>`), `modelName`, `Hostname`; `GPU_I_ID` for a MIG instance; `hpc_job` when a
-//! job owns the GPU (from the job mapping dir or its processes). A value NVML could not read
+//! job owns the GPU (from the job mapping dir or its processes), or `namespace`, `pod`,
+//! `container` when a Kubernetes pod does. A value NVML could not read
 //! has no series. dcgm-exporter's `pci_bus_id` and `DCGM_FI_DRIVER_VERSION` are not written.
 //!
 //! The server is a minimal HTTP/1.1 responder on tokio (one request per connection, `GET
@@ -270,11 +271,32 @@ fn labels(host: &str, s: &GpuSample) -> String {
         escape_label(&s.gpu_model),
         escape_label(host)
     );
-    if let Some(gi) = s.mig_instance.as_deref().and_then(|m| m.split('.').next()) {
+    // The GPU instance id, when the source knows it (`<gi>.<ci>`).
+    if let Some(gi) = s
+        .mig_instance
+        .as_deref()
+        .and_then(|m| m.split('.').next())
+        .filter(|gi| !gi.is_empty() && gi.bytes().all(|b| b.is_ascii_digit()))
+    {
         let _ = write!(l, ",GPU_I_ID=\"{}\"", escape_label(gi));
     }
-    if let Some(job) = &s.job {
-        let _ = write!(l, ",hpc_job=\"{}\"", escape_label(&job.id));
+    match s.job.as_ref() {
+        // dcgm-exporter's Kubernetes labels.
+        Some(job) if job.k8s.is_some() => {
+            if let Some(k) = &job.k8s {
+                let _ = write!(
+                    l,
+                    ",namespace=\"{}\",pod=\"{}\",container=\"{}\"",
+                    escape_label(&k.namespace),
+                    escape_label(&k.pod),
+                    escape_label(&k.container)
+                );
+            }
+        }
+        Some(job) => {
+            let _ = write!(l, ",hpc_job=\"{}\"", escape_label(&job.id));
+        }
+        None => {}
     }
     l
 }
@@ -422,8 +444,29 @@ mod tests {
             user: "alice".into(),
             name: "train".into(),
             scheduler: "slurm".into(),
+            k8s: None,
         });
         s
+    }
+
+    #[test]
+    fn pods_and_mig_instances_get_dcgm_exporter_labels() {
+        let mut s = sample();
+        s.mig_instance = Some("2.0".into());
+        s.job = Some(crate::attribute::kubernetes::job_of(&crate::collect::PodLabels {
+            namespace: "ml".into(),
+            pod: "train-0".into(),
+            container: "trainer".into(),
+        }));
+        let l = labels("node-1", &s);
+        assert!(
+            l.ends_with(",GPU_I_ID=\"2\",namespace=\"ml\",pod=\"train-0\",container=\"trainer\""),
+            "{l}"
+        );
+        assert!(!l.contains("hpc_job"), "{l}");
+        // An instance named without its GPU instance id (NVML's `dev<n>`) has no GPU_I_ID.
+        s.mig_instance = Some("dev1".into());
+        assert!(!labels("node-1", &s).contains("GPU_I_ID"));
     }
 
     #[test]

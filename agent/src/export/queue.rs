@@ -25,6 +25,13 @@ pub trait Spool: Send {
     fn push(&mut self, item: Encoded) -> Option<Encoded>;
     /// The oldest request, the next one to send.
     fn front(&self) -> Option<&Encoded>;
+    /// The oldest requests, in order: at least the front (when there is one), then more while
+    /// there are fewer than `max_items` and their bodies add up to at most `max_bytes`. The
+    /// exporter sends them as one batch; they stay queued until popped.
+    fn peek(&self, max_items: usize, max_bytes: u64) -> Vec<Encoded> {
+        let _ = (max_items, max_bytes);
+        self.front().cloned().into_iter().collect()
+    }
     /// Remove and return the oldest request (after it was sent or rejected for good).
     fn pop_front(&mut self) -> Option<Encoded>;
     /// Requests waiting.
@@ -89,6 +96,20 @@ impl Spool for MemoryQueue {
         self.items.front()
     }
 
+    fn peek(&self, max_items: usize, max_bytes: u64) -> Vec<Encoded> {
+        let mut out: Vec<Encoded> = Vec::new();
+        let mut bytes = 0u64;
+        for item in &self.items {
+            let size = item.body.len() as u64;
+            if !out.is_empty() && (out.len() >= max_items || bytes + size > max_bytes) {
+                break;
+            }
+            bytes += size;
+            out.push(item.clone());
+        }
+        out
+    }
+
     fn pop_front(&mut self) -> Option<Encoded> {
         let item = self.items.pop_front()?;
         self.bytes -= item.body.len() as u64;
@@ -147,6 +168,21 @@ mod tests {
         assert_eq!(evicted, vec![0, 1, 2, 3]);
         let order: Vec<u64> = std::iter::from_fn(|| q.pop_front().map(|e| e.seq)).collect();
         assert_eq!(order, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn peek_takes_the_oldest_within_bounds() {
+        let mut q = MemoryQueue::new(8);
+        assert!(q.peek(4, 100).is_empty());
+        for i in 0..5 {
+            q.push(item(i));
+        }
+        let seqs = |v: Vec<Encoded>| v.iter().map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(q.peek(3, 100)), vec![0, 1, 2]);
+        assert_eq!(seqs(q.peek(10, 2)), vec![0, 1]);
+        // The front always comes, even over the byte bound.
+        assert_eq!(seqs(q.peek(10, 0)), vec![0]);
+        assert_eq!(q.len(), 5, "peek leaves the queue as it was");
     }
 
     #[test]

@@ -1,0 +1,201 @@
+//! OTLP/gRPC (`--protocol grpc`): the `opentelemetry.proto.collector.metrics.v1.MetricsService`
+//! `Export` call over a tonic channel, gzip-compressed, to the server's `--otlp-grpc-addr`
+//! (4317). The retry spool, batching and backoff around it live in
+//! [`crate::export::exporter`], shared with OTLP/HTTP.
+//!
+//! The endpoint is `http://host:port` (no path: gRPC names the method itself). TLS is not built
+//! into the agent: for `https://` use `--protocol http`, or a TLS-terminating proxy.
+//!
+//! Status codes, following the OTLP specification: `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
+//! `CANCELLED`, `ABORTED`, `OUT_OF_RANGE`, `DATA_LOSS`, `INTERNAL` and `UNKNOWN` (also what a
+//! broken connection gives) are retried; every other code (`INVALID_ARGUMENT`,
+//! `UNAUTHENTICATED`, `PERMISSION_DENIED`, `UNIMPLEMENTED`, `RESOURCE_EXHAUSTED` — the server's
+//! answer to a request over `--max-body-bytes` — …) drops the request, as a 4xx does over HTTP.
+
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, Result};
+use crate::export::exporter::Outcome;
+use crate::export::http::REQUEST_TIMEOUT;
+
+/// Default OTLP/gRPC endpoint (the server's `--otlp-grpc-addr`).
+pub const DEFAULT_GRPC_ENDPOINT: &str = "http://127.0.0.1:4317";
+
+/// Check a gRPC endpoint and return it without a trailing `/`.
+pub fn grpc_url(endpoint: &str) -> Result<String> {
+    let trimmed = endpoint.trim();
+    let bad = |reason: &str| Error::BadEndpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    if trimmed.starts_with("https://") {
+        return Err(bad(
+            "grpc over tls is not built into the agent; use http:// (e.g. to a local tls proxy), or --protocol http with https://",
+        ));
+    }
+    let rest = trimmed
+        .strip_prefix("http://")
+        .ok_or_else(|| bad("it must start with http://, e.g. http://127.0.0.1:4317"))?;
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(bad("it has no host"));
+    }
+    if rest.contains(['/', '?', '#']) {
+        return Err(bad(
+            "a grpc endpoint has no path, query or fragment: give http://host:port",
+        ));
+    }
+    let url = format!("http://{rest}");
+    Endpoint::from_shared(url.clone()).map_err(|e| bad(&e.to_string()))?;
+    Ok(url)
+}
+
+/// The gRPC client, connected on first use (a tonic channel needs a running runtime).
+pub(crate) struct GrpcTransport {
+    url: String,
+    client: Option<MetricsServiceClient<Channel>>,
+}
+
+impl GrpcTransport {
+    pub(crate) fn new(endpoint: &str) -> Result<Self> {
+        Ok(GrpcTransport {
+            url: grpc_url(endpoint)?,
+            client: None,
+        })
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn client(&mut self) -> Result<MetricsServiceClient<Channel>, String> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(self.url.clone())
+            .map_err(|e| e.to_string())?
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
+            .map_err(|e| e.to_string())?;
+        let client = MetricsServiceClient::new(endpoint.connect_lazy())
+            .send_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(4 << 20);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Send one request.
+    pub(crate) async fn export(&mut self, req: ExportMetricsServiceRequest) -> Outcome {
+        let mut client = match self.client() {
+            Ok(c) => c,
+            Err(e) => {
+                return Outcome::Rejected {
+                    status: "bad endpoint".to_string(),
+                    body: e,
+                };
+            }
+        };
+        match client.export(req).await {
+            Ok(response) => match response.into_inner().partial_success {
+                Some(p) => Outcome::Sent {
+                    rejected_points: p.rejected_data_points,
+                    message: p.error_message,
+                },
+                None => Outcome::Sent {
+                    rejected_points: 0,
+                    message: String::new(),
+                },
+            },
+            Err(status) => outcome_of(&status),
+        }
+    }
+}
+
+/// What a gRPC error status means for the request.
+pub(crate) fn outcome_of(status: &tonic::Status) -> Outcome {
+    use tonic::Code;
+    let text = status_text(status);
+    match status.code() {
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Cancelled
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::DataLoss
+        | Code::Internal
+        | Code::Unknown => Outcome::Retry(format!("grpc {:?}: {text}", status.code())),
+        code => Outcome::Rejected {
+            status: format!("grpc {code:?}"),
+            body: text,
+        },
+    }
+}
+
+/// The status message with the transport error behind it, if any.
+fn status_text(status: &tonic::Status) -> String {
+    let mut out = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_checks() {
+        assert_eq!(grpc_url("http://127.0.0.1:4317").unwrap(), "http://127.0.0.1:4317");
+        assert_eq!(grpc_url(" http://gw:4317/ ").unwrap(), "http://gw:4317");
+        for (bad, says) in [
+            ("https://gw:4317", "tls"),
+            ("127.0.0.1:4317", "http://"),
+            ("http://gw:4317/v1/metrics", "no path"),
+            ("http://", "no host"),
+            ("http://gw:4317?x=1", "no path"),
+        ] {
+            let e = grpc_url(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn status_codes_map_like_the_otlp_spec() {
+        let retry = [
+            tonic::Status::unavailable("down"),
+            tonic::Status::deadline_exceeded("slow"),
+            tonic::Status::internal("oops"),
+        ];
+        for s in retry {
+            assert!(matches!(outcome_of(&s), Outcome::Retry(_)), "{s:?}");
+        }
+        for s in [
+            tonic::Status::invalid_argument("bad point"),
+            tonic::Status::unauthenticated("no token"),
+            tonic::Status::resource_exhausted("too large"),
+        ] {
+            match outcome_of(&s) {
+                Outcome::Rejected { status, body } => {
+                    assert!(status.starts_with("grpc "), "{status}");
+                    assert_eq!(body, s.message());
+                }
+                other => panic!("{s:?} gave {other:?}"),
+            }
+        }
+    }
+}
