@@ -284,6 +284,8 @@ impl QueryEngine {
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
         let ctx = SessionContext::new_with_config(session);
+        ctx.register_udaf(crate::udf::increase());
+        ctx.register_udaf(crate::udf::rate());
         let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(
