@@ -11,6 +11,7 @@ mod cli;
 mod config;
 mod crash_stress;
 mod durability;
+mod golden;
 mod grpc;
 mod otlp_partial;
 mod pipeline;
