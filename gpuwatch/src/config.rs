@@ -81,6 +81,10 @@ pub struct RetentionFile {
     pub gpu_metrics_1m: Option<String>,
     /// 1-hour rollups (default 1825d).
     pub gpu_metrics_1h: Option<String>,
+    /// GPU processes (default 30d).
+    pub gpu_processes: Option<String>,
+    /// GPU events (default 365d).
+    pub gpu_events: Option<String>,
 }
 
 impl RetentionFile {
@@ -100,6 +104,8 @@ impl RetentionFile {
                 &self.gpu_metrics_1h,
                 &mut r.gpu_metrics_1h,
             ),
+            ("gpu_processes", &self.gpu_processes, &mut r.gpu_processes),
+            ("gpu_events", &self.gpu_events, &mut r.gpu_events),
         ];
         for (key, text, target) in keys {
             let Some(text) = text else { continue };

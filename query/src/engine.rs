@@ -291,6 +291,8 @@ impl QueryEngine {
             ctx.runtime_env()
                 .register_object_store(url.as_ref(), object_store);
         }
+        ctx.register_udaf(crate::udf::increase());
+        ctx.register_udaf(crate::udf::rate());
         let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(

@@ -4,13 +4,14 @@
 //! read-only statements through; DataFusion plans it over [`engine::StoreTable`] providers, each
 //! of which reads a consistent snapshot of the store (in-memory batches plus Parquet files)
 //! through the narrow [`gpuwatch_store::ReadStore`] trait; the answer is encoded in the requested
-//! [`format`].
+//! [`format`]. Time-series aggregates (`increase`, `rate`) live in [`udf`].
 
 pub mod engine;
 mod error;
 pub mod format;
 pub mod gate;
 pub mod http;
+pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};
 pub use error::{Error, Result, Status};

@@ -158,6 +158,38 @@ static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+/// OTLP metric of a process's GPU memory: `gpu_processes.used_memory_bytes`.
+pub const PROCESS_MEMORY_METRIC: &str = "gpu.process.memory.usage";
+/// OTLP metric of a process's SM utilisation: `gpu_processes.sm_utilization`.
+pub const PROCESS_SM_METRIC: &str = "gpu.process.sm.utilization";
+/// OTLP metric of a GPU event: one `gpu_events` row, the value is `code`.
+pub const EVENT_METRIC: &str = "gpu.event";
+
+static GPU_PROCESSES: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("time", time_type(), false),
+        Field::new("host", DataType::Utf8, false),
+        Field::new("gpu_uuid", DataType::Utf8, false),
+        Field::new("pid", DataType::Int64, false),
+        Field::new("process_name", DataType::Utf8, true),
+        Field::new("job_id", DataType::Utf8, true),
+        Field::new("job_user", DataType::Utf8, true),
+        Field::new("used_memory_bytes", DataType::Int64, true),
+        Field::new("sm_utilization", DataType::Float64, true),
+    ]))
+});
+
+static GPU_EVENTS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("time", time_type(), false),
+        Field::new("host", DataType::Utf8, false),
+        Field::new("gpu_uuid", DataType::Utf8, false),
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("code", DataType::Int64, true),
+        Field::new("detail", DataType::Utf8, true),
+    ]))
+});
+
 /// Rollup columns of one value column: `<col>_min`, `<col>_max`, `<col>_avg`, `<col>_last`.
 pub const ROLLUP_SUFFIXES: [&str; 4] = ["min", "max", "avg", "last"];
 
@@ -198,15 +230,21 @@ pub enum Table {
     GpuMetrics1m,
     /// `gpu_metrics` rolled up per hour (built when an hour is compacted).
     GpuMetrics1h,
+    /// One row per GPU process per sample.
+    GpuProcesses,
+    /// One row per GPU event (XID, ECC).
+    GpuEvents,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 4] = [
+    pub const ALL: [Table; 6] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
         Table::GpuMetrics1h,
+        Table::GpuProcesses,
+        Table::GpuEvents,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -225,7 +263,14 @@ impl Table {
             Table::Metrics => "metrics",
             Table::GpuMetrics1m => "gpu_metrics_1m",
             Table::GpuMetrics1h => "gpu_metrics_1h",
+            Table::GpuProcesses => "gpu_processes",
+            Table::GpuEvents => "gpu_events",
         }
+    }
+
+    /// True for the tables that ingest writes (the others are built by compaction).
+    pub fn is_ingested(self) -> bool {
+        self.rollup_nanos().is_none()
     }
 
     /// Table by SQL name.
@@ -240,6 +285,8 @@ impl Table {
             Table::Metrics => 2,
             Table::GpuMetrics1m => 3,
             Table::GpuMetrics1h => 4,
+            Table::GpuProcesses => 5,
+            Table::GpuEvents => 6,
         }
     }
 
@@ -254,15 +301,19 @@ impl Table {
             Table::GpuMetrics => GPU_METRICS.clone(),
             Table::Metrics => METRICS.clone(),
             Table::GpuMetrics1m | Table::GpuMetrics1h => GPU_METRICS_ROLLUP.clone(),
+            Table::GpuProcesses => GPU_PROCESSES.clone(),
+            Table::GpuEvents => GPU_EVENTS.clone(),
         }
     }
 
     /// Columns the persisted files are sorted by (the last is always `time`).
     pub fn sort_columns(self) -> &'static [&'static str] {
         match self {
-            Table::GpuMetrics | Table::GpuMetrics1m | Table::GpuMetrics1h => {
-                &["host", "gpu_uuid", "time"]
-            }
+            Table::GpuMetrics
+            | Table::GpuMetrics1m
+            | Table::GpuMetrics1h
+            | Table::GpuProcesses
+            | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
         }
     }

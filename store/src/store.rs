@@ -656,7 +656,7 @@ impl Store {
         let mut windows: std::collections::BTreeMap<(Table, i64), Vec<FileMeta>> =
             Default::default();
         for f in self.catalog().files {
-            if let Some(t @ (Table::GpuMetrics | Table::Metrics)) = Table::from_name(&f.table) {
+            if let Some(t) = Table::from_name(&f.table).filter(|t| t.is_ingested()) {
                 windows
                     .entry((t, compact::window_of(&f)))
                     .or_default()

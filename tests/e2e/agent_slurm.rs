@@ -211,16 +211,17 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
     let procs = rows(
         &server,
         &format!(
-            "SELECT labels['process.pid'] AS pid, labels['job.id'] AS job, labels['gpu.index'] AS gpu, value \
-             FROM metrics WHERE metric = 'gpu.process.memory.usage' AND labels['host.name'] = '{host}' \
-             ORDER BY time DESC LIMIT 1"
+            "SELECT CAST(p.pid AS VARCHAR) AS pid, p.job_id AS job, CAST(g.gpu_index AS VARCHAR) AS gpu, \
+             p.used_memory_bytes AS value \
+             FROM gpu_processes p JOIN gpu_metrics g ON g.host = p.host AND g.gpu_uuid = p.gpu_uuid AND g.time = p.time \
+             WHERE p.host = '{host}' ORDER BY p.time DESC LIMIT 1"
         ),
     )
     .await;
     assert_eq!(
         procs.len(),
         1,
-        "no gpu.process.memory.usage point: {procs:?}"
+        "no gpu_processes row: {procs:?}"
     );
     assert_eq!(
         field(&procs[0], "job").as_str(),

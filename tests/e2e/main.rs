@@ -14,6 +14,7 @@ mod cli;
 mod config;
 mod crash_stress;
 mod durability;
+mod golden;
 mod grpc;
 mod object_store;
 mod otlp_partial;

@@ -74,10 +74,35 @@ async fn every_recipe_in_docs_sql_md_runs_and_gives_the_expected_answer() {
             assert_eq!(status, 200, "{text}");
         }
     }
+    // An XID on GPU-a and a process on GPU-b, as the agent sends them.
+    let t = start + 4 * minute;
+    let t_process = now_ns() - 5_000_000_000;
+    let extra = serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "host.name", "value": {"stringValue": "node-1"}}]},
+        "scopeMetrics": [{"metrics": [
+            {"name": "gpu.event", "gauge": {"dataPoints": [{"timeUnixNano": t.to_string(), "asInt": "79",
+                "attributes": [{"key": "hw.id", "value": {"stringValue": "GPU-a"}},
+                               {"key": "gpu.event.kind", "value": {"stringValue": "xid"}},
+                               {"key": "gpu.event.detail", "value": {"stringValue": "xid 79"}}]}]}},
+            {"name": "gpu.process.memory.usage", "gauge": {"dataPoints": [{"timeUnixNano": t_process.to_string(),
+                "asInt": "1073741824",
+                "attributes": [{"key": "hw.id", "value": {"stringValue": "GPU-b"}},
+                               {"key": "process.pid", "value": {"intValue": "321"}},
+                               {"key": "job.id", "value": {"stringValue": "j2"}}]}]}}
+        ]}]
+    }]});
+    let (status, text) = post_otlp(
+        &server.url(),
+        "application/json",
+        None,
+        extra.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
     let all = recipes();
     assert_eq!(
         all.len(),
-        5,
+        8,
         "recipes found: {:?}",
         all.iter().map(|r| &r.0).collect::<Vec<_>>()
     );
@@ -100,6 +125,30 @@ async fn every_recipe_in_docs_sql_md_runs_and_gives_the_expected_answer() {
                 assert_eq!(r.len(), 1, "{name}: {r:?}");
                 assert_eq!(r[0]["job_id"], "j2");
                 assert_eq!(r[0]["avg_sm_active"].as_f64(), Some(0.01));
+            }
+            "XID errors per host" => {
+                assert_eq!(r.len(), 1, "{name}: {r:?}");
+                assert_eq!(r[0]["host"], "node-1");
+                assert_eq!(r[0]["xid_events"].as_i64(), Some(1));
+                assert_eq!(r[0]["codes"], "79");
+            }
+            "Memory per process now" => {
+                assert_eq!(r.len(), 1, "{name}: {r:?}");
+                assert_eq!(r[0]["pid"].as_i64(), Some(321), "{name}: {r:?}");
+                assert_eq!(r[0]["job_id"], "j2", "{name}: {r:?}");
+                assert_eq!(r[0]["used_memory_bytes"].as_i64(), Some(1 << 30));
+            }
+            "Power from the energy counter, with empty buckets filled" => {
+                // 6 buckets for each of the 2 GPUs, whether or not they hold samples.
+                assert_eq!(r.len(), 12, "{name}: {r:?}");
+                let gpu_b: Vec<f64> = r
+                    .iter()
+                    .filter(|x| x["gpu_uuid"] == "GPU-b")
+                    .filter_map(|x| x["watts"].as_f64())
+                    .collect();
+                // GPU-b's counter grows 10 J a minute: 1/6 W wherever a bucket has 2+ samples.
+                assert!(!gpu_b.is_empty(), "{name}: {r:?}");
+                assert!(gpu_b.iter().all(|w| *w == 0.2), "{name}: {gpu_b:?}");
             }
             "Energy per job" => {
                 assert_eq!(r.len(), 2, "{name}: {r:?}");

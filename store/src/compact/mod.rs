@@ -64,18 +64,25 @@ pub struct RetentionConfig {
     pub gpu_metrics_1m: Option<Duration>,
     /// `gpu_metrics_1h`.
     pub gpu_metrics_1h: Option<Duration>,
+    /// `gpu_processes`.
+    pub gpu_processes: Option<Duration>,
+    /// `gpu_events`.
+    pub gpu_events: Option<Duration>,
 }
 
 const DAY: u64 = 24 * 3600;
 
 impl Default for RetentionConfig {
-    /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years.
+    /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years; processes 30 days,
+    /// events a year (they are few, and a GPU's XID history matters when it is replaced).
     fn default() -> Self {
         Self {
             gpu_metrics: Some(Duration::from_secs(30 * DAY)),
             metrics: Some(Duration::from_secs(30 * DAY)),
             gpu_metrics_1m: Some(Duration::from_secs(365 * DAY)),
             gpu_metrics_1h: Some(Duration::from_secs(5 * 365 * DAY)),
+            gpu_processes: Some(Duration::from_secs(30 * DAY)),
+            gpu_events: Some(Duration::from_secs(365 * DAY)),
         }
     }
 }
@@ -88,6 +95,8 @@ impl RetentionConfig {
             Table::Metrics => self.metrics,
             Table::GpuMetrics1m => self.gpu_metrics_1m,
             Table::GpuMetrics1h => self.gpu_metrics_1h,
+            Table::GpuProcesses => self.gpu_processes,
+            Table::GpuEvents => self.gpu_events,
         }?;
         Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
     }

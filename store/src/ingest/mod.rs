@@ -9,4 +9,4 @@ pub mod otlp;
 pub mod remote_write;
 mod rows;
 
-pub use rows::{Cell, GpuRow, MetricRow, WriteBatch};
+pub use rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};

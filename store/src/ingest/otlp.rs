@@ -1,8 +1,10 @@
 //! OTLP metrics export requests (protobuf or JSON) decoded into table rows.
 //!
 //! A data point that carries a GPU id (`hw.id` or `gpu.uuid`) and a `gpu_metrics` metric name
-//! becomes one cell of the `gpu_metrics` row keyed by (time, host, GPU, MIG instance); all other
-//! gauge and sum points become `metrics` rows, and histograms and summaries become
+//! becomes one cell of the `gpu_metrics` row keyed by (time, host, GPU, MIG instance); the
+//! agent's `gpu.process.*` points become cells of the `gpu_processes` row keyed by (time, host,
+//! GPU, pid) and its `gpu.event` points `gpu_events` rows; all other gauge and sum points become
+//! `metrics` rows, and histograms and summaries become
 //! Prometheus-style `metrics` rows (`_count`, `_sum`, `_bucket` with `le`, …). Rejected points
 //! (non-finite, too far ahead, delta sums of cumulative GPU counters) are counted in
 //! [`DecodeStats`] and reported in the OTLP partial-success answer. docs/schema.md is the
@@ -17,8 +19,10 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use prost::Message;
 
-use super::rows::{Cell, GpuRow, MetricRow, WriteBatch};
-use crate::schema::{LABEL_COLUMNS, value_index};
+use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
+use crate::schema::{
+    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, value_index,
+};
 use crate::{Error, Result};
 
 /// Counts of what a decode kept and rejected.
@@ -164,6 +168,8 @@ pub fn to_write_batch(
     let mut gpu_rows: Vec<GpuRow> = Vec::new();
     let mut gpu_index: HashMap<(i64, String, String, Option<String>), usize> = HashMap::new();
     let mut metric_rows: Vec<MetricRow> = Vec::new();
+    let mut procs = ProcessSink::default();
+    let mut events: Vec<EventRow> = Vec::new();
     let mut sink = MetricSink {
         rows: &mut metric_rows,
     };
@@ -271,6 +277,51 @@ pub fn to_write_batch(
                         continue;
                     };
                     let gpu_id = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[1].1);
+                    if let Some(gpu) = &gpu_id {
+                        let host = || {
+                            find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1)
+                                .unwrap_or_default()
+                        };
+                        if name == PROCESS_MEMORY_METRIC || name == PROCESS_SM_METRIC {
+                            let pid = find_attr(&p.attributes, resource_attrs, &["process.pid"])
+                                .and_then(|v| v.parse::<i64>().ok());
+                            if let Some(pid) = pid {
+                                stats.points += 1;
+                                let row = procs.row(time, host(), gpu, pid, || {
+                                    let attr = |n: &str| find_attr(&p.attributes, resource_attrs, &[n]);
+                                    (
+                                        attr("process.executable.name"),
+                                        attr("job.id"),
+                                        attr("job.user"),
+                                    )
+                                });
+                                if name == PROCESS_MEMORY_METRIC {
+                                    row.used_memory_bytes = Some(cell.as_i64());
+                                } else {
+                                    row.sm_utilization = Some(cell.as_f64());
+                                }
+                                continue;
+                            }
+                        } else if name == EVENT_METRIC
+                            && let Some(kind) =
+                                find_attr(&p.attributes, resource_attrs, &["gpu.event.kind"])
+                        {
+                            stats.points += 1;
+                            events.push(EventRow {
+                                time,
+                                host: host(),
+                                gpu_uuid: gpu.clone(),
+                                kind,
+                                code: Some(cell.as_i64()),
+                                detail: find_attr(
+                                    &p.attributes,
+                                    resource_attrs,
+                                    &["gpu.event.detail"],
+                                ),
+                            });
+                            continue;
+                        }
+                    }
                     match (column, gpu_id) {
                         (Some(_), Some(_)) if is_delta && counter_column => {
                             stats.reject(|s| &mut s.delta_counter);
@@ -311,7 +362,52 @@ pub fn to_write_batch(
             }
         }
     }
-    Ok((WriteBatch::from_rows(&gpu_rows, &metric_rows)?, stats))
+    let mut batch = WriteBatch::from_rows(&gpu_rows, &metric_rows)?;
+    batch.add_processes_and_events(&procs.rows, &events)?;
+    Ok((batch, stats))
+}
+
+/// Collects `gpu_processes` rows: the memory and SM points of one process at one time fill
+/// one row.
+#[derive(Default)]
+struct ProcessSink {
+    rows: Vec<ProcessRow>,
+    index: HashMap<(i64, String, String, i64), usize>,
+}
+
+type ProcessLabels = (Option<String>, Option<String>, Option<String>);
+
+impl ProcessSink {
+    fn row(
+        &mut self,
+        time: i64,
+        host: String,
+        gpu: &str,
+        pid: i64,
+        labels: impl FnOnce() -> ProcessLabels,
+    ) -> &mut ProcessRow {
+        let key = (time, host, gpu.to_string(), pid);
+        let idx = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                let (process_name, job_id, job_user) = labels();
+                self.rows.push(ProcessRow {
+                    time,
+                    host: key.1.clone(),
+                    gpu_uuid: key.2.clone(),
+                    pid,
+                    process_name,
+                    job_id,
+                    job_user,
+                    used_memory_bytes: None,
+                    sm_utilization: None,
+                });
+                self.index.insert(key, self.rows.len() - 1);
+                self.rows.len() - 1
+            }
+        };
+        &mut self.rows[idx]
+    }
 }
 
 /// The time of a point in ns (`now` when absent), or `None` (counted) when it is too far ahead.
@@ -398,7 +494,7 @@ fn any_to_string(v: &AnyValue) -> Option<String> {
 mod tests {
     use super::*;
     use crate::schema::Table;
-    use arrow::array::{Array, AsArray};
+    use arrow::array::{Array, AsArray, RecordBatch};
     use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
 
     fn json_request() -> &'static str {
@@ -421,6 +517,79 @@ mod tests {
               {"timeUnixNano":"1700000000000000001","asDouble":"NaN"}]}},
             {"name":"latency","histogram":{"dataPoints":[{"timeUnixNano":"1","count":"1"}]}}
           ]}]}]}"#
+    }
+
+    fn process_and_event_request() -> &'static str {
+        r#"{"resourceMetrics":[{"resource":{"attributes":[{"key":"host.name","value":{"stringValue":"node-1"}}]},
+          "scopeMetrics":[{"metrics":[
+            {"name":"gpu.process.memory.usage","unit":"By","gauge":{"dataPoints":[
+              {"timeUnixNano":"1700000000000000000","asInt":"2048","attributes":[
+                {"key":"hw.id","value":{"stringValue":"GPU-a"}},{"key":"process.pid","value":{"intValue":"4242"}},
+                {"key":"process.executable.name","value":{"stringValue":"python3"}},
+                {"key":"job.id","value":{"stringValue":"77"}},{"key":"job.user","value":{"stringValue":"alice"}}]},
+              {"timeUnixNano":"1700000000000000000","asInt":"512","attributes":[
+                {"key":"hw.id","value":{"stringValue":"GPU-a"}},{"key":"process.pid","value":{"intValue":"99"}}]},
+              {"timeUnixNano":"1700000000000000000","asInt":"1","attributes":[
+                {"key":"hw.id","value":{"stringValue":"GPU-a"}}]}]}},
+            {"name":"gpu.process.sm.utilization","unit":"1","gauge":{"dataPoints":[
+              {"timeUnixNano":"1700000000000000000","asDouble":0.75,"attributes":[
+                {"key":"hw.id","value":{"stringValue":"GPU-a"}},{"key":"process.pid","value":{"intValue":"4242"}}]}]}},
+            {"name":"gpu.event","unit":"1","gauge":{"dataPoints":[
+              {"timeUnixNano":"1700000000000000005","asInt":"79","attributes":[
+                {"key":"hw.id","value":{"stringValue":"GPU-b"}},{"key":"gpu.event.kind","value":{"stringValue":"xid"}},
+                {"key":"gpu.event.detail","value":{"stringValue":"xid 79"}}]},
+              {"timeUnixNano":"1700000000000000006","asInt":"3","attributes":[
+                {"key":"gpu.event.kind","value":{"stringValue":"xid"}}]}]}}
+          ]}]}]}"#
+    }
+
+    #[test]
+    fn process_and_event_points_fill_their_tables() {
+        let req = decode_json(process_and_event_request().as_bytes()).expect("valid json");
+        let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decodes");
+        assert_eq!(stats.points, 6);
+        assert_eq!(stats.rejected, 0);
+        let table = |t: Table| {
+            wb.batches
+                .iter()
+                .find(|(x, _)| *x == t)
+                .map(|(_, b)| b.clone())
+                .unwrap_or_else(|| panic!("no {} batch", t.name()))
+        };
+        let p = table(Table::GpuProcesses);
+        assert_eq!(p.schema(), Table::GpuProcesses.schema());
+        assert_eq!(p.num_rows(), 2, "memory and sm of pid 4242 share one row");
+        let col = |b: &RecordBatch, n: &str| b.column_by_name(n).expect(n).clone();
+        let pid = col(&p, "pid");
+        let pid = pid.as_primitive::<Int64Type>();
+        assert_eq!((pid.value(0), pid.value(1)), (4242, 99));
+        assert_eq!(col(&p, "host").as_string::<i32>().value(0), "node-1");
+        assert_eq!(col(&p, "gpu_uuid").as_string::<i32>().value(0), "GPU-a");
+        assert_eq!(col(&p, "process_name").as_string::<i32>().value(0), "python3");
+        assert!(col(&p, "process_name").is_null(1));
+        assert_eq!(col(&p, "job_id").as_string::<i32>().value(0), "77");
+        assert_eq!(col(&p, "job_user").as_string::<i32>().value(0), "alice");
+        let mem = col(&p, "used_memory_bytes");
+        assert_eq!(mem.as_primitive::<Int64Type>().value(0), 2048);
+        assert_eq!(mem.as_primitive::<Int64Type>().value(1), 512);
+        let sm = col(&p, "sm_utilization");
+        assert_eq!(sm.as_primitive::<Float64Type>().value(0), 0.75);
+        assert!(sm.is_null(1), "pid 99 had no sm point");
+
+        let e = table(Table::GpuEvents);
+        assert_eq!(e.schema(), Table::GpuEvents.schema());
+        assert_eq!(e.num_rows(), 1);
+        assert_eq!(col(&e, "gpu_uuid").as_string::<i32>().value(0), "GPU-b");
+        assert_eq!(col(&e, "kind").as_string::<i32>().value(0), "xid");
+        assert_eq!(col(&e, "code").as_primitive::<Int64Type>().value(0), 79);
+        assert_eq!(col(&e, "detail").as_string::<i32>().value(0), "xid 79");
+
+        // A process point without a pid and an event without a GPU are kept in `metrics`.
+        let m = table(Table::Metrics);
+        let names = col(&m, "metric");
+        let names: Vec<&str> = names.as_string::<i32>().iter().flatten().collect();
+        assert_eq!(names, ["gpu.process.memory.usage", "gpu.event"]);
+        assert!(wb.batches.iter().all(|(t, _)| *t != Table::GpuMetrics));
     }
 
     #[test]

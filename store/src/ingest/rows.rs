@@ -20,14 +20,16 @@ pub enum Cell {
 }
 
 impl Cell {
-    fn as_f64(self) -> f64 {
+    /// The value as a double.
+    pub fn as_f64(self) -> f64 {
         match self {
             Cell::F(v) => v,
             Cell::I(v) => v as f64,
         }
     }
 
-    fn as_i64(self) -> i64 {
+    /// The value as an integer (a double is rounded).
+    pub fn as_i64(self) -> i64 {
         match self {
             // `as` saturates; the value was checked to be finite on decode.
             Cell::F(v) => v.round() as i64,
@@ -71,6 +73,46 @@ pub struct MetricRow {
     pub labels: Vec<(String, String)>,
 }
 
+/// One `gpu_processes` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessRow {
+    /// Nanoseconds since the Unix epoch.
+    pub time: i64,
+    /// `host.name`.
+    pub host: String,
+    /// The GPU the process runs on.
+    pub gpu_uuid: String,
+    /// Process id.
+    pub pid: i64,
+    /// `/proc/<pid>/comm`, when the agent could read it.
+    pub process_name: Option<String>,
+    /// The process's job.
+    pub job_id: Option<String>,
+    /// The job's user.
+    pub job_user: Option<String>,
+    /// GPU memory used by the process, bytes.
+    pub used_memory_bytes: Option<i64>,
+    /// Ratio 0..1 of the GPU's SM time the process used.
+    pub sm_utilization: Option<f64>,
+}
+
+/// One `gpu_events` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    /// Nanoseconds since the Unix epoch.
+    pub time: i64,
+    /// `host.name`.
+    pub host: String,
+    /// The GPU the event happened on.
+    pub gpu_uuid: String,
+    /// `xid`, `ecc_sbe`, `ecc_dbe`, …
+    pub kind: String,
+    /// The XID number; 0 for ECC events.
+    pub code: Option<i64>,
+    /// Free text, e.g. `xid 79`.
+    pub detail: Option<String>,
+}
+
 /// What one write request adds to the store: at most one batch per table.
 #[derive(Debug, Clone, Default)]
 pub struct WriteBatch {
@@ -89,6 +131,22 @@ impl WriteBatch {
             batches.push((Table::Metrics, metrics_batch(metrics)?));
         }
         Ok(Self { batches })
+    }
+
+    /// Adds `gpu_processes` and `gpu_events` rows (nothing for empty slices).
+    pub fn add_processes_and_events(
+        &mut self,
+        processes: &[ProcessRow],
+        events: &[EventRow],
+    ) -> Result<()> {
+        if !processes.is_empty() {
+            self.batches
+                .push((Table::GpuProcesses, processes_batch(processes)?));
+        }
+        if !events.is_empty() {
+            self.batches.push((Table::GpuEvents, events_batch(events)?));
+        }
+        Ok(())
     }
 
     /// Number of rows over all tables.
@@ -180,4 +238,67 @@ fn metrics_batch(rows: &[MetricRow]) -> Result<RecordBatch> {
         Arc::new(labels.finish()),
     ];
     Ok(RecordBatch::try_new(Table::Metrics.schema(), columns)?)
+}
+
+fn processes_batch(rows: &[ProcessRow]) -> Result<RecordBatch> {
+    let n = rows.len();
+    let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut host = StringBuilder::with_capacity(n, n * 16);
+    let mut gpu = StringBuilder::with_capacity(n, n * 40);
+    let mut pid = Int64Builder::with_capacity(n);
+    let mut name = StringBuilder::with_capacity(n, n * 16);
+    let mut job_id = StringBuilder::with_capacity(n, n * 8);
+    let mut job_user = StringBuilder::with_capacity(n, n * 8);
+    let mut memory = Int64Builder::with_capacity(n);
+    let mut sm = Float64Builder::with_capacity(n);
+    for r in rows {
+        time.append_value(r.time);
+        host.append_value(&r.host);
+        gpu.append_value(&r.gpu_uuid);
+        pid.append_value(r.pid);
+        name.append_option(r.process_name.as_deref());
+        job_id.append_option(r.job_id.as_deref());
+        job_user.append_option(r.job_user.as_deref());
+        memory.append_option(r.used_memory_bytes);
+        sm.append_option(r.sm_utilization);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(time.finish()),
+        Arc::new(host.finish()),
+        Arc::new(gpu.finish()),
+        Arc::new(pid.finish()),
+        Arc::new(name.finish()),
+        Arc::new(job_id.finish()),
+        Arc::new(job_user.finish()),
+        Arc::new(memory.finish()),
+        Arc::new(sm.finish()),
+    ];
+    Ok(RecordBatch::try_new(Table::GpuProcesses.schema(), columns)?)
+}
+
+fn events_batch(rows: &[EventRow]) -> Result<RecordBatch> {
+    let n = rows.len();
+    let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut host = StringBuilder::with_capacity(n, n * 16);
+    let mut gpu = StringBuilder::with_capacity(n, n * 40);
+    let mut kind = StringBuilder::with_capacity(n, n * 4);
+    let mut code = Int64Builder::with_capacity(n);
+    let mut detail = StringBuilder::with_capacity(n, n * 16);
+    for r in rows {
+        time.append_value(r.time);
+        host.append_value(&r.host);
+        gpu.append_value(&r.gpu_uuid);
+        kind.append_value(&r.kind);
+        code.append_option(r.code);
+        detail.append_option(r.detail.as_deref());
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(time.finish()),
+        Arc::new(host.finish()),
+        Arc::new(gpu.finish()),
+        Arc::new(kind.finish()),
+        Arc::new(code.finish()),
+        Arc::new(detail.finish()),
+    ];
+    Ok(RecordBatch::try_new(Table::GpuEvents.schema(), columns)?)
 }

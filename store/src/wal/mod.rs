@@ -12,7 +12,7 @@
 //! so a durable position in segment `n` implies every earlier segment is durable too.
 
 mod commit;
-mod record;
+pub mod record;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Write};

@@ -425,6 +425,9 @@ proptest! {
                 Table::GpuMetrics1m | Table::GpuMetrics1h => {
                     prop_assert!(false, "ingest never writes rollup tables");
                 }
+                Table::GpuProcesses | Table::GpuEvents => {
+                    prop_assert!(false, "remote write has no process or event series");
+                }
             }
         }
         let derived_totals = wb.batches.iter().find(|(t, _)| *t == Table::GpuMetrics).map_or(0, |(_, b)| {
