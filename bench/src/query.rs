@@ -192,7 +192,9 @@ async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker> {
 }
 
 /// The three queries, for gpuwatch (DataFusion) and DuckDB. `{T}` is the reference time (the end
-/// of the loaded data) as a timestamp, `{T_NS}` as ns since the epoch.
+/// of the loaded data) as a timestamp, `{T_NS}` as ns since the epoch, `{AGO:<interval>}` (DuckDB)
+/// the reference time minus an interval as a `TIMESTAMPTZ_NS` constant: DuckDB compares the
+/// files' nanosecond column only with that type, and prunes row groups with a constant.
 struct Query {
     name: &'static str,
     gpuwatch: &'static str,
@@ -226,17 +228,17 @@ ORDER BY host, gpu_uuid",
     min(time) AS job_first, max(time) AS last_sample,
     max(CASE WHEN gpu_utilization >= 0.01 OR memory_utilization >= 0.05 THEN time END) AS last_busy
   FROM gpu_metrics
-  WHERE time > {T} - interval '3 hours' AND job_id IS NOT NULL
+  WHERE time > {AGO:3 hours} AND job_id IS NOT NULL
   GROUP BY host, gpu_uuid, gpu_index, job_id
 )
 SELECT host, gpu_uuid, CAST(gpu_index AS VARCHAR) AS gpu_index, job_id, job_user, job_name,
-  CASE WHEN coalesce(last_busy, job_first) < {T} - interval '2 hours'
+  CASE WHEN coalesce(last_busy, job_first) < {AGO:2 hours}
     THEN 'critical' ELSE 'warning' END AS severity,
   round(CAST({T_NS} - epoch_ns(coalesce(last_busy, job_first)) AS DOUBLE) / 6e10) AS value
 FROM w
-WHERE last_sample > {T} - interval '2 minutes'
-  AND job_first < {T} - interval '5 minutes'
-  AND coalesce(last_busy, job_first) < {T} - interval '30 minutes'
+WHERE last_sample > {AGO:2 minutes}
+  AND job_first < {AGO:5 minutes}
+  AND coalesce(last_busy, job_first) < {AGO:30 minutes}
 ORDER BY host, gpu_uuid",
     },
     Query {
@@ -254,7 +256,7 @@ FROM spans GROUP BY job_id ORDER BY gpu_hours DESC, job_id",
   SELECT job_id, host, gpu_uuid,
     (epoch_ns(max(time)) - epoch_ns(min(time))) / 3.6e12 AS gpu_hours
   FROM gpu_metrics
-  WHERE time > {T} - INTERVAL '24 hours' AND job_id IS NOT NULL
+  WHERE time > {AGO:24 hours} AND job_id IS NOT NULL
   GROUP BY job_id, host, gpu_uuid
 )
 SELECT job_id, round(sum(gpu_hours), 3) AS gpu_hours, count(*) AS gpus
@@ -265,8 +267,8 @@ FROM spans GROUP BY job_id ORDER BY gpu_hours DESC, job_id",
         gpuwatch: "SELECT date_bin(INTERVAL '5 minutes', time) AS bucket, host, avg(gpu_utilization) AS utilization
 FROM gpu_metrics WHERE time > {T} - INTERVAL '24 hours'
 GROUP BY 1, host ORDER BY 1, host",
-        duckdb: "SELECT time_bucket(INTERVAL '5 minutes', time) AS bucket, host, avg(gpu_utilization) AS utilization
-FROM gpu_metrics WHERE time > {T} - INTERVAL '24 hours'
+        duckdb: "SELECT time_bucket(INTERVAL '5 minutes', CAST(time AS TIMESTAMPTZ)) AS bucket, host, avg(gpu_utilization) AS utilization
+FROM gpu_metrics WHERE time > {AGO:24 hours}
 GROUP BY 1, host ORDER BY 1, host",
     },
 ];
@@ -295,6 +297,27 @@ fn iso(ms: i64) -> String {
     )
 }
 
+/// Replaces each `{AGO:<interval>}` with `CAST(<t> - INTERVAL '<interval>' AS TIMESTAMPTZ_NS)`.
+fn duck_ago(sql: &str, t: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(i) = rest.find("{AGO:") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 5..];
+        let Some(j) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return out;
+        };
+        out.push_str(&format!(
+            "CAST({t} - INTERVAL '{}' AS TIMESTAMPTZ_NS)",
+            &after[..j]
+        ));
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -320,15 +343,15 @@ files = [data_dir + "/" + f["path"] for f in catalog["files"] if f["table"] == "
 con = duckdb.connect()
 con.execute("SET TimeZone = 'UTC'")
 con.execute("CREATE VIEW gpu_metrics AS SELECT * FROM read_parquet(%s)" % json.dumps(files).replace('"', "'"))
-out = {"version": duckdb.__version__, "files": len(files), "threads": con.execute("SELECT current_setting('threads')").fetchone()[0], "results": []}
+out = {"version": duckdb.__version__, "files": len(files), "threads": con.execute("SELECT current_setting('threads')").fetchall()[0][0], "results": []}
 for q in queries:
-    rows = con.execute(q).fetchall()
+    rows = con.sql(q).to_arrow_table()
     times = []
     for _ in range(runs):
         t = time.perf_counter()
-        rows = con.execute(q).fetchall()
+        rows = con.sql(q).to_arrow_table()
         times.append(time.perf_counter() - t)
-    out["results"].append({"times": times, "rows": len(rows)})
+    out["results"].append({"times": times, "rows": rows.num_rows})
 print(json.dumps(out))
 "#;
 
@@ -473,7 +496,7 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         .collect();
     let duck_queries: Vec<String> = QUERIES
         .iter()
-        .map(|q| q.duckdb.replace("{T_NS}", &t_ns).replace("{T}", &duck_t))
+        .map(|q| duck_ago(&q.duckdb.replace("{T_NS}", &t_ns), &duck_t))
         .collect();
 
     let mut gw_results = Vec::new();
@@ -578,6 +601,15 @@ async fn freshness(args: &QueryArgs, server: &Server) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duckdb_constants_are_nanosecond_timestamps() {
+        assert_eq!(
+            duck_ago("a > {AGO:3 hours} AND b", "T"),
+            "a > CAST(T - INTERVAL '3 hours' AS TIMESTAMPTZ_NS) AND b"
+        );
+        assert_eq!(duck_ago("no marker", "T"), "no marker");
+    }
 
     #[test]
     fn iso_formats_utc() {
