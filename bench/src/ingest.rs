@@ -309,7 +309,7 @@ async fn run_gpuwatch(
             all_live as f64 / samples
         ),
         format!(
-            "peak-ish RSS after ingest: {:.0} MB",
+            "RSS after ingest: {:.0} MB",
             rss.unwrap_or(0) as f64 / 1e6
         ),
     ];
@@ -439,7 +439,7 @@ async fn run_vm(args: &IngestArgs, run_dir: &Path, bodies: &[Arc<Body>]) -> Resu
             format!("rows added to storage: {stored}"),
             format!("data/ {data} bytes, indexdb/ {index} bytes"),
             format!(
-                "peak-ish RSS after ingest: {:.0} MB",
+                "RSS after ingest: {:.0} MB",
                 rss.unwrap_or(0) as f64 / 1e6
             ),
         ],
@@ -527,7 +527,7 @@ async fn run_prometheus(
             format!("samples appended: {appended}"),
             format!("WAL before compaction: {wal} bytes"),
             format!(
-                "peak-ish RSS after ingest: {:.0} MB",
+                "RSS after ingest: {:.0} MB",
                 rss.unwrap_or(0) as f64 / 1e6
             ),
         ],
