@@ -72,10 +72,22 @@ fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
         .set_column_dictionary_enabled("time".into(), false)
         .set_column_encoding("time".into(), Encoding::DELTA_BINARY_PACKED);
     for f in schema.fields() {
-        if matches!(f.data_type(), arrow::datatypes::DataType::Int64) {
-            props = props
-                .set_column_dictionary_enabled(f.name().as_str().into(), false)
-                .set_column_encoding(f.name().as_str().into(), Encoding::DELTA_BINARY_PACKED);
+        match f.data_type() {
+            arrow::datatypes::DataType::Int64 => {
+                props = props
+                    .set_column_dictionary_enabled(f.name().as_str().into(), false)
+                    .set_column_encoding(f.name().as_str().into(), Encoding::DELTA_BINARY_PACKED);
+            }
+            // Measured on simulated H100 telemetry (docs/benchmarks.md): noisy gauges have too
+            // many distinct values for a dictionary, which the writer then abandons after its
+            // first page; plain values with zstd are 11% smaller overall. Byte-stream-split was
+            // larger (the values are rounded decimals, which zstd finds as repeats).
+            arrow::datatypes::DataType::Float64 => {
+                props = props
+                    .set_column_dictionary_enabled(f.name().as_str().into(), false)
+                    .set_column_encoding(f.name().as_str().into(), Encoding::PLAIN);
+            }
+            _ => {}
         }
     }
     props.build()

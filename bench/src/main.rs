@@ -1,0 +1,127 @@
+//! gpuwatch's benchmark programs (docs/benchmarks.md).
+//!
+//! - `ingest`: the same simulated dcgm-exporter telemetry sent over Prometheus remote write to
+//!   gpuwatch, VictoriaMetrics and Prometheus, one after the other on this machine; prints
+//!   samples per second per core of server CPU, bytes per sample on disk once flushed and
+//!   compacted, and the ratios.
+//! - `query`: a day of the same fleet loaded into gpuwatch; three queries timed through the SQL
+//!   API and with DuckDB over the very Parquet files gpuwatch wrote; then ingest-to-query
+//!   freshness.
+//!
+//! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace.
+
+mod fleet;
+mod ingest;
+mod peers;
+mod query;
+mod remote_write;
+mod send;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gpuwatch-bench", about = "gpuwatch benchmark programs (docs/benchmarks.md)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Remote-write ingest: gpuwatch vs VictoriaMetrics vs Prometheus.
+    Ingest(ingest::IngestArgs),
+    /// SQL queries: gpuwatch vs DuckDB on the same Parquet files; ingest-to-query freshness.
+    Query(query::QueryArgs),
+}
+
+/// The simulated fleet's shape, shared by both programs.
+#[derive(Args, Debug, Clone)]
+pub struct FleetArgs {
+    /// Hosts (each runs one dcgm-exporter).
+    #[arg(long, default_value_t = 128)]
+    pub hosts: usize,
+    /// GPUs per host.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_host: usize,
+    /// Sampling interval.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Seed of the simulation (same seed, same samples).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Scrape rounds per remote-write request (each request holds one host's series).
+    #[arg(long, default_value_t = 10)]
+    pub rounds_per_request: u64,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+/// Parses `500ms`, `10s`, `5m`, `1h`, `2d` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: write a duration like 10s, 5m, 1h, 24h"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?}: not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Ingest(a) => ingest::run(a).await,
+            Command::Query(a) => query::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("ten").unwrap_err().contains("duration like"));
+        assert!(parse_duration("5y").unwrap_err().contains("unknown unit"));
+    }
+}
