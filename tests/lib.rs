@@ -57,6 +57,8 @@ pub struct TestServer {
     pub otlp: SocketAddr,
     /// OTLP/gRPC address.
     pub grpc: SocketAddr,
+    /// PostgreSQL wire protocol address.
+    pub pg: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     extra: Vec<String>,
@@ -91,6 +93,7 @@ impl TestServerBuilder {
             http: free_addr(),
             otlp: free_addr(),
             grpc: free_addr(),
+            pg: free_addr(),
             log: data_dir.with_extension("log"),
             data_dir,
             extra: self.extra,
@@ -104,6 +107,7 @@ impl TestServerBuilder {
                     s.http = free_addr();
                     s.otlp = free_addr();
                     s.grpc = free_addr();
+                    s.pg = free_addr();
                 }
                 Err(log) => panic!("gpuwatch serve did not start; log:\n{log}"),
             }
@@ -142,6 +146,8 @@ impl TestServer {
             .arg(self.otlp.to_string())
             .arg("--otlp-grpc-addr")
             .arg(self.grpc.to_string())
+            .arg("--pg-addr")
+            .arg(self.pg.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra)
@@ -235,6 +241,54 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// What `psql` printed and how it exited.
+#[derive(Debug)]
+pub struct PsqlOutput {
+    /// True when psql exited 0.
+    pub ok: bool,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl TestServer {
+    /// Runs the real `psql` against the Postgres listener: `-X -At` (no psqlrc, unaligned,
+    /// tuples only), `ON_ERROR_STOP`, verbose errors (with SQLSTATE), then `args`.
+    /// `password` goes in `PGPASSWORD`; `sslmode` is `disable`, `require`, ….
+    pub fn psql(&self, password: Option<&str>, sslmode: &str, args: &[&str]) -> PsqlOutput {
+        let conninfo = format!(
+            "host={} port={} user=grafana dbname=gpuwatch sslmode={sslmode} connect_timeout=10",
+            self.pg.ip(),
+            self.pg.port()
+        );
+        let mut cmd = Command::new("psql");
+        cmd.arg(conninfo)
+            .args([
+                "-X",
+                "-w",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-v",
+                "VERBOSITY=verbose",
+            ])
+            .args(args)
+            .env_remove("PGPASSWORD")
+            .env("PGCONNECT_TIMEOUT", "10")
+            .stdin(Stdio::null());
+        if let Some(p) = password {
+            cmd.env("PGPASSWORD", p);
+        }
+        let out = cmd.output().expect("run psql (package postgresql-client)");
+        PsqlOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 }
 

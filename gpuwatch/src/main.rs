@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::{FileConfig, apply, apply_duration, given, parse_duration};
+use crate::config::{
+    FileConfig, OptionalAddr, apply, apply_duration, given, parse_duration, parse_optional_addr,
+};
 use crate::error::{Error, Result};
 use crate::server::ServeConfig;
 
@@ -76,6 +78,9 @@ struct ServeArgs {
         default_value = "127.0.0.1:4317"
     )]
     otlp_grpc_addr: SocketAddr,
+    /// PostgreSQL wire protocol listener (psql, Grafana's PostgreSQL data source), or `off`.
+    #[arg(long, env = "GPUWATCH_PG_ADDR", default_value = "127.0.0.1:5433", value_parser = parse_optional_addr)]
+    pg_addr: OptionalAddr,
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -185,6 +190,11 @@ fn serve_config(
         &mut args.otlp_grpc_addr,
         file.otlp_grpc_addr,
     );
+    if let Some(text) = &file.pg_addr {
+        let addr = parse_optional_addr(text)
+            .map_err(|e| Error::Config(format!("config key pg_addr: {e}")))?;
+        apply(m, "pg_addr", &mut args.pg_addr, Some(addr));
+    }
     apply(
         m,
         "max_body_bytes",
@@ -294,6 +304,7 @@ fn serve_config(
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
         otlp_grpc_addr: args.otlp_grpc_addr,
+        pg_addr: args.pg_addr.0,
         data_dir,
         persist_interval,
         max_body_bytes: args.max_body_bytes,
@@ -372,7 +383,10 @@ async fn run() -> Result<()> {
             let config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
             let running = server::start(config.clone()).await?;
-            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), "gpuwatch serving");
+            let pg = running
+                .pg_addr
+                .map_or_else(|| "off".to_string(), |a| a.to_string());
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, pg = %pg, data_dir = %config.data_dir.display(), "gpuwatch serving");
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;

@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub otlp_http_addr: SocketAddr,
     /// OTLP/gRPC listener.
     pub otlp_grpc_addr: SocketAddr,
+    /// PostgreSQL wire protocol listener; `None`: off.
+    pub pg_addr: Option<SocketAddr>,
     /// Data directory.
     pub data_dir: PathBuf,
     /// How often the buffer is persisted to Parquet.
@@ -99,6 +101,8 @@ pub struct Running {
     pub otlp_http_addr: SocketAddr,
     /// The bound OTLP/gRPC address.
     pub otlp_grpc_addr: SocketAddr,
+    /// The bound PostgreSQL wire protocol address, if on.
+    pub pg_addr: Option<SocketAddr>,
     store: Arc<OnceLock<Arc<Store>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -131,12 +135,23 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     check_bind(config.http_addr, open, "--http-addr")?;
     check_bind(config.otlp_http_addr, open, "--otlp-http-addr")?;
     check_bind(config.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
+    if let Some(addr) = config.pg_addr {
+        check_bind(addr, open, "--pg-addr")?;
+    }
     let http = bind(config.http_addr, "--http-addr").await?;
     let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
     let otlp_grpc_addr = grpc
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
     let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
+    let pg = match config.pg_addr {
+        Some(addr) => Some(bind(addr, "--pg-addr").await?),
+        None => None,
+    };
+    let pg_addr = match &pg {
+        Some(l) => Some(l.local_addr().map_err(|e| Error::Listen(e.to_string()))?),
+        None => None,
+    };
     let http_addr = http
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
@@ -198,6 +213,19 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         config.auth_tokens.clone(),
         rx.clone(),
     ));
+
+    if let Some(listener) = pg {
+        let auth = config
+            .auth_tokens
+            .clone()
+            .map(|t| t as Arc<dyn gpuwatch_query::pg::PasswordCheck>);
+        tasks.push(gpuwatch_query::pg::serve(
+            listener,
+            Arc::clone(&app.engine),
+            gpuwatch_query::pg::PgOptions { auth, tls: None },
+            rx.clone(),
+        ));
+    }
 
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
@@ -336,6 +364,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         http_addr,
         otlp_http_addr,
         otlp_grpc_addr,
+        pg_addr,
         store: app.store,
         shutdown,
         tasks,

@@ -11,6 +11,8 @@ mod error;
 pub mod format;
 pub mod gate;
 pub mod http;
+pub mod pg;
+pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};
 pub use error::{Error, Result, Status};

@@ -14,6 +14,7 @@ mod durability;
 mod grpc;
 mod otlp_partial;
 mod pipeline;
+mod postgres;
 mod python_sdk;
 mod remote_write;
 mod sql_recipes;
