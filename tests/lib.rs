@@ -63,12 +63,15 @@ pub struct TestServer {
     pub data_dir: PathBuf,
     extra: Vec<String>,
     log: PathBuf,
+    /// With TLS: the certificate clients trust.
+    pub ca: Option<PathBuf>,
 }
 
 /// Builds a [`TestServer`].
 #[derive(Debug, Default)]
 pub struct TestServerBuilder {
     data_dir: Option<PathBuf>,
+    tls: Option<(PathBuf, PathBuf)>,
     extra: Vec<String>,
 }
 
@@ -76,6 +79,12 @@ impl TestServerBuilder {
     /// Uses this data directory.
     pub fn data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Serves TLS with this PEM certificate (also the CA clients trust) and key.
+    pub fn tls(mut self, cert: &Path, key: &Path) -> Self {
+        self.tls = Some((cert.to_path_buf(), key.to_path_buf()));
         self
     }
 
@@ -97,7 +106,17 @@ impl TestServerBuilder {
             log: data_dir.with_extension("log"),
             data_dir,
             extra: self.extra,
+            ca: None,
         };
+        if let Some((cert, key)) = self.tls {
+            s.extra.extend([
+                "--tls-cert".to_string(),
+                cert.display().to_string(),
+                "--tls-key".to_string(),
+                key.display().to_string(),
+            ]);
+            s.ca = Some(cert);
+        }
         // A port picked by `free_addr` can be taken by another test before the server binds it:
         // on that (and only that) failure, pick new ports and start again.
         for _ in 0..5 {
@@ -171,10 +190,21 @@ impl TestServer {
                 self.child = None;
                 return Err(format!("exited early ({status}):\n{}", self.log_text()));
             }
-            if http_get(self.http, "/readyz")
-                .map(|(code, _)| code == 200)
-                .unwrap_or(false)
-            {
+            let ready = match &self.ca {
+                None => http_get(self.http, "/readyz")
+                    .map(|(code, _)| code == 200)
+                    .unwrap_or(false),
+                Some(ca) => Command::new("curl")
+                    .args(["-sf", "--max-time", "2", "--cacert"])
+                    .arg(ca)
+                    .arg(format!("https://{}/readyz", self.http))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false),
+            };
+            if ready {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -187,14 +217,18 @@ impl TestServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.ca.is_some() { "https" } else { "http" }
+    }
+
     /// Base URL of the main listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.http)
+        format!("{}://{}", self.scheme(), self.http)
     }
 
     /// Base URL of the OTLP/HTTP listener.
     pub fn otlp_url(&self) -> String {
-        format!("http://{}", self.otlp)
+        format!("{}://{}", self.scheme(), self.otlp)
     }
 
     /// Kills the server with SIGKILL (no chance to flush anything).

@@ -25,6 +25,10 @@ pub struct FileConfig {
     pub otlp_grpc_addr: Option<SocketAddr>,
     /// `--pg-addr`: an address, or `"off"`
     pub pg_addr: Option<String>,
+    /// `--tls-cert` (PEM)
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key` (PEM)
+    pub tls_key: Option<PathBuf>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
     /// `--persist-interval`, e.g. `"5m"`

@@ -48,6 +48,13 @@ pub async fn run(
     if opts.interval.is_zero() {
         return Err(Error::Config("--interval must be above zero".into()));
     }
+    if config.tls.is_some() {
+        return Err(Error::Config(
+            "gpuwatch demo runs without TLS (its built-in agent talks plain HTTP to the server): \
+             drop --tls-cert/--tls-key, or use gpuwatch serve"
+                .into(),
+        ));
+    }
     let running = server::start(config.clone()).await?;
     running.ready().await;
     let endpoint = format!("http://{}", running.http_addr);

@@ -81,6 +81,13 @@ struct ServeArgs {
     /// PostgreSQL wire protocol listener (psql, Grafana's PostgreSQL data source), or `off`.
     #[arg(long, env = "GPUWATCH_PG_ADDR", default_value = "127.0.0.1:5433", value_parser = parse_optional_addr)]
     pg_addr: OptionalAddr,
+    /// TLS certificate chain (PEM) for every listener: HTTP, OTLP/HTTP, OTLP/gRPC and Postgres
+    /// (needs --tls-key).
+    #[arg(long, env = "GPUWATCH_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert.
+    #[arg(long, env = "GPUWATCH_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -280,6 +287,23 @@ fn serve_config(
             "--persist-interval must be above zero".into(),
         ));
     }
+    let tls = match (
+        args.tls_cert.clone().or(file.tls_cert),
+        args.tls_key.clone().or(file.tls_key),
+    ) {
+        (Some(cert), Some(key)) => Some(server::tls::Tls::load(&cert, &key)?),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(Error::Config(
+                "--tls-cert needs --tls-key (the certificate's private key, PEM)".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Error::Config(
+                "--tls-key needs --tls-cert (the certificate chain, PEM)".into(),
+            ));
+        }
+    };
     let auth_tokens = match args.auth_tokens.clone().or(file.auth_tokens) {
         Some(path) => Some(std::sync::Arc::new(server::auth::Tokens::load(&path)?)),
         None => None,
@@ -297,6 +321,7 @@ fn serve_config(
         file.max_concurrent_queries,
     );
     Ok(ServeConfig {
+        tls,
         auth_tokens,
         query_memory_limit: (args.query_memory_limit > 0).then_some(args.query_memory_limit),
         max_concurrent_queries: (args.max_concurrent_queries > 0)

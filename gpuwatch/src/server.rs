@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 pub mod auth;
 mod grpc;
 mod remote_write;
+pub mod tls;
 
 /// How `serve` runs.
 #[derive(Debug, Clone)]
@@ -66,6 +67,8 @@ pub struct ServeConfig {
     pub query_memory_limit: Option<usize>,
     /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
     pub max_concurrent_queries: Option<usize>,
+    /// TLS on every listener (`--tls-cert`, `--tls-key`); `None`: plain TCP.
+    pub tls: Option<tls::Tls>,
     /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
     pub auth_tokens: Option<Arc<auth::Tokens>>,
 }
@@ -205,10 +208,26 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Admin)),
         )
         .fallback(not_found);
-    tasks.push(serve(http, main, rx.clone()));
-    tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+    let http_alpn: &[&[u8]] = &[b"http/1.1"];
+    match &config.tls {
+        None => {
+            tasks.push(serve(http, main, rx.clone()));
+            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+        }
+        Some(t) => {
+            let http = tls::TlsIncoming::new(http, t.acceptor(http_alpn)?, "http")?;
+            let otlp = tls::TlsIncoming::new(otlp, t.acceptor(http_alpn)?, "otlp-http")?;
+            tasks.push(serve(http, main, rx.clone()));
+            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+        }
+    }
+    let grpc_tls = match &config.tls {
+        Some(t) => Some(t.acceptor(&[b"h2"])?),
+        None => None,
+    };
     tasks.push(grpc::serve(
         grpc,
+        grpc_tls,
         app.clone(),
         config.auth_tokens.clone(),
         rx.clone(),
@@ -222,7 +241,13 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         tasks.push(gpuwatch_query::pg::serve(
             listener,
             Arc::clone(&app.engine),
-            gpuwatch_query::pg::PgOptions { auth, tls: None },
+            gpuwatch_query::pg::PgOptions {
+                auth,
+                tls: match &config.tls {
+                    Some(t) => Some(t.acceptor(&[])?),
+                    None => None,
+                },
+            },
             rx.clone(),
         ));
     }
@@ -388,11 +413,15 @@ async fn persist(store: &Arc<Store>) {
     }
 }
 
-fn serve(
-    listener: TcpListener,
+fn serve<L>(
+    listener: L,
     router: Router,
     mut rx: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     tokio::spawn(async move {
         let result = axum::serve(listener, router)
             .with_graceful_shutdown(async move {

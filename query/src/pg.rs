@@ -79,7 +79,8 @@ pub struct PgOptions {
     /// When set, clients log in with a cleartext password checked here; otherwise anyone
     /// reaching the listener is let in (the server only binds loopback then).
     pub auth: Option<Arc<dyn PasswordCheck>>,
-    /// TLS for `sslmode=require` clients; `None`: plain connections only.
+    /// TLS for `sslmode=require` clients, then required of every client; `None`: plain
+    /// connections only.
     pub tls: Option<TlsAcceptor>,
 }
 
@@ -288,6 +289,7 @@ struct Shared {
     engine: EngineSlot,
     ready: OnceLock<Result<Ready, String>>,
     auth: Option<Arc<dyn PasswordCheck>>,
+    require_tls: bool,
     connections: Arc<ConnectionManager>,
     keys: RandomPidSecretKeyGenerator,
 }
@@ -373,11 +375,16 @@ pub struct Front {
 
 impl Front {
     /// Handlers over the engine in `engine` (set once the store is open).
-    pub fn new(engine: EngineSlot, auth: Option<Arc<dyn PasswordCheck>>) -> Self {
+    pub fn new(
+        engine: EngineSlot,
+        auth: Option<Arc<dyn PasswordCheck>>,
+        require_tls: bool,
+    ) -> Self {
         let shared = Arc::new(Shared {
             engine,
             ready: OnceLock::new(),
             auth,
+            require_tls,
             connections: Arc::new(ConnectionManager::new()),
             keys: RandomPidSecretKeyGenerator::default(),
         });
@@ -424,6 +431,13 @@ impl StartupHandler for Front {
             PgWireFrontendMessage::Startup(ref startup) => {
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
+                if self.shared.require_tls && !client.is_secure() {
+                    return Err(error(
+                        "FATAL",
+                        "28000",
+                        "this server requires TLS: connect with sslmode=require (or verify-full)",
+                    ));
+                }
                 // Before the password, so that a client learns at once the server is starting.
                 self.shared.ready()?;
                 if self.shared.auth.is_some() {
@@ -661,9 +675,14 @@ pub struct Handlers {
 }
 
 impl Handlers {
-    /// Handlers over `engine`, checking passwords with `auth` when set.
-    pub fn new(engine: EngineSlot, auth: Option<Arc<dyn PasswordCheck>>) -> Self {
-        let front = Arc::new(Front::new(engine, auth));
+    /// Handlers over `engine`, checking passwords with `auth` when set, refusing plain
+    /// connections when `require_tls`.
+    pub fn new(
+        engine: EngineSlot,
+        auth: Option<Arc<dyn PasswordCheck>>,
+        require_tls: bool,
+    ) -> Self {
+        let front = Arc::new(Front::new(engine, auth, require_tls));
         let cancel = Arc::new(DefaultCancelHandler::new(Arc::clone(
             &front.shared.connections,
         )));
@@ -700,7 +719,7 @@ pub fn serve(
     options: PgOptions,
     mut shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    let handlers = Arc::new(Handlers::new(engine, options.auth));
+    let handlers = Arc::new(Handlers::new(engine, options.auth, options.tls.is_some()));
     let tls = options.tls;
     tokio::spawn(async move {
         loop {

@@ -19,6 +19,7 @@ mod python_sdk;
 mod remote_write;
 mod sql_recipes;
 mod sql_refusals;
+mod tls;
 mod store_limits;
 mod streaming;
 
