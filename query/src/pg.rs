@@ -156,8 +156,14 @@ fn engine_error(e: &Error) -> PgWireError {
 /// Gives errors from `datafusion-postgres` (DataFusion and parser errors, wrapped as
 /// `ApiError`, which would all read XX000) their SQLSTATE and a lowercase message.
 fn classify(e: PgWireError) -> PgWireError {
-    let PgWireError::ApiError(inner) = e else {
-        return e;
+    let inner = match e {
+        PgWireError::ApiError(inner) => inner,
+        PgWireError::UserError(info)
+            if info.code == "XX000" && info.message.contains("Unsupported Datatype") =>
+        {
+            return unsupported_type(&info.message);
+        }
+        other => return other,
     };
     if let Some(df) = inner.downcast_ref::<DataFusionError>() {
         let message = lower_first(df.find_root().to_string().trim());
@@ -166,7 +172,23 @@ fn classify(e: PgWireError) -> PgWireError {
     if let Some(p) = inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>() {
         return error("ERROR", "42601", lower_first(&p.to_string()));
     }
-    error("ERROR", "XX000", lower_first(&inner.to_string()))
+    let text = inner.to_string();
+    if text.contains("Unsupported Datatype") {
+        return unsupported_type(&text);
+    }
+    error("ERROR", "XX000", lower_first(&text))
+}
+
+/// A column whose Arrow type has no Postgres counterpart here (maps).
+fn unsupported_type(text: &str) -> PgWireError {
+    error(
+        "ERROR",
+        "0A000",
+        format!(
+            "{}: this column type cannot be sent over the postgres protocol; select single map entries such as labels['host']",
+            lower_first(text)
+        ),
+    )
 }
 
 /// Session variables `datafusion-postgres` keeps per connection; every other `SET` is accepted

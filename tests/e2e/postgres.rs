@@ -170,6 +170,22 @@ async fn refused_and_bad_statements_get_sqlstates() {
     fails(&server, "SELECT * FROM no_such_table", "42P01");
     fails(&server, "SELECT no_such_column FROM gpu_metrics", "42703");
     fails(&server, "SELECT no_such_function(1)", "42883");
+    let err = fails(&server, "SELECT labels FROM metrics", "0A000");
+    assert!(err.contains("labels['host']"), "{err}");
+
+    // The connection's statement_timeout (here far below --query-timeout) cancels a long query.
+    let out = server.psql(
+        None,
+        "disable",
+        &[
+            "-c",
+            "SET statement_timeout = 1",
+            "-c",
+            "SELECT count(*) FROM generate_series(1, 500000000)",
+        ],
+    );
+    assert!(!out.ok, "the query should be cancelled: {}", out.stdout);
+    assert!(out.stderr.contains("ERROR:  57014:"), "{}", out.stderr);
 
     // Session statements clients send are accepted; the connection stays usable.
     let out = ok(
@@ -456,4 +472,94 @@ async fn grafana_connection_test_and_editor_queries() {
         columns.lines().any(|l| l.starts_with("gpu_utilization|")),
         "{columns}"
     );
+}
+
+/// The extended protocol with binary results and typed parameters, as Grafana's pgx driver
+/// uses it, from another real client: psycopg 3 (`binary=True`, server-side prepared).
+const PSYCOPG: &str = r#"
+import sys, datetime, psycopg
+utc = datetime.timezone.utc
+with psycopg.connect(sys.argv[1]) as conn:
+    cur = conn.cursor(binary=True)
+    cur.execute(
+        'SELECT floor(extract(epoch from time)/300)*300 AS "time", avg(gpu_utilization) AS value, '
+        'count(*) AS n, max(time) AS last, min(host) AS host FROM gpu_metrics '
+        'WHERE time BETWEEN %s AND %s GROUP BY 1 ORDER BY 1',
+        (datetime.datetime(2025, 6, 1, 12, 0, tzinfo=utc), datetime.datetime(2025, 6, 1, 13, 0, tzinfo=utc)),
+        prepare=True,
+    )
+    print([d.name for d in cur.description])
+    for t, value, n, last, host in cur.fetchall():
+        print(f"{t!r}|{value!r}|{n}|{last.astimezone(utc).isoformat()}|{host}")
+    try:
+        cur.execute("DROP TABLE gpu_metrics", prepare=True)
+    except psycopg.Error as e:
+        print("refused", e.sqlstate)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn extended_protocol_with_binary_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), &[]);
+    load(&server).await;
+    let dsn = format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        server.pg.ip(),
+        server.pg.port()
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(PSYCOPG)
+        .arg(&dsn)
+        .output()
+        .expect("python3 (bash .ci/run installs psycopg)");
+    assert!(
+        out.status.success(),
+        "psycopg failed (pip install 'psycopg[binary]', as .ci/run does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("['time', 'value', 'n', 'last', 'host']"),
+        "{text}"
+    );
+    let rows: Vec<&str> = lines
+        .clone()
+        .take_while(|l| !l.starts_with("refused"))
+        .collect();
+    let want: Vec<(i64, Vec<i64>)> = {
+        let mut v: Vec<(i64, Vec<i64>)> = Vec::new();
+        for i in 0..SAMPLES {
+            let t = FIRST + i * 60;
+            if !(1_748_779_200..=1_748_782_800).contains(&t) {
+                continue;
+            }
+            let b = t / 300 * 300;
+            match v.last_mut() {
+                Some((last, is)) if *last == b => is.push(i),
+                _ => v.push((b, vec![i])),
+            }
+        }
+        v
+    };
+    assert_eq!(rows.len(), want.len(), "{text}");
+    for (row, (b, is)) in rows.iter().zip(&want) {
+        let f: Vec<&str> = row.split('|').collect();
+        assert_eq!(f[0].parse::<f64>().expect("time"), *b as f64, "{row}");
+        let avg = is.iter().map(|i| util(*i)).sum::<f64>() / is.len() as f64;
+        assert!(close(f[1].parse().expect("value"), avg), "{row}");
+        assert_eq!(f[2], is.len().to_string(), "{row}");
+        let last = FIRST + is[is.len() - 1] * 60;
+        assert_eq!(
+            f[3],
+            timestamp_text(last)
+                .replacen(' ', "T", 1)
+                .replace(".000000+00", "+00:00"),
+            "{row}"
+        );
+        assert_eq!(f[4], "node-1", "{row}");
+    }
+    assert_eq!(text.lines().last(), Some("refused 42501"), "{text}");
 }
