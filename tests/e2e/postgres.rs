@@ -443,6 +443,44 @@ async fn grafana_macro_sql_answers_time_series() {
     }
 }
 
+/// showTables() of Grafana's postgresMetaQuery.ts, with its schema constraint expanded.
+const GRAFANA_SHOW_TABLES: &str = r#"SELECT
+    CASE WHEN 
+          quote_ident(table_schema) IN (
+          SELECT
+            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+          FROM
+            generate_series(
+              array_lower(string_to_array(current_setting('search_path'),','),1),
+              array_upper(string_to_array(current_setting('search_path'),','),1)
+            ) as i,
+            string_to_array(current_setting('search_path'),',') s
+          )
+      THEN quote_ident(table_name)
+      ELSE quote_ident(table_schema) || '.' || quote_ident(table_name)
+    END AS "table"
+    FROM information_schema.tables
+    WHERE quote_ident(table_schema) NOT IN ('information_schema',
+                             'pg_catalog',
+                             '_timescaledb_cache',
+                             '_timescaledb_catalog',
+                             '_timescaledb_internal',
+                             '_timescaledb_config',
+                             'timescaledb_information',
+                             'timescaledb_experimental')
+    ORDER BY CASE WHEN 
+          quote_ident(table_schema) IN (
+          SELECT
+            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+          FROM
+            generate_series(
+              array_lower(string_to_array(current_setting('search_path'),','),1),
+              array_upper(string_to_array(current_setting('search_path'),','),1)
+            ) as i,
+            string_to_array(current_setting('search_path'),',') s
+          ) THEN 0 ELSE 1 END, 1
+"#;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn grafana_connection_test_and_editor_queries() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -458,6 +496,16 @@ async fn grafana_connection_test_and_editor_queries() {
     );
     let v: i64 = version.trim().parse().expect("a number");
     assert!(v >= 1200, "grafana needs a version >= 12: {v}");
+    // The query builder's table list, as Grafana writes it (showTables() without a schema).
+    let out = server.psql(None, "disable", &["-c", GRAFANA_SHOW_TABLES]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l == "gpu_metrics" || l == "public.gpu_metrics"),
+        "{}",
+        out.stdout
+    );
     // The query builder lists tables of the search path.
     let tables = ok(
         &server,
