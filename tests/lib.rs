@@ -57,17 +57,22 @@ pub struct TestServer {
     pub otlp: SocketAddr,
     /// OTLP/gRPC address.
     pub grpc: SocketAddr,
+    /// PostgreSQL wire protocol address.
+    pub pg: SocketAddr,
     /// Data directory.
     pub data_dir: PathBuf,
     extra: Vec<String>,
     env: Vec<(String, String)>,
     log: PathBuf,
+    /// With TLS: the certificate clients trust.
+    pub ca: Option<PathBuf>,
 }
 
 /// Builds a [`TestServer`].
 #[derive(Debug, Default)]
 pub struct TestServerBuilder {
     data_dir: Option<PathBuf>,
+    tls: Option<(PathBuf, PathBuf)>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -76,6 +81,12 @@ impl TestServerBuilder {
     /// Uses this data directory.
     pub fn data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Serves TLS with this PEM certificate (also the CA clients trust) and key.
+    pub fn tls(mut self, cert: &Path, key: &Path) -> Self {
+        self.tls = Some((cert.to_path_buf(), key.to_path_buf()));
         self
     }
 
@@ -107,11 +118,22 @@ impl TestServerBuilder {
             http: free_addr(),
             otlp: free_addr(),
             grpc: free_addr(),
+            pg: free_addr(),
             log: data_dir.with_extension("log"),
             data_dir,
             extra: self.extra,
             env: self.env,
+            ca: None,
         };
+        if let Some((cert, key)) = self.tls {
+            s.extra.extend([
+                "--tls-cert".to_string(),
+                cert.display().to_string(),
+                "--tls-key".to_string(),
+                key.display().to_string(),
+            ]);
+            s.ca = Some(cert);
+        }
         // A port picked by `free_addr` can be taken by another test before the server binds it:
         // on that (and only that) failure, pick new ports and start again.
         for _ in 0..5 {
@@ -121,6 +143,7 @@ impl TestServerBuilder {
                     s.http = free_addr();
                     s.otlp = free_addr();
                     s.grpc = free_addr();
+                    s.pg = free_addr();
                 }
                 Err(log) => panic!("gpuwatch serve did not start; log:\n{log}"),
             }
@@ -159,6 +182,8 @@ impl TestServer {
             .arg(self.otlp.to_string())
             .arg("--otlp-grpc-addr")
             .arg(self.grpc.to_string())
+            .arg("--pg-addr")
+            .arg(self.pg.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra)
@@ -183,10 +208,21 @@ impl TestServer {
                 self.child = None;
                 return Err(format!("exited early ({status}):\n{}", self.log_text()));
             }
-            if http_get(self.http, "/readyz")
-                .map(|(code, _)| code == 200)
-                .unwrap_or(false)
-            {
+            let ready = match &self.ca {
+                None => http_get(self.http, "/readyz")
+                    .map(|(code, _)| code == 200)
+                    .unwrap_or(false),
+                Some(ca) => Command::new("curl")
+                    .args(["-sf", "--max-time", "2", "--cacert"])
+                    .arg(ca)
+                    .arg(format!("https://{}/readyz", self.http))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false),
+            };
+            if ready {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -199,14 +235,18 @@ impl TestServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.ca.is_some() { "https" } else { "http" }
+    }
+
     /// Base URL of the main listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.http)
+        format!("{}://{}", self.scheme(), self.http)
     }
 
     /// Base URL of the OTLP/HTTP listener.
     pub fn otlp_url(&self) -> String {
-        format!("http://{}", self.otlp)
+        format!("{}://{}", self.scheme(), self.otlp)
     }
 
     /// Kills the server with SIGKILL (no chance to flush anything).
@@ -253,6 +293,54 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// What `psql` printed and how it exited.
+#[derive(Debug)]
+pub struct PsqlOutput {
+    /// True when psql exited 0.
+    pub ok: bool,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl TestServer {
+    /// Runs the real `psql` against the Postgres listener: `-X -At` (no psqlrc, unaligned,
+    /// tuples only), `ON_ERROR_STOP`, verbose errors (with SQLSTATE), then `args`.
+    /// `password` goes in `PGPASSWORD`; `sslmode` is `disable`, `require`, ….
+    pub fn psql(&self, password: Option<&str>, sslmode: &str, args: &[&str]) -> PsqlOutput {
+        let conninfo = format!(
+            "host={} port={} user=grafana dbname=gpuwatch sslmode={sslmode} connect_timeout=10",
+            self.pg.ip(),
+            self.pg.port()
+        );
+        let mut cmd = Command::new("psql");
+        cmd.arg(conninfo)
+            .args([
+                "-X",
+                "-w",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-v",
+                "VERBOSITY=verbose",
+            ])
+            .args(args)
+            .env_remove("PGPASSWORD")
+            .env("PGCONNECT_TIMEOUT", "10")
+            .stdin(Stdio::null());
+        if let Some(p) = password {
+            cmd.env("PGPASSWORD", p);
+        }
+        let out = cmd.output().expect("run psql (package postgresql-client)");
+        PsqlOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 }
 

@@ -23,6 +23,12 @@ pub struct FileConfig {
     pub otlp_http_addr: Option<SocketAddr>,
     /// `--otlp-grpc-addr`
     pub otlp_grpc_addr: Option<SocketAddr>,
+    /// `--pg-addr`: an address, or `"off"`
+    pub pg_addr: Option<String>,
+    /// `--tls-cert` (PEM)
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key` (PEM)
+    pub tls_key: Option<PathBuf>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
     /// `--object-store`, e.g. `"s3://bucket/prefix"`
@@ -158,6 +164,23 @@ pub fn apply<T>(m: &ArgMatches, id: &str, target: &mut T, file: Option<T>) {
     }
 }
 
+/// A listen address that can be turned off (`--pg-addr off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalAddr(pub Option<SocketAddr>);
+
+/// Parses `HOST:PORT`, or `off` for no listener.
+pub fn parse_optional_addr(s: &str) -> std::result::Result<OptionalAddr, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok(OptionalAddr(None));
+    }
+    t.parse::<SocketAddr>()
+        .map(|a| OptionalAddr(Some(a)))
+        .map_err(|e| {
+            format!("invalid address {s:?} ({e}): use HOST:PORT such as 127.0.0.1:5433, or off")
+        })
+}
+
 /// Parses a duration such as `5s`, `1m30s`, `250ms`.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     humantime::parse_duration(s)
@@ -228,6 +251,18 @@ mod tests {
         let e = bad.retention.expect("section").resolve().expect_err("bad");
         assert!(e.to_string().contains("retention.metrics"), "{e}");
         assert!(toml::from_str::<FileConfig>("[retention]\nraw = \"1d\"\n").is_err());
+    }
+
+    #[test]
+    fn optional_addresses() {
+        assert_eq!(parse_optional_addr("off"), Ok(OptionalAddr(None)));
+        assert_eq!(parse_optional_addr("OFF"), Ok(OptionalAddr(None)));
+        assert_eq!(
+            parse_optional_addr("127.0.0.1:5433"),
+            Ok(OptionalAddr(Some("127.0.0.1:5433".parse().expect("addr"))))
+        );
+        let e = parse_optional_addr("localhost").expect_err("no port");
+        assert!(e.contains("off"), "{e}");
     }
 
     #[test]

@@ -48,6 +48,13 @@ pub async fn run(
     if opts.interval.is_zero() {
         return Err(Error::Config("--interval must be above zero".into()));
     }
+    if config.tls.is_some() {
+        return Err(Error::Config(
+            "gpuwatch demo runs without TLS (its built-in agent talks plain HTTP to the server): \
+             drop --tls-cert/--tls-key, or use gpuwatch serve"
+                .into(),
+        ));
+    }
     let running = server::start(config.clone()).await?;
     running.ready().await;
     let endpoint = format!("http://{}", running.http_addr);
@@ -166,6 +173,7 @@ Simulated data carries gpuwatch.simulated=true and host names sim-node-NN.
 
   SQL API, OTLP/HTTP, health   {url}   (/api/v1/sql, /v1/metrics, /healthz, /readyz, /metrics)
   OTLP/HTTP                    http://{otlp}/v1/metrics
+  PostgreSQL wire (psql)       {pg}
   data directory               {data}
 
 Try:
@@ -192,6 +200,14 @@ Ctrl-C stops the demo (buffered data is persisted first).
         interval = humantime::format_duration(opts.interval),
         backfill = humantime::format_duration(opts.backfill),
         otlp = running.otlp_http_addr,
+        pg = running.pg_addr.map_or_else(
+            || "off (--pg-addr off)".to_string(),
+            |a| format!(
+                "psql \"host={} port={} dbname=gpuwatch\" -c '\\dt'",
+                a.ip(),
+                a.port()
+            )
+        ),
         data = config.data_dir.display(),
     );
 }

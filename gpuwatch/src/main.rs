@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::{FileConfig, apply, apply_duration, given, parse_duration};
+use crate::config::{
+    FileConfig, OptionalAddr, apply, apply_duration, given, parse_duration, parse_optional_addr,
+};
 use crate::error::{Error, Result};
 use crate::server::ServeConfig;
 
@@ -76,6 +78,16 @@ struct ServeArgs {
         default_value = "127.0.0.1:4317"
     )]
     otlp_grpc_addr: SocketAddr,
+    /// PostgreSQL wire protocol listener (psql, Grafana's PostgreSQL data source), or `off`.
+    #[arg(long, env = "GPUWATCH_PG_ADDR", default_value = "127.0.0.1:5433", value_parser = parse_optional_addr)]
+    pg_addr: OptionalAddr,
+    /// TLS certificate chain (PEM) for every listener: HTTP, OTLP/HTTP, OTLP/gRPC and Postgres
+    /// (needs --tls-key).
+    #[arg(long, env = "GPUWATCH_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert.
+    #[arg(long, env = "GPUWATCH_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -191,6 +203,11 @@ fn serve_config(
         &mut args.otlp_grpc_addr,
         file.otlp_grpc_addr,
     );
+    if let Some(text) = &file.pg_addr {
+        let addr = parse_optional_addr(text)
+            .map_err(|e| Error::Config(format!("config key pg_addr: {e}")))?;
+        apply(m, "pg_addr", &mut args.pg_addr, Some(addr));
+    }
     apply(
         m,
         "max_body_bytes",
@@ -281,6 +298,23 @@ fn serve_config(
             "--persist-interval must be above zero".into(),
         ));
     }
+    let tls = match (
+        args.tls_cert.clone().or(file.tls_cert),
+        args.tls_key.clone().or(file.tls_key),
+    ) {
+        (Some(cert), Some(key)) => Some(server::tls::Tls::load(&cert, &key)?),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(Error::Config(
+                "--tls-cert needs --tls-key (the certificate's private key, PEM)".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Error::Config(
+                "--tls-key needs --tls-cert (the certificate chain, PEM)".into(),
+            ));
+        }
+    };
     let auth_tokens = match args.auth_tokens.clone().or(file.auth_tokens) {
         Some(path) => Some(std::sync::Arc::new(server::auth::Tokens::load(&path)?)),
         None => None,
@@ -298,6 +332,7 @@ fn serve_config(
         file.max_concurrent_queries,
     );
     Ok(ServeConfig {
+        tls,
         auth_tokens,
         query_memory_limit: (args.query_memory_limit > 0).then_some(args.query_memory_limit),
         max_concurrent_queries: (args.max_concurrent_queries > 0)
@@ -305,6 +340,7 @@ fn serve_config(
         http_addr: args.http_addr,
         otlp_http_addr: args.otlp_http_addr,
         otlp_grpc_addr: args.otlp_grpc_addr,
+        pg_addr: args.pg_addr.0,
         data_dir,
         object_store,
         persist_interval,
@@ -384,7 +420,10 @@ async fn run() -> Result<()> {
             let config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
             let running = server::start(config.clone()).await?;
-            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, data_dir = %config.data_dir.display(), object_store = config.object_store.as_deref().unwrap_or("none (files in the data directory)"), "gpuwatch serving");
+            let pg = running
+                .pg_addr
+                .map_or_else(|| "off".to_string(), |a| a.to_string());
+            tracing::info!(http = %running.http_addr, otlp_http = %running.otlp_http_addr, otlp_grpc = %running.otlp_grpc_addr, pg = %pg, data_dir = %config.data_dir.display(), object_store = config.object_store.as_deref().unwrap_or("none (files in the data directory)"), "gpuwatch serving");
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;

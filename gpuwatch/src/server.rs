@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 pub mod auth;
 mod grpc;
 mod remote_write;
+pub mod tls;
 
 /// How `serve` runs.
 #[derive(Debug, Clone)]
@@ -38,6 +39,8 @@ pub struct ServeConfig {
     pub otlp_http_addr: SocketAddr,
     /// OTLP/gRPC listener.
     pub otlp_grpc_addr: SocketAddr,
+    /// PostgreSQL wire protocol listener; `None`: off.
+    pub pg_addr: Option<SocketAddr>,
     /// Data directory.
     pub data_dir: PathBuf,
     /// `s3://bucket/prefix` holding the Parquet files and the catalog, if not the data directory.
@@ -66,6 +69,8 @@ pub struct ServeConfig {
     pub query_memory_limit: Option<usize>,
     /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
     pub max_concurrent_queries: Option<usize>,
+    /// TLS on every listener (`--tls-cert`, `--tls-key`); `None`: plain TCP.
+    pub tls: Option<tls::Tls>,
     /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
     pub auth_tokens: Option<Arc<auth::Tokens>>,
 }
@@ -101,6 +106,8 @@ pub struct Running {
     pub otlp_http_addr: SocketAddr,
     /// The bound OTLP/gRPC address.
     pub otlp_grpc_addr: SocketAddr,
+    /// The bound PostgreSQL wire protocol address, if on.
+    pub pg_addr: Option<SocketAddr>,
     store: Arc<OnceLock<Arc<Store>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -133,12 +140,23 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     check_bind(config.http_addr, open, "--http-addr")?;
     check_bind(config.otlp_http_addr, open, "--otlp-http-addr")?;
     check_bind(config.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
+    if let Some(addr) = config.pg_addr {
+        check_bind(addr, open, "--pg-addr")?;
+    }
     let http = bind(config.http_addr, "--http-addr").await?;
     let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
     let otlp_grpc_addr = grpc
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
     let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
+    let pg = match config.pg_addr {
+        Some(addr) => Some(bind(addr, "--pg-addr").await?),
+        None => None,
+    };
+    let pg_addr = match &pg {
+        Some(l) => Some(l.local_addr().map_err(|e| Error::Listen(e.to_string()))?),
+        None => None,
+    };
     let http_addr = http
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
@@ -192,14 +210,49 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Admin)),
         )
         .fallback(not_found);
-    tasks.push(serve(http, main, rx.clone()));
-    tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+    let http_alpn: &[&[u8]] = &[b"http/1.1"];
+    match &config.tls {
+        None => {
+            tasks.push(serve(http, main, rx.clone()));
+            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+        }
+        Some(t) => {
+            let http = tls::TlsIncoming::new(http, t.acceptor(http_alpn)?, "http")?;
+            let otlp = tls::TlsIncoming::new(otlp, t.acceptor(http_alpn)?, "otlp-http")?;
+            tasks.push(serve(http, main, rx.clone()));
+            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
+        }
+    }
+    let grpc_tls = match &config.tls {
+        Some(t) => Some(t.acceptor(&[b"h2"])?),
+        None => None,
+    };
     tasks.push(grpc::serve(
         grpc,
+        grpc_tls,
         app.clone(),
         config.auth_tokens.clone(),
         rx.clone(),
     ));
+
+    if let Some(listener) = pg {
+        let auth = config
+            .auth_tokens
+            .clone()
+            .map(|t| t as Arc<dyn gpuwatch_query::pg::PasswordCheck>);
+        tasks.push(gpuwatch_query::pg::serve(
+            listener,
+            Arc::clone(&app.engine),
+            gpuwatch_query::pg::PgOptions {
+                auth,
+                tls: match &config.tls {
+                    Some(t) => Some(t.acceptor(&[])?),
+                    None => None,
+                },
+            },
+            rx.clone(),
+        ));
+    }
 
     // Open the store (WAL replay) off the async threads, then start persisting.
     let open_app = app.clone();
@@ -339,6 +392,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         http_addr,
         otlp_http_addr,
         otlp_grpc_addr,
+        pg_addr,
         store: app.store,
         shutdown,
         tasks,
@@ -362,11 +416,15 @@ async fn persist(store: &Arc<Store>) {
     }
 }
 
-fn serve(
-    listener: TcpListener,
+fn serve<L>(
+    listener: L,
     router: Router,
     mut rx: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     tokio::spawn(async move {
         let result = axum::serve(listener, router)
             .with_graceful_shutdown(async move {

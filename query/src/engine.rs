@@ -365,6 +365,11 @@ impl QueryEngine {
         Ok(df.execute_stream().await?)
     }
 
+    /// Memory one query may hold (`--query-memory-limit`); `None`: unbounded.
+    pub fn memory_limit(&self) -> Option<usize> {
+        self.config.memory_limit
+    }
+
     /// The time limit of a query.
     pub fn query_timeout(&self) -> Duration {
         self.config.query_timeout

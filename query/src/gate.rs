@@ -35,6 +35,13 @@ pub fn check(sql: &str) -> Result<()> {
     allowed(&statements[0])
 }
 
+/// Checks one statement that another parser already produced (the Postgres wire front end parses
+/// with its own Postgres-compatible parser): the same rules as [`check`].
+pub fn check_parsed(statement: &Sql) -> Result<()> {
+    allowed_sql(statement)?;
+    relations_allowed(statement)
+}
+
 fn refuse(what: &str) -> Error {
     Error::NotAllowed(format!(
         "statement {what} is not allowed: only SELECT, WITH, EXPLAIN, SHOW and DESCRIBE are"

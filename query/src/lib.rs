@@ -11,6 +11,8 @@ mod error;
 pub mod format;
 pub mod gate;
 pub mod http;
+pub mod pg;
+pub mod pg_functions;
 pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};

@@ -41,6 +41,8 @@ fn demo_serves_simulated_data_prints_examples_and_stops_on_ctrl_c() {
             .arg(otlp.to_string())
             .arg("--otlp-grpc-addr")
             .arg(free_addr().to_string())
+            .arg("--pg-addr")
+            .arg(free_addr().to_string())
             .arg("--data-dir")
             .arg(dir.path().join("demo"))
             .stdout(Stdio::piped())

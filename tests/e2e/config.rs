@@ -43,7 +43,7 @@ fn flag_beats_env_beats_file_beats_default() {
     std::fs::write(
         &config,
         format!(
-            "http_addr = \"{file_addr}\"\notlp_http_addr = \"{otlp}\"\notlp_grpc_addr = \"{grpc}\"\ndata_dir = \"{}\"\n",
+            "http_addr = \"{file_addr}\"\notlp_http_addr = \"{otlp}\"\notlp_grpc_addr = \"{grpc}\"\npg_addr = \"off\"\ndata_dir = \"{}\"\n",
             data.display()
         ),
     )

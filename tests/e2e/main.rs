@@ -19,10 +19,12 @@ mod grpc;
 mod object_store;
 mod otlp_partial;
 mod pipeline;
+mod postgres;
 mod python_sdk;
 mod remote_write;
 mod sql_recipes;
 mod sql_refusals;
+mod tls;
 mod store_limits;
 mod streaming;
 

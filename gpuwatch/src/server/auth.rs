@@ -165,6 +165,11 @@ impl Tokens {
             .or_else(|| value.strip_prefix("bearer "))
             .map(str::trim)
             .unwrap_or("");
+        self.check_secret(presented, scope)
+    }
+
+    /// Checks a token's secret for `scope`; returns the token's name.
+    pub fn check_secret(&self, presented: &str, scope: Scope) -> Result<&str, Denied> {
         let mut found: Option<&Token> = None;
         for t in &self.tokens {
             if same(&t.secret, presented.as_bytes()) {
@@ -184,6 +189,18 @@ impl Tokens {
                 token.name,
                 scope.name()
             )))
+        }
+    }
+}
+
+/// Postgres wire logins: the password is a token with the `query` scope (the user name is free).
+impl gpuwatch_query::pg::PasswordCheck for Tokens {
+    fn check(&self, _user: &str, password: &str) -> Result<(), gpuwatch_query::pg::Denied> {
+        use gpuwatch_query::pg::Denied as Pg;
+        match self.check_secret(password, Scope::Query) {
+            Ok(_) => Ok(()),
+            Err(Denied::Unauthenticated(_)) => Err(Pg::InvalidPassword),
+            Err(Denied::Forbidden(msg)) => Err(Pg::NotAllowed(msg)),
         }
     }
 }
@@ -336,5 +353,31 @@ scopes = ["admin"]
         let e = f(tonic::Request::new(())).expect_err("missing");
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         assert!(grpc_interceptor(None)(tonic::Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn postgres_passwords_are_query_tokens() {
+        use gpuwatch_query::pg::{Denied as Pg, PasswordCheck};
+        let t = Tokens::parse(FILE, "test").expect("valid");
+        assert_eq!(
+            PasswordCheck::check(&t, "grafana", "query-0123456789abcdef"),
+            Ok(())
+        );
+        assert_eq!(
+            PasswordCheck::check(&t, "anyone", "admin-0123456789abcdef"),
+            Ok(())
+        );
+        assert_eq!(
+            PasswordCheck::check(&t, "grafana", "query-0123456789abcdeX"),
+            Err(Pg::InvalidPassword)
+        );
+        assert_eq!(
+            PasswordCheck::check(&t, "grafana", ""),
+            Err(Pg::InvalidPassword)
+        );
+        assert!(matches!(
+            PasswordCheck::check(&t, "fleet", "ingest-0123456789abcdef"),
+            Err(Pg::NotAllowed(msg)) if msg.contains("query")
+        ));
     }
 }

@@ -84,6 +84,7 @@ impl MetricsService for Otlp {
 /// Serves OTLP/gRPC on `listener` until `rx` changes.
 pub fn serve(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     app: App,
     tokens: Option<Arc<Tokens>>,
     mut rx: watch::Receiver<bool>,
@@ -95,12 +96,34 @@ pub fn serve(
         .send_compressed(CompressionEncoding::Gzip);
     let service = InterceptedService::new(service, grpc_interceptor(tokens));
     tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async move {
-                let _ = rx.changed().await;
-            })
-            .await;
+        let shutdown = async move {
+            let _ = rx.changed().await;
+        };
+        let server = tonic::transport::Server::builder().add_service(service);
+        let result = match tls {
+            None => {
+                server
+                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+                    .await
+            }
+            Some(acceptor) => {
+                let incoming = match super::tls::TlsIncoming::new(listener, acceptor, "otlp-grpc") {
+                    Ok(i) => i,
+                    Err(e) => {
+                        tracing::error!(error = %e, "otlp/grpc listener failed");
+                        return;
+                    }
+                };
+                let stream = futures::stream::unfold(incoming, |mut incoming| async move {
+                    let (conn, _) = incoming.next().await?;
+                    Some((
+                        Ok::<_, std::io::Error>(super::tls::GrpcTlsStream(conn)),
+                        incoming,
+                    ))
+                });
+                server.serve_with_incoming_shutdown(stream, shutdown).await
+            }
+        };
         if let Err(e) = result {
             tracing::error!(error = %e, "otlp/grpc listener failed");
         }

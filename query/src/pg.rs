@@ -1,0 +1,850 @@
+//! The PostgreSQL wire protocol front end (`--pg-addr`): psql, Grafana's PostgreSQL data source,
+//! and any other Postgres client read the same tables as the HTTP SQL API.
+//!
+//! Data flow: a connection is accepted (TLS negotiated when configured), the startup handler
+//! checks the password when tokens are configured, then each statement is parsed by the
+//! Postgres-compatible parser of `datafusion-postgres`, passed through the same read-only gate as
+//! HTTP ([`crate::gate::check_parsed`]) plus the few session statements Postgres clients send
+//! (`SET`, `BEGIN`/`COMMIT`), and executed by `datafusion-postgres` over a session that shares
+//! the engine's tables and adds a `pg_catalog` schema (for `\dt`, `\d` and Grafana's table
+//! lists). Every query takes one of the engine's `--max-concurrent-queries` slots and is cut off
+//! at `--query-timeout` (or the client's lower `statement_timeout`). DataFusion's errors become
+//! Postgres errors with a SQLSTATE ([`sqlstate`]).
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{Set, Statement as Sql};
+use datafusion_postgres::DfSessionService;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
+use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+use datafusion_postgres::pgwire;
+use futures::{Sink, SinkExt, StreamExt};
+use pgwire::api::auth::{
+    DefaultServerParameterProvider, LoginInfo, StartupHandler, finish_authentication,
+    protocol_negotiation, save_startup_parameters_to_metadata,
+};
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::portal::Portal;
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{FieldInfo, Response};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
+    ErrorHandler, PgWireConnectionState, PgWireServerHandlers, PidSecretKeyGenerator,
+    RandomPidSecretKeyGenerator, Type,
+};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::startup::Authentication;
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{Error, lower_first};
+use crate::http::EngineSlot;
+use crate::{QueryEngine, gate};
+
+pub use pgwire::tokio::tokio_rustls::TlsAcceptor;
+
+/// The database (DataFusion catalog) name clients see, e.g. in `current_database()`.
+pub const DATABASE: &str = "gpuwatch";
+
+/// Why a password is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// Not a configured token (SQLSTATE 28P01).
+    InvalidPassword,
+    /// A valid token that may not run queries (SQLSTATE 28000), with the reason.
+    NotAllowed(String),
+}
+
+/// Checks the password a client sends at startup: the server's bearer tokens.
+pub trait PasswordCheck: Send + Sync + fmt::Debug {
+    /// `Ok` when `password` lets `user` run queries.
+    fn check(&self, user: &str, password: &str) -> Result<(), Denied>;
+}
+
+/// How the Postgres listener runs.
+#[derive(Clone, Default)]
+pub struct PgOptions {
+    /// When set, clients log in with a cleartext password checked here; otherwise anyone
+    /// reaching the listener is let in (the server only binds loopback then).
+    pub auth: Option<Arc<dyn PasswordCheck>>,
+    /// TLS for `sslmode=require` clients, then required of every client; `None`: plain
+    /// connections only.
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("auth", &self.auth.is_some())
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+fn error(severity: &str, code: &str, message: impl Into<String>) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        severity.to_owned(),
+        code.to_owned(),
+        message.into(),
+    )))
+}
+
+/// The SQLSTATE of a DataFusion error.
+pub fn sqlstate(e: &DataFusionError) -> &'static str {
+    let root = e.find_root();
+    let text = root.to_string().to_ascii_lowercase();
+    match root {
+        DataFusionError::SQL(..) => "42601",
+        DataFusionError::SchemaError(inner, _) => match inner.as_ref() {
+            datafusion::common::SchemaError::FieldNotFound { .. } => "42703",
+            datafusion::common::SchemaError::AmbiguousReference { .. } => "42702",
+            _ => "42P18",
+        },
+        DataFusionError::Plan(_) if text.contains("table") && text.contains("not found") => "42P01",
+        DataFusionError::Plan(_)
+            if text.contains("invalid function")
+                || text.contains("function") && text.contains("not found") =>
+        {
+            "42883"
+        }
+        DataFusionError::Plan(_) if text.contains("no field named") => "42703",
+        DataFusionError::Plan(_) => "42804",
+        DataFusionError::NotImplemented(_) => "0A000",
+        DataFusionError::ResourcesExhausted(_) => "53200",
+        DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
+            arrow::error::ArrowError::DivideByZero => "22012",
+            arrow::error::ArrowError::ArithmeticOverflow(_) => "22003",
+            arrow::error::ArrowError::CastError(_) | arrow::error::ArrowError::ParseError(_) => {
+                "22P02"
+            }
+            arrow::error::ArrowError::ComputeError(_)
+            | arrow::error::ArrowError::InvalidArgumentError(_) => "22023",
+            _ => "XX000",
+        },
+        DataFusionError::Execution(_) if text.contains("divide by zero") => "22012",
+        DataFusionError::Execution(_) => "22000",
+        _ => "XX000",
+    }
+}
+
+/// A query engine error as a Postgres error.
+fn engine_error(e: &Error) -> PgWireError {
+    let code = match e {
+        Error::BadRequest(_) | Error::BadSql(_) => "42601",
+        Error::NotAllowed(_) => "42501",
+        Error::Timeout(_) => "57014",
+        Error::ResourcesExhausted(_) => "53200",
+        Error::Busy(_) => "53000",
+        Error::NotReady => "57P03",
+        Error::Internal(_) => "XX000",
+    };
+    error("ERROR", code, e.to_string())
+}
+
+/// Gives errors from `datafusion-postgres` (DataFusion and parser errors, wrapped as
+/// `ApiError`, which would all read XX000) their SQLSTATE and a lowercase message.
+fn classify(e: PgWireError) -> PgWireError {
+    let inner = match e {
+        PgWireError::ApiError(inner) => inner,
+        PgWireError::UserError(info)
+            if info.code == "XX000" && info.message.contains("Unsupported Datatype") =>
+        {
+            return unsupported_type(&info.message);
+        }
+        other => return other,
+    };
+    if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+        let message = lower_first(df.find_root().to_string().trim());
+        return error("ERROR", sqlstate(df), message);
+    }
+    if let Some(p) = inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>() {
+        return error("ERROR", "42601", lower_first(&p.to_string()));
+    }
+    let text = inner.to_string();
+    if text.contains("Unsupported Datatype") {
+        return unsupported_type(&text);
+    }
+    error("ERROR", "XX000", lower_first(&text))
+}
+
+/// A column whose Arrow type has no Postgres counterpart here (maps).
+fn unsupported_type(text: &str) -> PgWireError {
+    error(
+        "ERROR",
+        "0A000",
+        format!(
+            "{}: this column type cannot be sent over the postgres protocol; select single map entries such as labels['host']",
+            lower_first(text)
+        ),
+    )
+}
+
+/// Session variables `datafusion-postgres` keeps per connection; every other `SET` is accepted
+/// and ignored, except DataFusion's own settings, which would change the shared session.
+const SESSION_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "datestyle",
+    "bytea_output",
+    "intervalstyle",
+    "application_name",
+    "extra_float_digits",
+    "search_path",
+];
+
+/// What the front end does with a statement.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A query: runs under a slot and the time limit.
+    Query,
+    /// A session statement handled without touching the data (SET, BEGIN, SHOW, cursors).
+    Session,
+    /// A `SET` of something the session does not keep: answered `SET`, changes nothing.
+    IgnoredSet,
+}
+
+/// The read-only gate, as the Postgres front end applies it.
+fn admit(statement: &Sql) -> Result<Verdict, Error> {
+    match statement {
+        Sql::Set(set) => match set {
+            Set::SetTimeZone { .. } => Ok(Verdict::IgnoredSet),
+            Set::SingleAssignment { variable, .. } => {
+                let name = variable.to_string().to_ascii_lowercase();
+                if name.starts_with("datafusion.") {
+                    Err(Error::NotAllowed(format!(
+                        "statement SET {name} is not allowed: DataFusion settings are fixed by the server"
+                    )))
+                } else if SESSION_SETTINGS.contains(&name.as_str()) {
+                    Ok(Verdict::Session)
+                } else {
+                    Ok(Verdict::IgnoredSet)
+                }
+            }
+            _ => Ok(Verdict::IgnoredSet),
+        },
+        Sql::StartTransaction { .. } | Sql::Commit { .. } | Sql::Rollback { .. } => {
+            Ok(Verdict::Session)
+        }
+        Sql::ShowVariable { .. } => Ok(Verdict::Session),
+        Sql::Declare { stmts } => {
+            for d in stmts {
+                if let Some(q) = &d.for_query {
+                    gate::check_parsed(&Sql::Query(q.clone()))?;
+                }
+            }
+            Ok(Verdict::Session)
+        }
+        Sql::Fetch { .. } | Sql::Close { .. } => Ok(Verdict::Session),
+        other => {
+            gate::check_parsed(other)?;
+            Ok(Verdict::Query)
+        }
+    }
+}
+
+/// Parses `sql` as the executing parser will, and runs every statement through the gate.
+fn admit_all(parser: &PostgresCompatibilityParser, sql: &str) -> PgWireResult<Vec<Verdict>> {
+    let statements = parser
+        .parse(sql)
+        .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
+    statements
+        .iter()
+        .map(|s| admit(s).map_err(|e| engine_error(&e)))
+        .collect()
+}
+
+/// The per-process state behind every connection, built when the engine is ready.
+struct Ready {
+    engine: QueryEngine,
+    service: Arc<DfSessionService>,
+    parser: PostgresCompatibilityParser,
+}
+
+/// Builds the session the Postgres front end runs in: the engine's tables (the same schema
+/// object, so the same data), a `pg_catalog`, and DataFusion's memory limit for all its queries.
+fn build(engine: &QueryEngine) -> Result<Ready, String> {
+    let base = engine.context();
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = engine.memory_limit() {
+        runtime = runtime.with_memory_limit(limit, 1.0);
+    }
+    let runtime = runtime.build_arc().map_err(|e| e.to_string())?;
+    let state = SessionStateBuilder::new()
+        .with_config(base.copied_config())
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    let catalog = base
+        .catalog(DATABASE)
+        .ok_or_else(|| format!("catalog {DATABASE} missing"))?;
+    let public = catalog
+        .schema("public")
+        .ok_or_else(|| "schema public missing".to_string())?;
+    ctx.catalog(DATABASE)
+        .ok_or_else(|| format!("catalog {DATABASE} missing in the postgres session"))?
+        .register_schema("public", public)
+        .map_err(|e| e.to_string())?;
+    crate::pg_functions::register(&ctx);
+    // The same time-series aggregates as over HTTP.
+    ctx.register_udaf(crate::udf::increase());
+    ctx.register_udaf(crate::udf::rate());
+    setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| e.to_string())?;
+    let service = Arc::new(DfSessionService::new(Arc::new(ctx)));
+    Ok(Ready {
+        engine: engine.clone(),
+        service,
+        parser: PostgresCompatibilityParser::new(),
+    })
+}
+
+/// State shared by the handlers of every connection.
+struct Shared {
+    engine: EngineSlot,
+    ready: OnceLock<Result<Ready, String>>,
+    auth: Option<Arc<dyn PasswordCheck>>,
+    require_tls: bool,
+    connections: Arc<ConnectionManager>,
+    keys: RandomPidSecretKeyGenerator,
+}
+
+impl Shared {
+    fn ready(&self) -> PgWireResult<&Ready> {
+        let result = match self.ready.get() {
+            Some(r) => r,
+            None => {
+                let Some(engine) = self.engine.get() else {
+                    return Err(engine_error(&Error::NotReady));
+                };
+                self.ready.get_or_init(|| {
+                    let r = build(engine);
+                    if let Err(e) = &r {
+                        tracing::error!(error = %e, "cannot build the postgres session");
+                    }
+                    r
+                })
+            }
+        };
+        result.as_ref().map_err(|e| {
+            error(
+                "FATAL",
+                "XX000",
+                format!("postgres front end unavailable: {e}"),
+            )
+        })
+    }
+}
+
+/// The time limit of the next query: `--query-timeout`, or the client's `statement_timeout`
+/// when lower.
+fn time_limit<C: ClientInfo + ?Sized>(client: &C, engine: &QueryEngine) -> Duration {
+    let server = engine.query_timeout();
+    client
+        .metadata()
+        .get("statement_timeout_ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(|ms| server.min(Duration::from_millis(ms)))
+        .unwrap_or(server)
+}
+
+/// Holds a query's slot until its rows are sent, stops it at the deadline, and classifies
+/// errors raised while rows stream.
+fn guard(
+    response: Response,
+    slot: Option<Arc<crate::engine::QuerySlot>>,
+    deadline: tokio::time::Instant,
+    limit: Duration,
+) -> Response {
+    let Response::Query(mut q) = response else {
+        return response;
+    };
+    let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
+    let stream = futures::stream::unfold(
+        (rows, slot, false),
+        move |(mut rows, slot, done)| async move {
+            if done {
+                return None;
+            }
+            match tokio::time::timeout_at(deadline, rows.next()).await {
+                Ok(Some(Ok(row))) => Some((Ok(row), (rows, slot, false))),
+                Ok(Some(Err(e))) => Some((Err(classify(e)), (rows, None, true))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(engine_error(&Error::Timeout(limit))),
+                    (rows, None, true),
+                )),
+            }
+        },
+    );
+    q.data_rows = Box::pin(stream);
+    Response::Query(q)
+}
+
+/// The handlers of one listener.
+pub struct Front {
+    shared: Arc<Shared>,
+    parser: Arc<GatedParser>,
+}
+
+impl Front {
+    /// Handlers over the engine in `engine` (set once the store is open).
+    pub fn new(
+        engine: EngineSlot,
+        auth: Option<Arc<dyn PasswordCheck>>,
+        require_tls: bool,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            engine,
+            ready: OnceLock::new(),
+            auth,
+            require_tls,
+            connections: Arc::new(ConnectionManager::new()),
+            keys: RandomPidSecretKeyGenerator::default(),
+        });
+        Self {
+            parser: Arc::new(GatedParser {
+                shared: Arc::clone(&shared),
+            }),
+            shared,
+        }
+    }
+
+    fn register<C: ClientInfo>(&self, client: &mut C) {
+        let (pid, key) = self.shared.keys.generate(client);
+        client.set_pid_and_secret_key(pid, key.clone());
+        let (handle, guard) = self.shared.connections.register(pid, key);
+        client
+            .session_extensions()
+            .insert::<Arc<ConnectionHandle>>(handle);
+        client.session_extensions().insert::<ConnectionGuard>(guard);
+    }
+}
+
+fn parameters() -> DefaultServerParameterProvider {
+    let mut p = DefaultServerParameterProvider::default();
+    p.server_version = crate::pg_functions::SERVER_VERSION.to_owned();
+    p.is_superuser = false;
+    p.default_transaction_read_only = true;
+    p
+}
+
+#[async_trait]
+impl StartupHandler for Front {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                if self.shared.require_tls && !client.is_secure() {
+                    return Err(error(
+                        "FATAL",
+                        "28000",
+                        "this server requires TLS: connect with sslmode=require (or verify-full)",
+                    ));
+                }
+                // Before the password, so that a client learns at once the server is starting.
+                self.shared.ready()?;
+                if self.shared.auth.is_some() {
+                    client.set_state(PgWireConnectionState::AuthenticationInProgress);
+                    client
+                        .send(PgWireBackendMessage::Authentication(
+                            Authentication::CleartextPassword,
+                        ))
+                        .await?;
+                } else {
+                    self.register(client);
+                    finish_authentication(client, &parameters()).await?;
+                }
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(pwd) => {
+                let Some(auth) = &self.shared.auth else {
+                    return Err(error("FATAL", "08P01", "unexpected password message"));
+                };
+                let pwd = pwd.into_password()?;
+                let login = LoginInfo::from_client_info(client);
+                let user = login.user().unwrap_or("").to_owned();
+                match auth.check(&user, &pwd.password) {
+                    Ok(()) => {
+                        self.register(client);
+                        finish_authentication(client, &parameters()).await?;
+                    }
+                    Err(Denied::InvalidPassword) => {
+                        tracing::info!(user = %user, "postgres login refused: invalid token");
+                        return Err(error(
+                            "FATAL",
+                            "28P01",
+                            format!(
+                                "password authentication failed for user \"{user}\": the password must be a token with the query scope from the server's --auth-tokens file"
+                            ),
+                        ));
+                    }
+                    Err(Denied::NotAllowed(why)) => {
+                        tracing::info!(user = %user, "postgres login refused: {why}");
+                        return Err(error("FATAL", "28000", why));
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Front {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let ready = self.shared.ready()?;
+        let verdicts = admit_all(&ready.parser, query)?;
+        if verdicts.is_empty() {
+            return Ok(vec![Response::EmptyQuery]);
+        }
+        if verdicts.iter().all(|v| *v == Verdict::IgnoredSet) {
+            return Ok(verdicts
+                .iter()
+                .map(|_| Response::Execution(pgwire::api::results::Tag::new("SET")))
+                .collect());
+        }
+        let slot = if verdicts.contains(&Verdict::Query) {
+            Some(Arc::new(
+                ready.engine.try_slot().map_err(|e| engine_error(&e))?,
+            ))
+        } else {
+            None
+        };
+        let limit = time_limit(client, &ready.engine);
+        let deadline = tokio::time::Instant::now() + limit;
+        let run = async {
+            if !verdicts.contains(&Verdict::IgnoredSet) {
+                return SimpleQueryHandler::do_query(ready.service.as_ref(), client, query).await;
+            }
+            // Ignored SETs among other statements: one statement at a time.
+            let statements = ready
+                .parser
+                .parse(query)
+                .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
+            let mut out = Vec::new();
+            for (statement, verdict) in statements.iter().zip(&verdicts) {
+                if *verdict == Verdict::IgnoredSet {
+                    out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
+                } else {
+                    let sql = statement.to_string();
+                    out.extend(
+                        SimpleQueryHandler::do_query(ready.service.as_ref(), client, &sql).await?,
+                    );
+                }
+            }
+            Ok(out)
+        };
+        let responses = match tokio::time::timeout_at(deadline, run).await {
+            Ok(r) => r.map_err(classify)?,
+            Err(_) => return Err(engine_error(&Error::Timeout(limit))),
+        };
+        Ok(responses
+            .into_iter()
+            .map(|r| guard(r, slot.clone(), deadline, limit))
+            .collect())
+    }
+}
+
+type DfStatement = (String, Option<(Sql, LogicalPlan)>);
+
+/// The extended-protocol parser: the gate, then `datafusion-postgres`'s parser and planner.
+pub struct GatedParser {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl QueryParser for GatedParser {
+    type Statement = DfStatement;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Self::Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let ready = self.shared.ready()?;
+        let verdicts = admit_all(&ready.parser, sql)?;
+        if verdicts.len() > 1 {
+            return Err(error(
+                "ERROR",
+                "42601",
+                "cannot insert multiple commands into a prepared statement",
+            ));
+        }
+        if verdicts.first() == Some(&Verdict::IgnoredSet) {
+            // Planned as an empty statement; executing it answers SET and changes nothing.
+            return Ok(Some((sql.to_owned(), None)));
+        }
+        let inner = ExtendedQueryHandler::query_parser(ready.service.as_ref());
+        inner.parse_sql(client, sql, types).await.map_err(classify)
+    }
+
+    fn get_parameter_types(&self, stmt: &Self::Statement) -> PgWireResult<Vec<Type>> {
+        let ready = self.shared.ready()?;
+        ExtendedQueryHandler::query_parser(ready.service.as_ref()).get_parameter_types(stmt)
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Self::Statement,
+        column_format: Option<&pgwire::api::portal::Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        let ready = self.shared.ready()?;
+        ExtendedQueryHandler::query_parser(ready.service.as_ref())
+            .get_result_schema(stmt, column_format)
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Front {
+    type Statement = DfStatement;
+    type QueryParser = GatedParser;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        Arc::clone(&self.parser)
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let ready = self.shared.ready()?;
+        let is_query = match &portal.statement.statement.1 {
+            None => {
+                let sql = &portal.statement.statement.0;
+                if sql.trim().is_empty() {
+                    return Ok(Response::EmptyQuery);
+                }
+                return Ok(Response::Execution(pgwire::api::results::Tag::new("SET")));
+            }
+            Some((statement, _)) => {
+                admit(statement).map_err(|e| engine_error(&e))? == Verdict::Query
+            }
+        };
+        if !is_query {
+            return ExtendedQueryHandler::do_query(
+                ready.service.as_ref(),
+                client,
+                portal,
+                max_rows,
+            )
+            .await
+            .map_err(classify);
+        }
+        let slot = Arc::new(ready.engine.try_slot().map_err(|e| engine_error(&e))?);
+        let limit = time_limit(client, &ready.engine);
+        let deadline = tokio::time::Instant::now() + limit;
+        match tokio::time::timeout_at(
+            deadline,
+            ExtendedQueryHandler::do_query(ready.service.as_ref(), client, portal, max_rows),
+        )
+        .await
+        {
+            Ok(r) => Ok(guard(r.map_err(classify)?, Some(slot), deadline, limit)),
+            Err(_) => Err(engine_error(&Error::Timeout(limit))),
+        }
+    }
+}
+
+struct LogErrors;
+
+impl ErrorHandler for LogErrors {
+    fn on_error<C: ClientInfo>(&self, client: &C, error: &mut PgWireError) {
+        tracing::debug!(client = %client.socket_addr(), error = %error, "postgres error sent");
+    }
+}
+
+/// Everything `pgwire` asks of a server, for one listener.
+pub struct Handlers {
+    front: Arc<Front>,
+    cancel: Arc<DefaultCancelHandler>,
+}
+
+impl Handlers {
+    /// Handlers over `engine`, checking passwords with `auth` when set, refusing plain
+    /// connections when `require_tls`.
+    pub fn new(
+        engine: EngineSlot,
+        auth: Option<Arc<dyn PasswordCheck>>,
+        require_tls: bool,
+    ) -> Self {
+        let front = Arc::new(Front::new(engine, auth, require_tls));
+        let cancel = Arc::new(DefaultCancelHandler::new(Arc::clone(
+            &front.shared.connections,
+        )));
+        Self { front, cancel }
+    }
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        Arc::clone(&self.front)
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        Arc::clone(&self.front)
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        Arc::clone(&self.front)
+    }
+
+    fn error_handler(&self) -> Arc<impl ErrorHandler> {
+        Arc::new(LogErrors)
+    }
+
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        Arc::clone(&self.cancel)
+    }
+}
+
+/// Serves the Postgres protocol on `listener` until `shutdown` changes.
+pub fn serve(
+    listener: TcpListener,
+    engine: EngineSlot,
+    options: PgOptions,
+    mut shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let handlers = Arc::new(Handlers::new(engine, options.auth, options.tls.is_some()));
+    let tls = options.tls;
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = shutdown.changed() => return,
+            };
+            let (socket, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "postgres listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = socket.set_nodelay(true);
+            let handlers = Arc::clone(&handlers);
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
+                    tracing::debug!(peer = %peer, error = %e, "postgres connection ended with an error");
+                }
+            });
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(sql: &str) -> Result<Verdict, Error> {
+        let parser = PostgresCompatibilityParser::new();
+        let statements = parser.parse(sql).expect("parses");
+        assert_eq!(statements.len(), 1, "{sql}");
+        admit(&statements[0])
+    }
+
+    #[test]
+    fn the_gate_applies_to_postgres_statements() {
+        for sql in [
+            "SELECT 1",
+            "SELECT * FROM gpu_metrics",
+            "SELECT c.relname FROM pg_catalog.pg_class c",
+            "EXPLAIN SELECT 1",
+        ] {
+            assert_eq!(verdict(sql).expect(sql), Verdict::Query, "{sql}");
+        }
+        for sql in [
+            "SET statement_timeout = 1000",
+            "SET application_name = 'psql'",
+            "BEGIN",
+            "COMMIT",
+            "SHOW server_version",
+            "DECLARE c CURSOR FOR SELECT 1",
+            "FETCH NEXT FROM c",
+            "CLOSE c",
+        ] {
+            assert_eq!(verdict(sql).expect(sql), Verdict::Session, "{sql}");
+        }
+        for sql in ["SET client_encoding = 'UTF8'", "SET TIME ZONE 'UTC'"] {
+            assert_eq!(verdict(sql).expect(sql), Verdict::IgnoredSet, "{sql}");
+        }
+        for sql in [
+            "INSERT INTO gpu_metrics (host) VALUES ('x')",
+            "CREATE TABLE t AS SELECT 1",
+            "DROP TABLE gpu_metrics",
+            "COPY gpu_metrics TO '/tmp/x.csv'",
+            "SET datafusion.execution.target_partitions = 1",
+            "DECLARE c CURSOR FOR SELECT * FROM '/etc/passwd'",
+            "SELECT * FROM read_parquet('/tmp/x.parquet')",
+            "DELETE FROM gpu_metrics",
+        ] {
+            match verdict(sql) {
+                Err(Error::NotAllowed(msg)) => assert!(msg.contains("not allowed"), "{msg}"),
+                other => panic!("{sql}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn datafusion_errors_get_sqlstates() {
+        let cases = [
+            (
+                DataFusionError::Plan("table 'gpuwatch.public.nope' not found".into()),
+                "42P01",
+            ),
+            (
+                DataFusionError::Plan("Invalid function 'nope'.".into()),
+                "42883",
+            ),
+            (DataFusionError::NotImplemented("x".into()), "0A000"),
+            (DataFusionError::ResourcesExhausted("x".into()), "53200"),
+            (
+                DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None),
+                "22012",
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(sqlstate(&e), code, "{e}");
+        }
+    }
+}
