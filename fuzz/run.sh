@@ -19,8 +19,10 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 export RUSTC_BOOTSTRAP=1
+features() { if [ "$1" = sql_gate ]; then echo "--features gate"; fi; }
 for t in "${targets[@]}"; do
-  cargo fuzz build --dev -s none "$t"
+  # shellcheck disable=SC2046
+  cargo fuzz build --dev -s none $(features "$t") "$t"
 done
 status=0
 for t in "${targets[@]}"; do
@@ -31,7 +33,8 @@ for t in "${targets[@]}"; do
     sql_gate) for f in ../tests/golden/*.sql; do cp "$f" "corpus/$t/$(basename "$f")"; done ;;
   esac
   echo "== $t: ${secs}s"
-  if ! cargo fuzz run --dev -s none "$t" "corpus/$t" -- \
+  # shellcheck disable=SC2046
+  if ! cargo fuzz run --dev -s none $(features "$t") "$t" "corpus/$t" -- \
       -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=1; then
     echo "== $t: FAILED (see fuzz/artifacts/$t/)"
     status=1

@@ -241,10 +241,12 @@ mod tests {
     #[test]
     fn retention_keys_override_the_defaults() {
         let f: FileConfig =
-            toml::from_str("[retention]\ngpu_metrics = \"7d\"\ngpu_metrics_1h = \"forever\"\n")
+            toml::from_str("[retention]\ngpu_metrics = \"7d\"\ngpu_metrics_1h = \"forever\"\ngpu_events = \"2d\"\n")
                 .expect("parse");
         let r = f.retention.expect("section").resolve().expect("resolve");
         assert_eq!(r.gpu_metrics, Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(r.gpu_events, Some(Duration::from_secs(2 * 86400)));
+        assert_eq!(r.gpu_processes, Some(Duration::from_secs(30 * 86400)));
         assert_eq!(r.gpu_metrics_1h, None);
         assert_eq!(r.gpu_metrics_1m, Some(Duration::from_secs(365 * 86400)));
         let bad: FileConfig = toml::from_str("[retention]\nmetrics = \"soon\"\n").expect("parse");
