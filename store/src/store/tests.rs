@@ -503,6 +503,11 @@ fn readers_never_see_missing_or_doubled_rows_while_compaction_runs(p: &Place) {
             StoreConfig {
                 compaction: crate::CompactionConfig {
                     max_files_per_window: 3,
+                    // The clock jumps 5 minutes at each maintenance while a reader may still
+                    // hold an older snapshot: retired files must outlive the whole run here, as
+                    // in production they outlive any query (the default grace is 10 minutes of
+                    // real time; grace deletion itself is tested elsewhere).
+                    grace: std::time::Duration::from_secs(24 * 3600),
                     ..Default::default()
                 },
                 ..p.config()
