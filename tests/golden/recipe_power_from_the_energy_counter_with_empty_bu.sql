@@ -1,7 +1,7 @@
 WITH buckets AS (
   SELECT value AS time
-  FROM generate_series(date_bin(INTERVAL '5 minutes', now() - INTERVAL '30 minutes'),
-                       date_bin(INTERVAL '5 minutes', now() - INTERVAL '5 minutes'),
+  FROM generate_series(date_bin(INTERVAL '5 minutes', now() - INTERVAL '25 minutes'),
+                       date_bin(INTERVAL '5 minutes', now()),
                        INTERVAL '5 minutes')
 ), power AS (
   SELECT date_bin(INTERVAL '5 minutes', time) AS time, host, gpu_uuid,
