@@ -16,7 +16,6 @@ use gpuwatch_agent::collect::Source;
 use gpuwatch_agent::{NvmlSource, attribute, export};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
-use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::structs::device::FieldId;
 
 #[derive(Default)]
@@ -57,19 +56,7 @@ fn main() {
         }
     };
     let mut calls = Costs::default();
-    let metrics = [
-        GpmMetricId::SmUtil,
-        GpmMetricId::SmOccupancy,
-        GpmMetricId::AnyTensorUtil,
-        GpmMetricId::DramBwUtil,
-        GpmMetricId::Fp64Util,
-        GpmMetricId::Fp32Util,
-        GpmMetricId::Fp16Util,
-        GpmMetricId::NvlinkTotalTxPerSec,
-        GpmMetricId::NvlinkTotalRxPerSec,
-        GpmMetricId::PcieTxPerSec,
-        GpmMetricId::PcieRxPerSec,
-    ];
+    let metrics = gpuwatch_agent::collect::nvml::GPM_METRICS;
     let mut prev = None;
     for _ in 0..ticks {
         let d = calls.time("device_by_index", || nvml.device_by_index(0));
@@ -100,7 +87,7 @@ fn main() {
         let s = calls.time("gpm_sample", || d.gpm_sample().ok());
         if let (Some(p), Some(s)) = (prev.as_ref(), s.as_ref()) {
             calls.time("gpm_metrics_get (11)", || {
-                nvml_wrapper::gpm::gpm_metrics_get(&nvml, p, s, &metrics).ok()
+                nvml_wrapper::gpm::gpm_metrics_get(&nvml, p, s, metrics).ok()
             });
         }
         prev = s;
