@@ -50,7 +50,6 @@ use crate::collect::{GpuEvent, GpuSample, ProcessSample, Source};
 use crate::error::{Error, Result};
 
 /// The GPM metrics read on Hopper and newer GPUs.
-/// The GPM metrics read every collection.
 pub const GPM_METRICS: &[GpmMetricId] = &[
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
