@@ -370,30 +370,12 @@ impl Drop for TestAgent {
     }
 }
 
-/// A tiny blocking HTTP/1.1 GET (used before any async runtime is involved).
+/// A tiny blocking HTTP/1.0 GET (used before any async runtime is involved).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let code = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
+    http_call(addr, "GET", path)
 }
 
-/// A tiny blocking HTTP/1.1 request with an empty body.
+/// A tiny blocking HTTP/1.0 request with an empty body.
 pub fn http_call(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;

@@ -431,44 +431,6 @@ mod store_tests {
             .expect("write");
     }
 
-    /// An S3 server (moto) for the tests of this process, with one bucket; it stops when this
-    /// process exits. Returns its endpoint.
-    fn moto() -> &'static str {
-        const MOTO: &str = r#"
-import logging, os, time, urllib.request
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-parent = os.getppid()
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-host, port = server.get_host_and_port()
-urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/gpuwatch-test", method="PUT")).read()
-print(port, flush=True)
-while os.getppid() == parent:
-    time.sleep(0.2)
-server.stop()
-"#;
-        static ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        ENDPOINT.get_or_init(|| {
-            use std::io::BufRead;
-            let mut child = std::process::Command::new("python3")
-                .args(["-c", MOTO])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .expect("python3 to start the S3 server");
-            let mut line = String::new();
-            std::io::BufReader::new(child.stdout.take().expect("stdout"))
-                .read_line(&mut line)
-                .expect("read the S3 server's port");
-            let port: u16 = line.trim().parse().unwrap_or_else(|_| {
-                panic!("the S3 server did not start (pip install 'moto[server]'): {line:?}")
-            });
-            // Not waited for: the child exits by itself once this process is gone.
-            drop(child);
-            format!("http://127.0.0.1:{port}")
-        })
-    }
-
     /// Where the store keeps its files.
     #[derive(Debug, Clone, Copy)]
     enum Backend {
@@ -495,7 +457,7 @@ server.stop()
                 N.fetch_add(1, Ordering::Relaxed)
             ));
             config.object_store_options = [
-                ("aws_endpoint", moto()),
+                ("aws_endpoint", gpuwatch_store::testing::moto_endpoint()),
                 ("aws_allow_http", "true"),
                 ("aws_access_key_id", "test"),
                 ("aws_secret_access_key", "test"),

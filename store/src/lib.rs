@@ -18,6 +18,8 @@ pub mod ingest;
 pub mod persist;
 pub mod schema;
 mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod wal;
 
 pub use compact::{CompactionConfig, MaintenanceReport, RetentionConfig};

@@ -10,52 +10,6 @@ use crate::schema::value_index;
 
 const T0: i64 = 1_800_000_000_000_000_000;
 
-/// An S3 server (moto) shared by the tests of this process, with one bucket; it stops when this
-/// process exits.
-struct Moto {
-    endpoint: String,
-    _child: std::process::Child,
-}
-
-const MOTO: &str = r#"
-import logging, os, time, urllib.request
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-parent = os.getppid()
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-host, port = server.get_host_and_port()
-urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/gpuwatch-test", method="PUT")).read()
-print(port, flush=True)
-while os.getppid() == parent:
-    time.sleep(0.2)
-server.stop()
-"#;
-
-fn moto() -> &'static Moto {
-    static MOTO_SERVER: std::sync::OnceLock<Moto> = std::sync::OnceLock::new();
-    MOTO_SERVER.get_or_init(|| {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", MOTO])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 to start the S3 server");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the S3 server's port");
-        let port: u16 = line.trim().parse().unwrap_or_else(|_| {
-            panic!("the S3 server did not start (install it: pip install 'moto[server]'): {line:?}")
-        });
-        Moto {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            _child: child,
-        }
-    })
-}
-
 /// Where a test's store lives: a temporary data directory, and for the S3 variant a prefix of
 /// its own in the S3 server's bucket. The tests below run against both.
 pub(super) struct Place {
@@ -73,14 +27,13 @@ impl Place {
 
     pub(super) fn s3() -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
-        let moto = moto();
         let prefix = format!(
             "s3://gpuwatch-test/run-{}/t{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
         let options = [
-            ("aws_endpoint", moto.endpoint.as_str()),
+            ("aws_endpoint", crate::testing::moto_endpoint()),
             ("aws_allow_http", "true"),
             ("aws_access_key_id", "test"),
             ("aws_secret_access_key", "test"),
