@@ -13,6 +13,7 @@ pub mod gate;
 pub mod http;
 pub mod pg;
 pub mod pg_functions;
+pub mod pg_rewrite;
 pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};

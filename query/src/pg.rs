@@ -520,6 +520,8 @@ impl SimpleQueryHandler for Front {
         C::Error: fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let rewritten = crate::pg_rewrite::rewrite(query);
+        let query: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, query)?;
         if verdicts.is_empty() {
@@ -593,6 +595,8 @@ impl QueryParser for GatedParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        let rewritten = crate::pg_rewrite::rewrite(sql);
+        let sql: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, sql)?;
         if verdicts.len() > 1 {

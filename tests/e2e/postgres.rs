@@ -481,6 +481,33 @@ const GRAFANA_SHOW_TABLES: &str = r#"SELECT
           ) THEN 0 ELSE 1 END, 1
 "#;
 
+/// getSchema(table) of Grafana's postgresMetaQuery.ts (the query builder's column list), for
+/// the table name the builder picked, with the same schema constraint as [`GRAFANA_SHOW_TABLES`].
+fn grafana_get_schema(table: &str) -> String {
+    let table = format!("'{}'", table.replace('\'', "''"));
+    format!(
+        r#"SELECT quote_ident(column_name) AS "column", data_type AS "type"
+    FROM information_schema.columns
+    WHERE
+      CASE WHEN array_length(parse_ident({table}),1) = 2
+        THEN quote_ident(table_schema) = (parse_ident({table}))[1]
+          AND quote_ident(table_name) = (parse_ident({table}))[2]
+        ELSE quote_ident(table_name) = {table}
+          AND 
+          quote_ident(table_schema) IN (
+          SELECT
+            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+          FROM
+            generate_series(
+              array_lower(string_to_array(current_setting('search_path'),','),1),
+              array_upper(string_to_array(current_setting('search_path'),','),1)
+            ) as i,
+            string_to_array(current_setting('search_path'),',') s
+          )
+      END"#
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn grafana_connection_test_and_editor_queries() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -499,13 +526,33 @@ async fn grafana_connection_test_and_editor_queries() {
     // The query builder's table list, as Grafana writes it (showTables() without a schema).
     let out = server.psql(None, "disable", &["-c", GRAFANA_SHOW_TABLES]);
     assert!(out.ok, "{}", out.stderr);
+    // Tables of the search path come unqualified, first.
+    let listed: Vec<&str> = out.stdout.lines().collect();
+    assert!(listed.contains(&"gpu_metrics"), "{}", out.stdout);
     assert!(
-        out.stdout
-            .lines()
-            .any(|l| l == "gpu_metrics" || l == "public.gpu_metrics"),
+        !listed.iter().any(|l| l.starts_with("public.")),
         "{}",
         out.stdout
     );
+    // The builder's column list for the picked table, unqualified and qualified.
+    for table in ["gpu_metrics", "public.gpu_metrics"] {
+        let columns = ok(&server, &grafana_get_schema(table));
+        let names: Vec<&str> = columns
+            .lines()
+            .filter_map(|l| l.split('|').next())
+            .collect();
+        for column in ["time", "host", "gpu_uuid", "job_id", "gpu_utilization", "energy_joules"] {
+            assert!(names.contains(&column), "{table}: {column} missing in {columns}");
+        }
+        assert!(
+            columns.lines().any(|l| l.starts_with("gpu_utilization|")),
+            "{table}: {columns}"
+        );
+        assert!(
+            !names.contains(&"metric"),
+            "{table}: columns of other tables: {columns}"
+        );
+    }
     // The query builder lists tables of the search path.
     let tables = ok(
         &server,
