@@ -8,21 +8,11 @@
 # with glibc's malloc limited to one arena (MALLOC_ARENA_MAX=1), and for nvml_floor (NVML alone)
 # when it is built beside the agent.
 set -u
+HERE_GPU="$(cd "$(dirname "$0")" && pwd)"
 AGENT="$(realpath "${1:?usage: memory.sh AGENT_BINARY [SECONDS]}")"
 SECS="${2:-15}"
 W="$(mktemp -d)"
-cat > "$W/sink.py" <<'PY'
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import sys
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-python3 "$W/sink.py" 14318 &
+python3 "$HERE_GPU/sink.py" 14318 &
 SINK=$!
 report() {
   local pid=$1

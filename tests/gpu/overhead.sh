@@ -17,6 +17,7 @@
 # Prints a table and PASS/FAIL for the targets (under 1 ms CPU per second per GPU, under 20 MiB,
 # at least 10x less CPU than the pynvml loop); exits 1 if a target is missed.
 set -u
+HERE_GPU="$(cd "$(dirname "$0")" && pwd)"
 AGENT="$(realpath "${1:?usage: overhead.sh AGENT_BINARY OUT_DIR [SECONDS]}")"
 OUT="${2:?usage: overhead.sh AGENT_BINARY OUT_DIR [SECONDS]}"
 SECS="${3:-30}"
@@ -28,30 +29,6 @@ echo "== machine: $NGPU GPU(s)"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 "$AGENT" --version
 nproc
-
-cat > "$W/matmul.py" <<'PY'
-import sys, time, torch
-end = time.time() + float(sys.argv[1])
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-PY
-
-cat > "$W/sink.py" <<'PY'
-# An OTLP/HTTP sink that answers 200 and keeps the connection open, like the real server.
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import sys
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
 
 cat > "$W/nvml_loop.py" <<'PY'
 # The agent's counters read with pynvml once a second: the comparison for overhead.
@@ -139,9 +116,9 @@ PY
 cpu_ns() { cat /proc/$1/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
-python3 "$W/matmul.py" $((SECS * 5 + 60)) > "$W/job.log" 2>&1 &
+python3 "$HERE_GPU/matmul.py" $((SECS * 5 + 60)) > "$W/job.log" 2>&1 &
 JOB_PID=$!
-python3 "$W/sink.py" 14318 &
+python3 "$HERE_GPU/sink.py" 14318 &
 SINK_PID=$!
 sleep 5
 

@@ -16,6 +16,7 @@
 #     all three over the same 40 s.
 # Prints PASS/FAIL lines and exits 1 if any check fails. Needs python3 with torch and pynvml.
 set -u
+HERE_GPU="$(cd "$(dirname "$0")" && pwd)"
 AGENT="$(realpath "${1:?usage: run.sh AGENT_BINARY OUT_DIR}")"
 OUT="${2:?usage: run.sh AGENT_BINARY OUT_DIR}"
 mkdir -p "$OUT"
@@ -28,21 +29,6 @@ echo "== machine"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
 "$AGENT" --version
 python3 -c 'import torch, pynvml; print("torch", torch.__version__, "pynvml", getattr(pynvml, "__version__", "?"))'
-
-cat > "$W/matmul.py" <<'PY'
-import os, sys, time, torch
-secs = float(sys.argv[1])
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.time() + secs
-n = 0
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-    n += 20
-print(f"matmul: {n} products of 8192^3 in {secs:.0f} s, {2*8192**3*n/secs/1e12:.0f} TFLOP/s", flush=True)
-PY
 
 cat > "$W/nvml_loop.py" <<'PY'
 # The same counters as the agent, read with pynvml once a second: the comparison for overhead.
@@ -151,7 +137,7 @@ python3 "$W/nvml_cost.py"
 
 echo "== the job: PyTorch bf16 matmul with SLURM_JOB_ID=$JOB"
 SLURM_JOB_ID=$JOB SLURM_JOB_USER=gpuwatch-test SLURM_JOB_NAME=matmul \
-  python3 "$W/matmul.py" 60 > "$W/job.log" 2>&1 &
+  python3 "$HERE_GPU/matmul.py" 60 > "$W/job.log" 2>&1 &
 JOB_PID=$!
 echo "job pid $JOB_PID"
 
@@ -162,16 +148,7 @@ echo "job pid $JOB_PID"
 AGENT_PID=$!
 # A second agent as in normal operation: the endpoint up (a sink answering 200), no spool, no
 # /metrics.
-cat > "$W/sink.py" <<'PY'
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-HTTPServer(("127.0.0.1", 14318), H).serve_forever()
-PY
-python3 "$W/sink.py" &
+python3 "$HERE_GPU/sink.py" 14318 &
 SINK_PID=$!
 sleep 1
 "$AGENT" --source nvml --interval 1s --metrics-addr off --endpoint http://127.0.0.1:14318 \

@@ -7,34 +7,14 @@
 # bf16 matmul keeps GPU 0 busy, and prints each thread's CPU time over the window (schedstat, ns)
 # with its name, then a syscall count (strace -c -f) over a second window when strace exists.
 set -u
+HERE_GPU="$(cd "$(dirname "$0")" && pwd)"
 AGENT="$(realpath "${1:?usage: threads.sh AGENT_BINARY [SECONDS] [ARGS...]}")"
 SECS="${2:-20}"
 shift 2 2>/dev/null || shift $#
 W="$(mktemp -d)"
-cat > "$W/matmul.py" <<'PY'
-import sys, time, torch
-end = time.time() + float(sys.argv[1])
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-PY
-cat > "$W/sink.py" <<'PY'
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import sys
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-python3 "$W/matmul.py" $((SECS * 3 + 30)) > /dev/null 2>&1 &
+python3 "$HERE_GPU/matmul.py" $((SECS * 3 + 30)) > /dev/null 2>&1 &
 JOB=$!
-python3 "$W/sink.py" 14318 &
+python3 "$HERE_GPU/sink.py" 14318 &
 SINK=$!
 sleep 4
 "$AGENT" --interval 1s --endpoint http://127.0.0.1:14318 --job-mapping-dir "$W/none" --source nvml \
