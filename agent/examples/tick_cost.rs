@@ -2,7 +2,8 @@
 //! each collection, one by one, as the agent makes it (kept device handle, GPM sample refilled
 //! in place); then the calls it now makes only once per GPU or every `--slow-interval`, timed
 //! at every tick all the same to show what they would cost there; then the agent's own phases
-//! (collect, attribute, encode, protobuf, gzip with the state kept as the exporter keeps it).
+//! (collect, attribute, the request written to protobuf, gzip with the state kept as the
+//! exporter keeps it, and for comparison the message tree the request used to be built as).
 //! Times are wall times on one thread (the calls do not sleep: NVML answers from the driver),
 //! printed as the median, the maximum and the mean over the ticks.
 //!
@@ -186,13 +187,18 @@ fn main() {
         let mut procs = phases.time("processes", || source.processes());
         phases.time("attribute", || attributor.apply(&mut samples, &mut procs));
         let events = phases.time("events", || source.events());
-        let req = phases.time("encode_collection", || {
-            export::otlp::encode_collection(&samples, &procs, &events, &resource)
+        // As the agent does it: the request written straight to protobuf, gzip with one state
+        // kept between requests.
+        let mut raw = Vec::new();
+        phases.time("encode_collection_to (protobuf)", || {
+            export::otlp::encode_collection_to(&mut raw, &samples, &procs, &events, &resource)
         });
-        let raw = phases.time("protobuf", || req.encode_to_vec());
-        // As the exporter does it: one gzip state kept between requests.
         let body = phases.time("gzip (kept state)", || gzip.encode(&raw));
         bytes = body.map(|b| b.len()).unwrap_or(0);
+        // For comparison: the message tree, then its protobuf encoding.
+        phases.time("tree: encode_collection + encode_to_vec", || {
+            export::otlp::encode_collection(&samples, &procs, &events, &resource).encode_to_vec()
+        });
         std::thread::sleep(Duration::from_secs(1));
     }
     phases.print(&format!(

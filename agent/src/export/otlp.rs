@@ -553,7 +553,9 @@ fn write_point_attributes(out: &mut Vec<u8>, s: &GpuSample) {
     message(out, 7, |out| {
         int_key_value(out, "gpu.index", i64::from(s.gpu_index))
     });
-    message(out, 7, |out| string_key_value(out, "hw.model", &s.gpu_model));
+    message(out, 7, |out| {
+        string_key_value(out, "hw.model", &s.gpu_model)
+    });
     message(out, 7, |out| string_key_value(out, "hw.type", "gpu"));
     if let Some(mig) = &s.mig_instance {
         message(out, 7, |out| string_key_value(out, "gpu.mig.instance", mig));
@@ -885,7 +887,9 @@ mod direct_tests {
         // A simulated node over a few ticks: every metric, with their simulated jobs.
         let mut fleet = Fleet::new(8, 3);
         for t in 0..5u64 {
-            let samples = fleet.collect(1_700_000_000_000_000_000 + t * 1_000_000_000).unwrap();
+            let samples = fleet
+                .collect(1_700_000_000_000_000_000 + t * 1_000_000_000)
+                .unwrap();
             let procs = fleet.processes();
             let events = fleet.events();
             assert_same(&samples, &procs, &events, &resource);
