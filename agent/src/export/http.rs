@@ -133,6 +133,10 @@ impl HttpTransport {
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
+            // reqwest's own retries are for HTTP/2 and HTTP/3 refusals, protocols this client
+            // does not speak; left on, its retry layer still copied every request's headers in
+            // case. Retries are the exporter's job (spool, backoff).
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .build()
             .map_err(Error::HttpClient)?;
         Ok(HttpTransport {
