@@ -1,7 +1,11 @@
-//! Where one collection's CPU time goes, on a real GPU host: every NVML call the agent makes,
-//! one by one through nvml-wrapper, then the agent's own phases (collect, attribute, encode,
-//! protobuf + gzip). Times are wall times on one thread (the calls do not sleep: NVML answers
-//! from the driver), printed as the median and the maximum over the ticks.
+//! Where one collection's CPU time goes, on a real GPU host: every NVML call the agent makes at
+//! each collection, one by one, as the agent makes it (kept device handle, GPM sample refilled
+//! in place); then the calls it now makes only once per GPU or every `--slow-interval`, timed
+//! at every tick all the same to show what they would cost there; then the agent's own phases
+//! (collect, attribute, the request written to protobuf, gzip with the state kept as the
+//! exporter keeps it, and for comparison the message tree the request used to be built as).
+//! Times are wall times on one thread (the calls do not sleep: NVML answers from the driver),
+//! printed as the median, the maximum and the mean over the ticks.
 //!
 //!   cargo build --release -p gpuwatch-agent --example tick_cost
 //!   target/release/examples/tick_cost [TICKS]
@@ -13,10 +17,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use gpuwatch_agent::collect::Source;
+use gpuwatch_agent::collect::gpm::{GpmPair, refill};
 use gpuwatch_agent::{NvmlSource, attribute, export};
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::structs::device::FieldId;
+use prost::Message;
 
 #[derive(Default)]
 struct Costs(BTreeMap<&'static str, Vec<f64>>);
@@ -47,64 +54,130 @@ impl Costs {
 }
 
 fn main() {
-    let ticks: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10);
-    let nvml = match Nvml::init() {
-        Ok(n) => n,
+    let ticks: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10);
+    let nvml: &'static Nvml = match Nvml::init() {
+        Ok(n) => Box::leak(Box::new(n)),
         Err(e) => {
             eprintln!("nvml: {e}");
             std::process::exit(1);
         }
     };
-    let mut calls = Costs::default();
+    let Ok(d) = nvml.device_by_index(0) else {
+        eprintln!("no gpu 0");
+        std::process::exit(1);
+    };
     let metrics = gpuwatch_agent::collect::nvml::GPM_METRICS;
-    let mut prev = None;
+    // The agent's event set: XID (and ECC where supported) of GPU 0, drained without waiting.
+    let events = nvml.create_event_set().ok().and_then(|set| {
+        let types = d.supported_event_types().ok()?
+            & (EventTypes::CRITICAL_XID_ERROR
+                | EventTypes::DOUBLE_BIT_ECC_ERROR
+                | EventTypes::SINGLE_BIT_ECC_ERROR);
+        d.register_events(types, set).ok()
+    });
+    let mut every = Costs::default();
+    let mut once = Costs::default();
+    let mut pair = GpmPair::new();
+    let mut spare = None;
     for _ in 0..ticks {
-        let d = calls.time("device_by_index", || nvml.device_by_index(0));
-        let Ok(d) = d else {
-            eprintln!("no gpu 0");
-            std::process::exit(1);
-        };
-        calls.time("uuid", || d.uuid().ok());
-        calls.time("name", || d.name().ok());
-        calls.time("utilization_rates", || d.utilization_rates().ok());
-        calls.time("memory_info", || d.memory_info().ok());
-        calls.time("power_usage", || d.power_usage().ok());
-        calls.time("temperature", || d.temperature(TemperatureSensor::Gpu).ok());
-        calls.time("clock_info x2", || {
-            (d.clock_info(Clock::SM).ok(), d.clock_info(Clock::Memory).ok())
-        });
-        calls.time("current_throttle_reasons", || d.current_throttle_reasons().ok());
-        calls.time("total_ecc_errors x2", || {
+        // What the agent calls at every collection.
+        if let Some(set) = &events {
+            every.time("event set wait(0)", || set.wait(0).ok());
+        }
+        every.time("utilization_rates", || d.utilization_rates().ok());
+        every.time("memory_info", || d.memory_info().ok());
+        every.time("power_usage", || d.power_usage().ok());
+        every.time("temperature", || d.temperature(TemperatureSensor::Gpu).ok());
+        every.time("clock_info x2", || {
             (
-                d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).ok(),
-                d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+                d.clock_info(Clock::SM).ok(),
+                d.clock_info(Clock::Memory).ok(),
             )
         });
-        calls.time("field_values_for 82,143,145", || {
-            d.field_values_for(&[FieldId(82), FieldId(143), FieldId(145)]).ok()
+        every.time("current_throttle_reasons", || {
+            d.current_throttle_reasons().ok()
         });
-        calls.time("running_compute_processes", || d.running_compute_processes().ok());
-        let s = calls.time("gpm_sample", || d.gpm_sample().ok());
-        if let (Some(p), Some(s)) = (prev.as_ref(), s.as_ref()) {
-            calls.time("gpm_metrics_get (11)", || {
-                nvml_wrapper::gpm::gpm_metrics_get(&nvml, p, s, metrics).ok()
+        every.time("total_ecc_errors x2", || {
+            (
+                d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                    .ok(),
+                d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .ok(),
+            )
+        });
+        every.time("field_values_for 82,143,145", || {
+            d.field_values_for(&[FieldId(82), FieldId(143), FieldId(145)])
+                .ok()
+        });
+        every.time("running_compute_processes", || {
+            d.running_compute_processes().ok()
+        });
+        // The agent's GPM path: the older of two kept samples refilled (nvmlGpmSampleGet),
+        // then the metrics between the two.
+        let t0 = std::time::Instant::now();
+        let got = pair.sample(&d);
+        every
+            .0
+            .entry("gpm sample (kept, refilled)")
+            .or_default()
+            .push(t0.elapsed().as_secs_f64() * 1e3);
+        if let Ok(Some((p, s))) = got {
+            every.time("gpm_metrics_get (11)", || {
+                nvml_wrapper::gpm::gpm_metrics_get(nvml, p, s, metrics).ok()
             });
         }
-        prev = s;
+
+        // What the agent no longer calls at every collection, for comparison.
+        once.time("device_count", || nvml.device_count().ok());
+        once.time("device_by_index", || nvml.device_by_index(0).ok());
+        once.time("uuid", || d.uuid().ok());
+        once.time("name", || d.name().ok());
+        once.time("mig_mode", || d.mig_mode().ok());
+        // nvml-wrapper's own call: allocates and fills a new sample, freed on drop.
+        let fresh = once.time("gpm_sample (allocating)", || d.gpm_sample().ok());
+        once.time("gpm_sample drop (free)", || drop(fresh));
+        // A third sample refilled on its own, to time nvmlGpmSampleGet alone.
+        if spare.is_none() {
+            spare = d.gpm_sample().ok();
+        }
+        if let Some(sp) = &spare {
+            once.time("nvmlGpmSampleGet alone", || refill(&d, sp).ok());
+        }
+        // One call instead of three: the ECC volatile totals (fields 3, 4) with the others.
+        once.time("field_values_for 3,4,82,143,145", || {
+            d.field_values_for(&[
+                FieldId(3),
+                FieldId(4),
+                FieldId(82),
+                FieldId(143),
+                FieldId(145),
+            ])
+            .ok()
+        });
         std::thread::sleep(Duration::from_millis(200));
     }
-    calls.print("== nvml-wrapper calls, GPU 0");
-    drop(prev);
-    drop(nvml);
+    every.print("== NVML calls the agent makes at every collection, GPU 0");
+    once.print(
+        "== NVML calls made once per GPU or every --slow-interval (timed at every tick here)",
+    );
+    drop(pair);
+    drop(spare);
+    drop(events);
 
-    let mut source = NvmlSource::with_slow_interval(gpuwatch_agent::collect::nvml::DEFAULT_SLOW_INTERVAL).unwrap_or_else(|e| {
-        eprintln!("nvml source: {e}");
-        std::process::exit(1);
-    });
+    let mut source =
+        NvmlSource::with_slow_interval(gpuwatch_agent::collect::nvml::DEFAULT_SLOW_INTERVAL)
+            .unwrap_or_else(|e| {
+                eprintln!("nvml source: {e}");
+                std::process::exit(1);
+            });
     let mut attributor =
         attribute::Attributor::new(Path::new("/run/gpuwatch/jobs"), Path::new("/proc"));
     let resource = vec![("host.name".to_string(), "bench".to_string())];
     let mut phases = Costs::default();
+    let mut gzip = export::http::Gzip::new();
     let mut bytes = 0;
     for _ in 0..ticks {
         let now = gpuwatch_agent::now_unix_nano();
@@ -114,15 +187,25 @@ fn main() {
         let mut procs = phases.time("processes", || source.processes());
         phases.time("attribute", || attributor.apply(&mut samples, &mut procs));
         let events = phases.time("events", || source.events());
-        let req = phases.time("encode_collection", || {
-            export::otlp::encode_collection(&samples, &procs, &events, &resource)
+        // As the agent does it: the request written straight to protobuf, gzip with one state
+        // kept between requests.
+        let mut raw = Vec::new();
+        phases.time("encode_collection_to (protobuf)", || {
+            export::otlp::encode_collection_to(&mut raw, &samples, &procs, &events, &resource)
         });
-        let body = phases.time("protobuf + gzip", || export::http::encode_body(&req));
+        let body = phases.time("gzip (kept state)", || gzip.encode(&raw));
         bytes = body.map(|b| b.len()).unwrap_or(0);
+        // For comparison: the message tree, then its protobuf encoding.
+        phases.time("tree: encode_collection + encode_to_vec", || {
+            export::otlp::encode_collection(&samples, &procs, &events, &resource).encode_to_vec()
+        });
         std::thread::sleep(Duration::from_secs(1));
     }
     phases.print(&format!(
         "== the agent's phases ({} GPU(s), slow reads every 30 s, request {bytes} B gzipped)",
-        source.collect(gpuwatch_agent::now_unix_nano()).map(|s| s.len()).unwrap_or(0)
+        source
+            .collect(gpuwatch_agent::now_unix_nano())
+            .map(|s| s.len())
+            .unwrap_or(0)
     ));
 }

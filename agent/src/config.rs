@@ -162,7 +162,8 @@ pub struct Cli {
     pub buffer_max_bytes: u64,
 
     /// Least time between two reads of the counters that cost milliseconds of CPU per call:
-    /// the energy counter (advanced by power × time in between) and per-process utilisation
+    /// the energy counter (advanced by power × time in between) and per-process utilisation;
+    /// the GPU count and each GPU's MIG mode are read again this often too
     /// [env: GPUWATCH_SLOW_INTERVAL]
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
     pub slow_interval: Duration,
@@ -268,7 +269,8 @@ pub struct AgentOptions {
     pub fake_dev_dir: PathBuf,
     /// MIG instances per GPU of `--source fake` (0: MIG off).
     pub fake_mig: u32,
-    /// Least time between reads of the costly NVML counters (energy, per-process utilisation).
+    /// Least time between reads of the costly NVML counters (energy, per-process utilisation),
+    /// and between two looks at the GPU count and MIG modes.
     pub slow_interval: Duration,
 }
 

@@ -26,7 +26,9 @@
 //! and the server's `demo` (which backfills history) drive it with any clock. The
 //! [`attribute::Attributor`] then labels GPUs and processes with their jobs (Slurm job mapping
 //! dir, `/proc/<pid>/environ` and cgroup). [`export::otlp::encode_collection`] turns it all into
-//! one OTLP request following docs/schema.md; the [`Exporter`] sends it (OTLP/HTTP or OTLP/gRPC,
+//! one OTLP request following docs/schema.md (the collection loop writes the same request
+//! straight to protobuf with [`export::otlp::encode_collection_to`]); the [`Exporter`] sends it
+//! (OTLP/HTTP or OTLP/gRPC,
 //! [`Protocol`]) and keeps what fails in
 //! a [`export::Spool`]: in memory, or the crash-safe disk spool of `--buffer-dir`
 //! ([`buffer::DiskSpool`]). The last collection is also served on `/metrics` under
@@ -66,7 +68,6 @@ use std::future::Future;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
@@ -226,6 +227,8 @@ pub async fn run_with_source(
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
+    // The request's protobuf bytes, written anew at each tick into the same buffer.
+    let mut protobuf = Vec::new();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -235,7 +238,7 @@ pub async fn run_with_source(
         // cancel-safe (a request leaves the queue only once answered).
         tokio::select! {
             () = &mut shutdown => break,
-            () = tick(source.as_mut(), attributor.as_mut(), &mut exporter, &resource, &expo) => {}
+            () = tick(source.as_mut(), attributor.as_mut(), &mut exporter, &resource, &expo, &mut protobuf) => {}
         }
     }
     if let Some(task) = metrics_task {
@@ -278,6 +281,7 @@ async fn tick(
     exporter: &mut Exporter,
     resource: &[(String, String)],
     expo: &export::prometheus::SharedExposition,
+    protobuf: &mut Vec<u8>,
 ) {
     let started = std::time::Instant::now();
     let mut samples = match source.collect(now_unix_nano()) {
@@ -298,8 +302,8 @@ async fn tick(
         a.attributor.apply(&mut samples, &mut processes);
     }
     let events = source.events();
-    let req: ExportMetricsServiceRequest =
-        export::otlp::encode_collection(&samples, &processes, &events, resource);
+    protobuf.clear();
+    export::otlp::encode_collection_to(protobuf, &samples, &processes, &events, resource);
     metrics::collection_done(
         u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         samples.len(),
@@ -310,7 +314,7 @@ async fn tick(
         let mut e = expo.lock().unwrap_or_else(|p| p.into_inner());
         e.samples = samples;
     }
-    match exporter.send(&req).await {
+    match exporter.send_protobuf(protobuf).await {
         Ok(()) => debug!(gpus, "sent"),
         Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
         // Rejections are logged by the exporter with the response body.

@@ -7,6 +7,7 @@
 //! never replaced by 0.
 
 pub mod fake;
+pub mod gpm;
 pub mod nvml;
 pub mod synthetic;
 

@@ -6,6 +6,7 @@
 //!
 //! | field | NVML call | conversion |
 //! | --- | --- | --- |
+//! | `gpu_uuid`, `gpu_model`, the device handle, MIG on/off | `nvmlDeviceGetHandleByIndex`, `…GetUUID`, `…GetName`, `…GetMigMode`, once per GPU (see `Gpu`); the GPU count and MIG mode again every `--slow-interval` | |
 //! | gpu / memory utilisation | `nvmlDeviceGetUtilizationRates` | % → ratio |
 //! | memory used / total | `nvmlDeviceGetMemoryInfo` | bytes |
 //! | power | `nvmlDeviceGetPowerUsage` | mW → W |
@@ -16,7 +17,7 @@
 //! | clock-event reasons | `nvmlDeviceGetCurrentClocksThrottleReasons` (older name, same bitmask) | bits |
 //! | PCIe tx / rx | GPM `PCIE_TX/RX_PER_SEC` where GPM works (Hopper+), else `nvmlDeviceGetPcieThroughput` (which samples for 20 ms per call) | MiB/s or KiB/s → B/s |
 //! | ECC volatile totals | `nvmlDeviceGetTotalEccErrors(corrected/uncorrected, volatile)` | count |
-//! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart | % → ratio, MiB/s → B/s |
+//! | SM active / occupancy, tensor, DRAM, fp64/32/16, NVLink tx/rx | GPM (Hopper+): two samples one interval apart, kept and refilled with `nvmlGpmSampleGet` ([`crate::collect::gpm`]) | % → ratio, MiB/s → B/s |
 //!
 //! | XID errors since agent start, `gpu_events` | event set (`nvmlEventSetWait`, non-blocking, drained each collection): XID, single- and double-bit ECC | count |
 //! | processes: used memory, SM utilisation | `nvmlDeviceGetComputeRunningProcesses` every collection; `nvmlDeviceGetProcessUtilization` (2 ms of CPU per call on an H100) every `--slow-interval`, the mean of the samples since the previous read, null in between | bytes, % → ratio |
@@ -39,13 +40,14 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
+use nvml_wrapper::gpm::gpm_metrics_get;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_UNC,
 };
 use tracing::{debug, info, warn};
 
+use crate::collect::gpm::GpmPair;
 use crate::collect::{GpuEvent, GpuSample, ProcessSample, Source};
 use crate::error::{Error, Result};
 
@@ -66,11 +68,17 @@ pub const GPM_METRICS: &[GpmMetricId] = &[
 
 /// Reads every GPU of this host through NVML.
 pub struct NvmlSource {
-    /// Leaked once per process so that GPM samples (which borrow it) can be kept between
-    /// collections; the agent holds NVML for its whole life anyway.
+    /// Leaked once per process so that device handles and GPM samples (which borrow it) can
+    /// be kept between collections; the agent holds NVML for its whole life anyway.
     nvml: &'static Nvml,
-    /// Previous GPM sample per GPU index.
-    gpm_prev: HashMap<u32, GpmSample<'static>>,
+    /// GPUs seen (`nvmlDeviceGetCount`), read again every `--slow-interval`.
+    count: u32,
+    /// When `count` was read (Unix ns).
+    count_read: Option<u64>,
+    /// What does not change of each GPU, looked up once (see [`Gpu`]).
+    gpus: HashMap<u32, Gpu>,
+    /// The last two GPM samples per GPU index.
+    gpm: HashMap<u32, GpmPair>,
     /// GPUs on which GPM is not supported (checked once).
     gpm_unsupported: HashSet<u32>,
     /// GPUs already warned about, so a broken GPU does not flood the log.
@@ -95,6 +103,39 @@ pub struct NvmlSource {
     slow_interval_ns: u64,
 }
 
+/// What is looked up once per GPU rather than at every collection: its handle
+/// (`nvmlDeviceGetHandleByIndex`, which makes NVML check the GPU, 0.2 ms on average on an H100
+/// with tails of several ms), UUID and name, and whether MIG is on (read again every
+/// `--slow-interval`: turning MIG on or off takes a GPU reset). The entry is dropped, and the
+/// GPU looked up again at the next collection, when a read fails in a way that may mean the
+/// handle went stale (GPU lost, reset, invalid argument, unknown error).
+#[derive(Debug)]
+struct Gpu {
+    device: Device<'static>,
+    uuid: String,
+    model: String,
+    mig_on: bool,
+    /// When the MIG mode was read (Unix ns).
+    mig_read: u64,
+}
+
+/// Whether something last read at `last` is due again at `now` (also when the clock went back).
+fn due(last: Option<u64>, now: u64, interval_ns: u64) -> bool {
+    last.is_none_or(|t| now.saturating_sub(t) >= interval_ns || now < t)
+}
+
+/// An error after which a kept device handle is looked up again.
+fn handle_suspect(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::GpuLost
+            | NvmlError::InvalidArg
+            | NvmlError::Uninitialized
+            | NvmlError::ResetRequired
+            | NvmlError::Unknown
+    )
+}
+
 /// `energy_joules` of one GPU: NVML's counter, read every `--slow-interval`, advanced in
 /// between by the power readings (trapezoids), never going backwards.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -110,8 +151,7 @@ pub struct EnergyTrack {
 impl EnergyTrack {
     /// Whether the counter is due for a real read at `now`.
     pub fn due(&self, now: u64, slow_interval_ns: u64) -> bool {
-        self.last_read
-            .is_none_or(|t| now.saturating_sub(t) >= slow_interval_ns || now < t)
+        due(self.last_read, now, slow_interval_ns)
     }
 
     /// Advance to `now` with this collection's `power` (W) and, when read, NVML's `counter` (J).
@@ -151,7 +191,8 @@ const MAX_EVENTS_PER_TICK: usize = 1000;
 impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
-            .field("gpm_gpus", &self.gpm_prev.len())
+            .field("gpus", &self.gpus.len())
+            .field("gpm_gpus", &self.gpm.len())
             .finish_non_exhaustive()
     }
 }
@@ -188,7 +229,10 @@ impl NvmlSource {
         let (events, xid_registered) = register_events(nvml, count);
         Ok(NvmlSource {
             nvml,
-            gpm_prev: HashMap::new(),
+            count,
+            count_read: None,
+            gpus: HashMap::new(),
+            gpm: HashMap::new(),
             gpm_unsupported: HashSet::new(),
             warned: HashSet::new(),
             events,
@@ -329,9 +373,18 @@ impl NvmlSource {
         }
     }
 
-    fn read_gpu(&mut self, index: u32, now: u64) -> Option<GpuSample> {
-        let nvml = self.nvml;
-        let device = match nvml.device_by_index(index) {
+    /// GPU `index` as kept from an earlier collection, or looked up now (handle, UUID, name,
+    /// MIG mode); the MIG mode is read again when `--slow-interval` has passed. `None` (with a
+    /// warning) when the GPU cannot be named.
+    fn take_gpu(&mut self, index: u32, now: u64) -> Option<Gpu> {
+        if let Some(mut gpu) = self.gpus.remove(&index) {
+            if due(Some(gpu.mig_read), now, self.slow_interval_ns) {
+                gpu.mig_on = mig_on(&gpu.device);
+                gpu.mig_read = now;
+            }
+            return Some(gpu);
+        }
+        let device = match self.nvml.device_by_index(index) {
             Ok(d) => d,
             Err(e) => {
                 self.warn_once(index, "handle", &e);
@@ -346,13 +399,30 @@ impl NvmlSource {
             }
         };
         let model = field(index, "name", device.name()).unwrap_or_else(|| "unknown".to_string());
-        let mut s = GpuSample::empty(now, uuid, index, model);
+        let mig_on = mig_on(&device);
+        Some(Gpu {
+            device,
+            uuid,
+            model,
+            mig_on,
+            mig_read: now,
+        })
+    }
 
-        if let Some(u) = field(index, "utilization", device.utilization_rates()) {
+    fn read_gpu(&mut self, index: u32, now: u64) -> Option<GpuSample> {
+        let gpu = self.take_gpu(index, now)?;
+        let device = &gpu.device;
+        let mut s = GpuSample::empty(now, gpu.uuid.clone(), index, gpu.model.clone());
+
+        let utilization = device.utilization_rates();
+        let mut suspect = utilization.as_ref().is_err_and(handle_suspect);
+        if let Some(u) = field(index, "utilization", utilization) {
             s.gpu_utilization = Some(percent_to_ratio(f64::from(u.gpu)));
             s.memory_utilization = Some(percent_to_ratio(f64::from(u.memory)));
         }
-        if let Some(m) = field(index, "memory info", device.memory_info()) {
+        let memory = device.memory_info();
+        suspect |= memory.as_ref().is_err_and(handle_suspect);
+        if let Some(m) = field(index, "memory info", memory) {
             s.memory_used_bytes = to_i64(m.used);
             s.memory_total_bytes = to_i64(m.total);
         }
@@ -372,7 +442,7 @@ impl NvmlSource {
             device.current_throttle_reasons(),
         )
         .and_then(|r| to_i64(r.bits()));
-        self.read_gpm(index, &device, &mut s);
+        self.read_gpm(index, device, &mut s);
         // nvmlDeviceGetPcieThroughput samples the bus for 20 ms per call, most of a
         // collection's time: where GPM gives PCIe rates (Hopper+), they come from there.
         if self.gpm_unsupported.contains(&index) {
@@ -415,7 +485,16 @@ impl NvmlSource {
         if self.xid_registered.contains(&s.gpu_uuid) {
             s.xid_errors_total = Some(self.xid_counts.get(&s.gpu_uuid).copied().unwrap_or(0));
         }
-        self.read_processes(index, &device, &s);
+        self.read_processes(index, device, &s);
+        if suspect {
+            debug!(
+                gpu = index,
+                "nvml reads failed: the gpu's handle is looked up again"
+            );
+            self.gpm.remove(&index);
+        } else {
+            self.gpus.insert(index, gpu);
+        }
         Some(s)
     }
 
@@ -425,16 +504,14 @@ impl NvmlSource {
     /// not read GPU/compute instance ids). A MIG handle gives memory used and total; the other
     /// fields are per GPU (power, temperature, clocks, ECC: on the parent's row) or not given
     /// (utilisation) and stay null.
-    fn read_mig(&mut self, index: u32, now: u64) -> Vec<GpuSample> {
-        let nvml = self.nvml;
-        let Ok(device) = nvml.device_by_index(index) else {
+    ///
+    /// Whether MIG is on is known from [`NvmlSource::take_gpu`]; the instances themselves are
+    /// listed at every collection, since they can be created and destroyed at any time.
+    fn read_mig(&self, index: u32, now: u64) -> Vec<GpuSample> {
+        let Some(gpu) = self.gpus.get(&index).filter(|g| g.mig_on) else {
             return Vec::new();
         };
-        // Not supported (before Ampere, most boards) or off: no instances.
-        match device.mig_mode() {
-            Ok(mode) if mode.current == 1 => {}
-            _ => return Vec::new(),
-        }
+        let device = &gpu.device;
         let count = field(index, "mig device count", device.mig_device_count()).unwrap_or(0);
         let mut out = Vec::new();
         for n in 0..count {
@@ -462,7 +539,7 @@ impl NvmlSource {
         if self.gpm_unsupported.contains(&index) {
             return;
         }
-        if !self.gpm_prev.contains_key(&index) {
+        if !self.gpm.contains_key(&index) {
             match device.gpm_support() {
                 Ok(true) => {}
                 Ok(false) => {
@@ -477,16 +554,12 @@ impl NvmlSource {
                 }
             }
         }
-        let Some(current) = field(index, "gpm sample", device.gpm_sample()) else {
+        let pair = self.gpm.entry(index).or_default();
+        let Some(Some((previous, current))) = field(index, "gpm sample", pair.sample(device))
+        else {
             return;
         };
-        let Some(previous) = self.gpm_prev.insert(index, current) else {
-            return;
-        };
-        let Some(current) = self.gpm_prev.get(&index) else {
-            return;
-        };
-        let results = match gpm_metrics_get(self.nvml, &previous, current, GPM_METRICS) {
+        let results = match gpm_metrics_get(self.nvml, previous, current, GPM_METRICS) {
             Ok(r) => r,
             Err(e) => {
                 debug!(gpu = index, error = %e, "gpm metrics failed");
@@ -508,10 +581,15 @@ impl Source for NvmlSource {
     }
 
     fn collect(&mut self, now_unix_nano: u64) -> Result<Vec<GpuSample>> {
-        let count = self.nvml.device_count().map_err(|source| Error::Nvml {
-            context: "counting gpus",
-            source,
-        })?;
+        if due(self.count_read, now_unix_nano, self.slow_interval_ns) {
+            self.count = self.nvml.device_count().map_err(|source| Error::Nvml {
+                context: "counting gpus",
+                source,
+            })?;
+            self.count_read = Some(now_unix_nano);
+            self.gpus.retain(|i, _| *i < self.count);
+        }
+        let count = self.count;
         self.processes.clear();
         self.drain_events(now_unix_nano);
         let mut samples = Vec::with_capacity(count as usize);
@@ -586,6 +664,11 @@ fn register_events(
         }
     }
     (set, xid)
+}
+
+/// Whether MIG is on. Not supported (before Ampere, most boards) or unreadable: off.
+fn mig_on(device: &Device<'_>) -> bool {
+    matches!(device.mig_mode(), Ok(mode) if mode.current == 1)
 }
 
 /// `Ok` → `Some`; `Err` → `None` with a debug log naming the field.
@@ -758,6 +841,20 @@ mod tests {
         assert_eq!(e.advance(s(121), None, None), Some(8550.0));
         // Nothing read yet: nothing to report.
         assert_eq!(EnergyTrack::default().advance(s(1), Some(70.0), None), None);
+    }
+
+    #[test]
+    fn kept_reads_fall_due_after_the_slow_interval() {
+        assert!(due(None, 5, 10));
+        assert!(!due(Some(5), 14, 10));
+        assert!(due(Some(5), 15, 10));
+        // A clock that went back reads again rather than waiting.
+        assert!(due(Some(5), 4, 10));
+        // Errors that may mean a stale handle, and errors that say what the GPU is.
+        assert!(handle_suspect(&NvmlError::GpuLost));
+        assert!(handle_suspect(&NvmlError::InvalidArg));
+        assert!(!handle_suspect(&NvmlError::NotSupported));
+        assert!(!handle_suspect(&NvmlError::NoPermission));
     }
 
     #[test]

@@ -270,7 +270,13 @@ impl Exporter {
     /// [`Error::ExportRejected`] when the endpoint refused this very request for good.
     /// Cancel-safe: a request leaves the queue only once answered.
     pub async fn send(&mut self, req: &ExportMetricsServiceRequest) -> Result<()> {
-        let body = self.gzip.encode(&req.encode_to_vec())?;
+        self.send_protobuf(&req.encode_to_vec()).await
+    }
+
+    /// [`send`](Self::send) for a request already encoded as protobuf (by
+    /// [`crate::export::otlp::encode_collection_to`]).
+    pub async fn send_protobuf(&mut self, protobuf: &[u8]) -> Result<()> {
+        let body = self.gzip.encode(protobuf)?;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.requeue_in_flight();
