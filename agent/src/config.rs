@@ -25,6 +25,8 @@ use crate::hostname::hostname;
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4318";
 /// Default collection interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+/// Default `--flush-interval`: collections wait at most this long to be sent together.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// Default number of simulated GPUs.
 pub const DEFAULT_SYNTHETIC_GPUS: usize = 8;
 /// Most simulated GPUs one agent may have.
@@ -168,6 +170,12 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
     pub slow_interval: Duration,
 
+    /// Longest time a collection waits before it is sent: the collections of this span go in
+    /// one request (one request per collection when it is no longer than --interval, `0s`
+    /// included); shutdown sends what waits [env: GPUWATCH_FLUSH_INTERVAL]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub flush_interval: Duration,
+
     /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)
     /// [env: GPUWATCH_FAKE_DEV_DIR]
     #[arg(long, value_name = "DIR", default_value = "/dev")]
@@ -228,6 +236,8 @@ pub struct FileConfig {
     pub fake_mig: Option<u32>,
     /// Humantime duration between reads of the costly counters.
     pub slow_interval: Option<String>,
+    /// Humantime duration a collection may wait to be sent with the next ones.
+    pub flush_interval: Option<String>,
 }
 
 /// `--metrics-addr`: an address, or `off`.
@@ -272,6 +282,8 @@ pub struct AgentOptions {
     /// Least time between reads of the costly NVML counters (energy, per-process utilisation),
     /// and between two looks at the GPU count and MIG modes.
     pub slow_interval: Duration,
+    /// Longest time a collection waits to be sent together with the next ones.
+    pub flush_interval: Duration,
 }
 
 impl Default for AgentOptions {
@@ -299,6 +311,7 @@ impl Default for AgentOptions {
             fake_dev_dir: PathBuf::from("/dev"),
             fake_mig: 0,
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
         }
     }
 }
@@ -353,6 +366,7 @@ struct Layer {
     fake_dev_dir: Option<PathBuf>,
     fake_mig: Option<u32>,
     slow_interval: Option<Duration>,
+    flush_interval: Option<Duration>,
 }
 
 /// Parse the command line `args` (the first item is the program name), read the environment
@@ -495,6 +509,13 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
         env.slow_interval,
         file.slow_interval,
     );
+    let flush_interval = pick(
+        m,
+        "flush_interval",
+        cli.flush_interval,
+        env.flush_interval,
+        file.flush_interval,
+    );
     if buffer_max_bytes < MIN_BUFFER_MAX_BYTES {
         return Err(Error::Invalid(format!(
             "buffer_max_bytes {buffer_max_bytes} is too small: use at least {MIN_BUFFER_MAX_BYTES}"
@@ -556,6 +577,7 @@ fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings>
             fake_dev_dir,
             fake_mig,
             slow_interval,
+            flush_interval,
         },
         log_level,
     })
@@ -695,6 +717,7 @@ fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
             v.trim().parse::<u32>().map_err(|e| e.to_string())
         })?,
         slow_interval: get(env, "GPUWATCH_SLOW_INTERVAL", duration_arg)?,
+        flush_interval: get(env, "GPUWATCH_FLUSH_INTERVAL", duration_arg)?,
     })
 }
 
@@ -758,6 +781,10 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer> {
         slow_interval: file
             .slow_interval
             .map(|v| parse_duration(&v).map_err(|e| field("slow_interval", e.to_string())))
+            .transpose()?,
+        flush_interval: file
+            .flush_interval
+            .map(|v| parse_duration(&v).map_err(|e| field("flush_interval", e.to_string())))
             .transpose()?,
     })
 }
@@ -1009,9 +1036,12 @@ host = "file-host"
         let e = load_with(&["--source", "fake", "--fake-mig", "8"], &no_env).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("fake_mig"), "{e}");
-        let a = load_with(&["--source", "fake"], &env_of(&[("GPUWATCH_FAKE_MIG", "3")]))
-            .unwrap()
-            .agent;
+        let a = load_with(
+            &["--source", "fake"],
+            &env_of(&[("GPUWATCH_FAKE_MIG", "3")]),
+        )
+        .unwrap()
+        .agent;
         assert_eq!(a.fake_mig, 3);
         // A grpc endpoint has no path and no tls.
         for bad in ["http://gw:4317/v1/metrics", "https://gw:4317"] {
@@ -1049,8 +1079,13 @@ host = "file-host"
         .unwrap()
         .agent;
         assert_eq!(a.endpoint, "http://gw:14317");
-        let file = TempFile::new("grpc", "protocol = \"grpc\"\nendpoint = \"http://gw:4317\"\n");
-        let a = load_with(&["--config", &file.arg()], &no_env).unwrap().agent;
+        let file = TempFile::new(
+            "grpc",
+            "protocol = \"grpc\"\nendpoint = \"http://gw:4317\"\n",
+        );
+        let a = load_with(&["--config", &file.arg()], &no_env)
+            .unwrap()
+            .agent;
         assert_eq!(a.protocol, Protocol::Grpc);
         assert_eq!(a.endpoint, "http://gw:4317");
         // The flag beats the file.

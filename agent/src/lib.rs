@@ -97,12 +97,14 @@ pub fn now_unix_nano() -> u64 {
 pub fn build_source(opts: &AgentOptions) -> Result<Box<dyn Source>> {
     match opts.source {
         SourceKind::Synthetic => Ok(Box::new(Fleet::new(opts.synthetic_gpus, opts.seed))),
-        SourceKind::Fake => Ok(Box::new(collect::fake::FakeNvml::new(
-            u32::try_from(opts.synthetic_gpus).unwrap_or(u32::MAX),
-            &opts.fake_dev_dir,
-            std::path::Path::new(PROC_ROOT),
-        )
-        .with_mig(opts.fake_mig))),
+        SourceKind::Fake => Ok(Box::new(
+            collect::fake::FakeNvml::new(
+                u32::try_from(opts.synthetic_gpus).unwrap_or(u32::MAX),
+                &opts.fake_dev_dir,
+                std::path::Path::new(PROC_ROOT),
+            )
+            .with_mig(opts.fake_mig),
+        )),
         SourceKind::Nvml | SourceKind::Auto => {
             let source = NvmlSource::with_slow_interval(opts.slow_interval)?;
             if opts.source == SourceKind::Auto {
@@ -227,30 +229,61 @@ pub async fn run_with_source(
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
-    // The request's protobuf bytes, written anew at each tick into the same buffer.
+    // One collection's protobuf bytes, written anew at each tick into the same buffer.
     let mut protobuf = Vec::new();
+    // The collections waiting for --flush-interval, concatenated: protobuf messages append, so
+    // this is one ExportMetricsServiceRequest holding all their resource metrics, in order.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut pending_since: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = ticker.tick() => {}
         }
-        // A tick that is still sending when shutdown comes is abandoned; the exporter is
-        // cancel-safe (a request leaves the queue only once answered).
-        tokio::select! {
+        let collected = tokio::select! {
             () = &mut shutdown => break,
-            () = tick(source.as_mut(), attributor.as_mut(), &mut exporter, &resource, &expo, &mut protobuf) => {}
+            c = tick(source.as_mut(), attributor.as_mut(), &resource, &expo, &mut protobuf) => c,
+        };
+        if collected {
+            pending.extend_from_slice(&protobuf);
+            pending_since.get_or_insert_with(std::time::Instant::now);
+        }
+        if flush_due(
+            pending_since,
+            pending.len(),
+            opts.interval,
+            opts.flush_interval,
+        ) {
+            let batch = std::mem::take(&mut pending);
+            pending_since = None;
+            // The send is polled first, so the batch is in the exporter's hands (sent, in
+            // flight or spooled) before shutdown can end the wait; the exporter is cancel-safe
+            // (a request leaves its queue only once answered).
+            tokio::select! {
+                biased;
+                () = send(&mut exporter, &batch) => {}
+                () = &mut shutdown => break,
+            }
         }
     }
     if let Some(task) = metrics_task {
         task.abort();
     }
-    if exporter.queued() > 0 {
+    if !pending.is_empty() || exporter.queued() > 0 {
         info!(
             queued = exporter.queued(),
+            waiting_bytes = pending.len(),
             "shutting down: sending what is queued"
         );
         let deadline = export::http::REQUEST_TIMEOUT + Duration::from_secs(1);
-        match tokio::time::timeout(deadline, exporter.flush()).await {
+        let last = async {
+            if !pending.is_empty() {
+                // Sent, or kept in the spool for the next start when the endpoint is down.
+                let _ = exporter.send_protobuf(&pending).await;
+            }
+            exporter.flush().await
+        };
+        match tokio::time::timeout(deadline, last).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "could not send everything before exiting"),
             Err(_) => warn!(
@@ -274,22 +307,52 @@ struct Attribution {
     pods: attribute::kubernetes::PodResources,
 }
 
-/// One collection: read, encode, export. Failures are logged; the loop goes on.
+/// Most bytes of collections kept waiting for `--flush-interval`; beyond, they are sent at once.
+const MAX_PENDING_BYTES: usize = 1 << 20;
+
+/// Whether the waiting collections go out now: the oldest would be older than `flush_interval`
+/// by the next tick, or they fill [`MAX_PENDING_BYTES`]. A flush interval no longer than the
+/// collection interval sends every collection at once.
+fn flush_due(
+    since: Option<std::time::Instant>,
+    bytes: usize,
+    interval: Duration,
+    flush_interval: Duration,
+) -> bool {
+    let Some(since) = since else {
+        return false;
+    };
+    bytes >= MAX_PENDING_BYTES || since.elapsed() + interval >= flush_interval
+}
+
+/// One export of encoded collections. Failures are logged; the loop goes on (the exporter
+/// keeps what it could not send).
+async fn send(exporter: &mut Exporter, protobuf: &[u8]) {
+    match exporter.send_protobuf(protobuf).await {
+        Ok(()) => debug!(bytes = protobuf.len(), "sent"),
+        Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
+        // Rejections are logged by the exporter with the response body.
+        Err(Error::ExportRejected { .. }) => {}
+        Err(e) => warn!(error = %e, "export failed"),
+    }
+}
+
+/// One collection: read, attribute, encode into `protobuf`, and show on `/metrics`. `false`
+/// when nothing could be read (logged; the loop goes on).
 async fn tick(
     source: &mut dyn Source,
     attribution: Option<&mut Attribution>,
-    exporter: &mut Exporter,
     resource: &[(String, String)],
     expo: &export::prometheus::SharedExposition,
     protobuf: &mut Vec<u8>,
-) {
+) -> bool {
     let started = std::time::Instant::now();
     let mut samples = match source.collect(now_unix_nano()) {
         Ok(s) => s,
         Err(e) => {
             metrics::collection_failed();
             warn!(source = source.name(), error = %e, "collection failed");
-            return;
+            return false;
         }
     };
     if samples.is_empty() {
@@ -309,18 +372,11 @@ async fn tick(
         samples.len(),
         processes.len(),
     );
-    let gpus = samples.len();
     {
         let mut e = expo.lock().unwrap_or_else(|p| p.into_inner());
         e.samples = samples;
     }
-    match exporter.send_protobuf(protobuf).await {
-        Ok(()) => debug!(gpus, "sent"),
-        Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
-        // Rejections are logged by the exporter with the response body.
-        Err(Error::ExportRejected { .. }) => {}
-        Err(e) => warn!(error = %e, "export failed"),
-    }
+    true
 }
 
 #[cfg(test)]
@@ -368,6 +424,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn collections_wait_for_the_flush_interval() {
+        let now = std::time::Instant::now();
+        let s = Duration::from_secs;
+        let ago = |d: Duration| now.checked_sub(d).unwrap();
+        // Nothing waits: nothing to send.
+        assert!(!flush_due(None, 0, s(1), s(10)));
+        // 1 s collections, 10 s flush: the tenth collection goes out with the nine before it.
+        assert!(!flush_due(Some(now), 100, s(1), s(10)));
+        assert!(!flush_due(Some(ago(s(8))), 900, s(1), s(10)));
+        assert!(flush_due(Some(ago(s(9))), 1000, s(1), s(10)));
+        // A flush interval no longer than the collection interval sends every collection.
+        assert!(flush_due(Some(now), 100, s(5), s(5)));
+        assert!(flush_due(Some(now), 100, s(1), Duration::ZERO));
+        // Too many bytes waiting: sent at once.
+        assert!(flush_due(Some(now), MAX_PENDING_BYTES, s(1), s(10)));
+    }
+
+    #[test]
+    fn concatenated_collections_are_one_request_with_all_of_them() {
+        use prost::Message;
+        let opts = AgentOptions::synthetic("http://x:1", "sim-n1", 2, 5);
+        let mut source = build_source(&opts).unwrap();
+        let resource = resource_attributes(&opts, true);
+        let mut pending = Vec::new();
+        let mut each = Vec::new();
+        for i in 0..3u64 {
+            let samples = source.collect(now_unix_nano() + i * 1_000_000_000).unwrap();
+            let mut one = Vec::new();
+            export::otlp::encode_collection_to(&mut one, &samples, &[], &[], &resource);
+            pending.extend_from_slice(&one);
+            each.push(
+                opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest::decode(one.as_slice()).unwrap(),
+            );
+        }
+        let merged =
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest::decode(pending.as_slice()).unwrap();
+        let expected: Vec<_> = each.into_iter().flat_map(|r| r.resource_metrics).collect();
+        assert_eq!(merged.resource_metrics.len(), 3);
+        assert_eq!(merged.resource_metrics, expected);
     }
 
     fn assert_send<T: Send>(_: &T) {}

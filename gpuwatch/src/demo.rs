@@ -68,6 +68,8 @@ pub async fn run(
                 synthetic_gpus: opts.gpus,
                 host: format!("sim-node-{:02}", h + 1),
                 seed: h as u64 + 1,
+                // Every collection is sent at once: the demo shows data as it comes.
+                flush_interval: std::time::Duration::ZERO,
                 ..AgentOptions::default()
             };
             let fleet = Fleet::new(opts.gpus, agent.seed);

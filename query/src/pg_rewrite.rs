@@ -157,7 +157,8 @@ mod tests {
         );
         let out = rewrite(&sql);
         assert_eq!(
-            out.matches("quote_ident(table_schema) IN ('public')").count(),
+            out.matches("quote_ident(table_schema) IN ('public')")
+                .count(),
             2,
             "{out}"
         );

@@ -52,6 +52,8 @@ async fn an_xid_and_a_process_reach_their_tables() {
         dir.path().join("no-jobs").to_str().expect("utf-8 path"),
         "--interval",
         "300ms",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         &endpoint,
         "--host",
@@ -102,13 +104,19 @@ async fn an_xid_and_a_process_reach_their_tables() {
     assert_eq!(e["code"].as_i64(), Some(79), "{e}");
     assert_eq!(e["kind"], "xid", "{e}");
     assert_eq!(e["detail"], "xid 79", "{e}");
-    assert_eq!(e["gpu_uuid"], "GPU-fa4e0000-0000-4000-8000-000000000001", "{e}");
+    assert_eq!(
+        e["gpu_uuid"], "GPU-fa4e0000-0000-4000-8000-000000000001",
+        "{e}"
+    );
     let left_in_metrics = scalar(
         &server,
         "SELECT count(*) FROM metrics WHERE metric LIKE 'gpu.event%' OR metric LIKE 'gpu.process.%'",
     )
     .await;
-    assert_eq!(left_in_metrics, 0.0, "process and event points left in metrics");
+    assert_eq!(
+        left_in_metrics, 0.0,
+        "process and event points left in metrics"
+    );
 
     let procs = rows(
         &server,
@@ -119,7 +127,10 @@ async fn an_xid_and_a_process_reach_their_tables() {
     assert_eq!(procs.len(), 1, "no gpu_processes row: {procs:?}");
     let p = &procs[0];
     assert_eq!(p["pid"].as_u64(), Some(u64::from(pid)), "{p}");
-    assert_eq!(p["gpu_uuid"], "GPU-fa4e0000-0000-4000-8000-000000000001", "{p}");
+    assert_eq!(
+        p["gpu_uuid"], "GPU-fa4e0000-0000-4000-8000-000000000001",
+        "{p}"
+    );
     assert_eq!(p["job_id"], "4242", "{p}");
     assert_eq!(p["job_user"], "alice", "{p}");
     assert_eq!(p["used_memory_bytes"].as_i64(), Some(1 << 30), "{p}");

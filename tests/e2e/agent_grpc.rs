@@ -45,6 +45,8 @@ async fn agent_over_grpc_lands_in_sql_and_survives_an_outage() {
         HOST,
         "--interval",
         "1s",
+        "--flush-interval",
+        "0s",
         "--buffer-dir",
         spool.to_str().expect("utf-8 path"),
         "--metrics-addr",
@@ -72,10 +74,15 @@ async fn agent_over_grpc_lands_in_sql_and_survives_an_outage() {
     )
     .await;
     assert!(
-        r[0]["gpu_uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")),
+        r[0]["gpu_uuid"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("GPU-")),
         "{r:?}"
     );
-    assert!(r[0]["power_watts"].as_f64().is_some_and(|w| w > 0.0), "{r:?}");
+    assert!(
+        r[0]["power_watts"].as_f64().is_some_and(|w| w > 0.0),
+        "{r:?}"
+    );
     assert_eq!(r[0]["memory_total_bytes"].as_f64(), Some(85_520_809_984.0));
     assert!(
         metric(metrics, "gpuwatch_agent_exported_requests_total").is_some_and(|n| n >= 3.0),
@@ -86,7 +93,10 @@ async fn agent_over_grpc_lands_in_sql_and_survives_an_outage() {
     server.kill9();
     tokio::time::sleep(OUTAGE).await;
     let spooled = metric(metrics, "gpuwatch_agent_spool_requests").unwrap_or(0.0);
-    assert!(spooled >= 10.0, "only {spooled} requests spooled while down");
+    assert!(
+        spooled >= 10.0,
+        "only {spooled} requests spooled while down"
+    );
     server.restart();
     // The backoff is at most 30 s (±20 %).
     eventually(Duration::from_secs(60), "the spool drained", || async {

@@ -123,7 +123,13 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
 
     let answer = Arc::new(Mutex::new(ListPodResourcesResponse {
         pod_resources: vec![
-            pod("ml", "train-0", "trainer", "nvidia.com/gpu", &[FakeNvml::uuid(0)]),
+            pod(
+                "ml",
+                "train-0",
+                "trainer",
+                "nvidia.com/gpu",
+                &[FakeNvml::uuid(0)],
+            ),
             // Not a GPU: ignored even though the id looks like one.
             pod("net", "sriov", "c", "intel.com/sriov", &[FakeNvml::uuid(1)]),
             pod(
@@ -161,6 +167,8 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
         HOST,
         "--interval",
         "1s",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         &server.otlp_url(),
         "--metrics-addr",
@@ -174,9 +182,11 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
         ["1", "-", "-", "-", "-", "-"].map(String::from),
         ["2", "kubernetes", "web/infer-7", "web", "infer-7", "server"].map(String::from),
     ];
-    eventually(Duration::from_secs(30), "gpus labelled with pods", || async {
-        newest(&server).await == want_pods
-    })
+    eventually(
+        Duration::from_secs(30),
+        "gpus labelled with pods",
+        || async { newest(&server).await == want_pods },
+    )
     .await;
 
     // train-0 ends: the kubelet stops listing it.
@@ -186,9 +196,11 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
         ["1", "-", "-", "-", "-", "-"].map(String::from),
         ["2", "kubernetes", "web/infer-7", "web", "infer-7", "server"].map(String::from),
     ];
-    eventually(Duration::from_secs(30), "the ended pod's label gone", || async {
-        newest(&server).await == want_after
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the ended pod's label gone",
+        || async { newest(&server).await == want_after },
+    )
     .await;
     // Earlier rows keep the pod they had.
     let r = rows(

@@ -42,6 +42,8 @@ async fn mig_instances_are_rows_and_take_their_jobs() {
         HOST,
         "--interval",
         "1s",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         &server.otlp_url(),
         "--metrics-addr",
@@ -89,7 +91,10 @@ async fn mig_instances_are_rows_and_take_their_jobs() {
     assert_eq!(got, want);
     // The instance rows carry their share of memory and no power (a MIG handle has none);
     // the GPU rows carry the power.
-    assert_eq!(r[1]["memory_total_bytes"].as_f64(), Some(40.0 * 1024f64.powi(3)));
+    assert_eq!(
+        r[1]["memory_total_bytes"].as_f64(),
+        Some(40.0 * 1024f64.powi(3))
+    );
     assert!(r[1]["power_watts"].is_null(), "{:?}", r[1]);
     assert!(r[0]["power_watts"].as_f64().is_some(), "{:?}", r[0]);
     drop(agent);

@@ -51,6 +51,8 @@ async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
         "prom-e2e",
         "--interval",
         "300ms",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         &dead_endpoint,
         "--metrics-addr",

@@ -166,6 +166,8 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
         mapping.to_str().expect("utf-8 path"),
         "--interval",
         "500ms",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         &endpoint,
         "--host",
@@ -218,11 +220,7 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
         ),
     )
     .await;
-    assert_eq!(
-        procs.len(),
-        1,
-        "no gpu_processes row: {procs:?}"
-    );
+    assert_eq!(procs.len(), 1, "no gpu_processes row: {procs:?}");
     assert_eq!(
         field(&procs[0], "job").as_str(),
         Some(busy.as_str()),

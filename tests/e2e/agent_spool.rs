@@ -23,6 +23,8 @@ fn start_agent(endpoint: &str, spool: &str, metrics: &str) -> TestAgent {
         HOST,
         "--interval",
         "1s",
+        "--flush-interval",
+        "0s",
         "--endpoint",
         endpoint,
         "--buffer-dir",

@@ -25,6 +25,8 @@ async fn synthetic_agent_data_answers_sql_in_every_format() {
         &GPUS.to_string(),
         "--interval",
         "300ms",
+        "--flush-interval",
+        "1s",
         "--endpoint",
         &endpoint,
         "--host",

@@ -541,8 +541,18 @@ async fn grafana_connection_test_and_editor_queries() {
             .lines()
             .filter_map(|l| l.split('|').next())
             .collect();
-        for column in ["time", "host", "gpu_uuid", "job_id", "gpu_utilization", "energy_joules"] {
-            assert!(names.contains(&column), "{table}: {column} missing in {columns}");
+        for column in [
+            "time",
+            "host",
+            "gpu_uuid",
+            "job_id",
+            "gpu_utilization",
+            "energy_joules",
+        ] {
+            assert!(
+                names.contains(&column),
+                "{table}: {column} missing in {columns}"
+            );
         }
         assert!(
             columns.lines().any(|l| l.starts_with("gpu_utilization|")),
