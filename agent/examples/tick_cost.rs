@@ -202,10 +202,11 @@ fn main() {
         std::thread::sleep(Duration::from_secs(1));
     }
     phases.print(&format!(
-        "== the agent's phases ({} GPU(s), slow reads every 30 s, request {bytes} B gzipped)",
+        "== the agent's phases ({} GPU(s), slow reads every {} s, request {bytes} B gzipped)",
         source
             .collect(gpuwatch_agent::now_unix_nano())
             .map(|s| s.len())
-            .unwrap_or(0)
+            .unwrap_or(0),
+        gpuwatch_agent::collect::nvml::DEFAULT_SLOW_INTERVAL.as_secs()
     ));
 }

@@ -167,7 +167,7 @@ pub struct Cli {
     /// the energy counter (advanced by power × time in between) and per-process utilisation;
     /// the GPU count and each GPU's MIG mode are read again this often too
     /// [env: GPUWATCH_SLOW_INTERVAL]
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
     pub slow_interval: Duration,
 
     /// Longest time a collection waits before it is sent: the collections of this span go in

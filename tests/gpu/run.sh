@@ -251,7 +251,7 @@ m = open(f"{out}/metrics_during.txt").read()
 tensor = [l for l in m.splitlines() if l.startswith("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{") and 'gpu="0"' in l]
 check(bool(tensor) and f'hpc_job="{job}"' in tensor[0] and float(tensor[0].rsplit(" ", 1)[1]) > 0.5,
       f"/metrics: {tensor[0] if tensor else 'no DCGM_FI_PROF_PIPE_TENSOR_ACTIVE'}")
-# The running agent reads energy every --slow-interval (30 s by default) and integrates power in between.
+# The running agent reads energy every --slow-interval (60 s by default) and integrates power in between.
 en = [l for l in m.splitlines() if l.startswith("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{") and 'gpu="0"' in l]
 if en:
     ej = float(en[0].rsplit(" ", 1)[1]) / 1000

@@ -183,7 +183,7 @@ impl EnergyTrack {
 }
 
 /// Default `--slow-interval`: energy and per-process utilisation are read at most this often.
-pub const DEFAULT_SLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+pub const DEFAULT_SLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Most events drained per collection (a storm of ECC events must not stall the loop).
 const MAX_EVENTS_PER_TICK: usize = 1000;
