@@ -9,13 +9,18 @@ use arrow::compute::concat_batches;
 use crate::schema::Table;
 use crate::{Result, ingest::WriteBatch};
 
-/// Batches are merged once a table holds this many, to keep scans cheap.
+/// Batches are merged in runs: once the newest batches include this many of the same level,
+/// they become one batch of the next level. Each row is thus copied once per level (a handful of
+/// times, however large the buffer grows) and a table holds at most this many batches per level,
+/// which keeps scans cheap.
 const MERGE_AT: usize = 64;
 
 /// The buffered batches of one table.
 #[derive(Debug, Default, Clone)]
 pub struct TableBuffer {
     batches: Vec<RecordBatch>,
+    /// Per batch: how many merges made it (0: as written).
+    levels: Vec<u8>,
     rows: usize,
     bytes: usize,
 }
@@ -25,10 +30,28 @@ impl TableBuffer {
         self.rows += batch.num_rows();
         self.bytes += batch.get_array_memory_size();
         self.batches.push(batch);
-        if self.batches.len() >= MERGE_AT {
-            let merged = concat_batches(&table.schema(), &self.batches)?;
-            self.bytes = merged.get_array_memory_size();
-            self.batches = vec![merged];
+        self.levels.push(0);
+        while let Some(&level) = self.levels.last() {
+            let run = self
+                .levels
+                .iter()
+                .rev()
+                .take_while(|l| **l == level)
+                .count();
+            if run < MERGE_AT {
+                break;
+            }
+            let from = self.batches.len() - run;
+            let merged = concat_batches(&table.schema(), &self.batches[from..])?;
+            let old: usize = self.batches[from..]
+                .iter()
+                .map(RecordBatch::get_array_memory_size)
+                .sum();
+            self.bytes = self.bytes.saturating_sub(old) + merged.get_array_memory_size();
+            self.batches.truncate(from);
+            self.levels.truncate(from);
+            self.batches.push(merged);
+            self.levels.push(level.saturating_add(1));
         }
         Ok(())
     }
@@ -94,6 +117,7 @@ impl Buffers {
             old.rows += now.rows;
             old.bytes += now.bytes;
             old.batches.extend(now.batches);
+            old.levels.extend(now.levels);
             self.tables.insert(table, old);
         }
     }
@@ -114,4 +138,78 @@ pub fn conform(table: Table, batch: RecordBatch) -> Result<RecordBatch> {
         })
         .collect();
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::{MetricRow, WriteBatch};
+    use arrow::array::AsArray;
+    use arrow::datatypes::Float64Type;
+
+    fn write(i: usize) -> WriteBatch {
+        let row = MetricRow {
+            time: i as i64,
+            metric: "m".into(),
+            value: i as f64,
+            labels: vec![("k".into(), format!("{i}"))],
+        };
+        WriteBatch::from_rows(&[], &[row]).expect("batch")
+    }
+
+    fn values(b: &Buffers) -> Vec<f64> {
+        b.batches(Table::Metrics)
+            .iter()
+            .flat_map(|rb| {
+                rb.column_by_name("value")
+                    .expect("value")
+                    .as_primitive::<Float64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merges_in_levels_and_keeps_every_row_in_order() {
+        let mut b = Buffers::default();
+        let n = MERGE_AT * MERGE_AT + 2 * MERGE_AT + 5;
+        for i in 0..n {
+            b.push(&write(i)).expect("push");
+        }
+        // One batch of 64 x 64 rows, two of 64 rows, five as written.
+        let sizes: Vec<usize> = b
+            .batches(Table::Metrics)
+            .iter()
+            .map(RecordBatch::num_rows)
+            .collect();
+        let mut want = vec![MERGE_AT * MERGE_AT, MERGE_AT, MERGE_AT];
+        want.extend([1; 5]);
+        assert_eq!(sizes, want);
+        assert_eq!(b.rows(), n);
+        assert_eq!(values(&b), (0..n).map(|i| i as f64).collect::<Vec<_>>());
+        let held: usize = b
+            .batches(Table::Metrics)
+            .iter()
+            .map(RecordBatch::get_array_memory_size)
+            .sum();
+        assert_eq!(b.bytes(), held);
+
+        // Older batches put in front (a failed persist) keep the order too.
+        let mut older = Buffers::default();
+        for i in 0..3 {
+            older.push(&write(n + i)).expect("push");
+        }
+        let mut newer = Buffers::default();
+        newer.push(&write(n + 3)).expect("push");
+        newer.prepend(older);
+        for i in 4..MERGE_AT + 4 {
+            newer.push(&write(n + i)).expect("push");
+        }
+        assert_eq!(
+            values(&newer),
+            (n..n + MERGE_AT + 4).map(|i| i as f64).collect::<Vec<_>>()
+        );
+        assert_eq!(newer.batches(Table::Metrics).len(), 5);
+    }
 }

@@ -17,13 +17,18 @@
 //! Rejections do not fail the request: the valid samples are stored and the counts come back
 //! in [`RemoteWriteStats`], which the server returns in a header and its own metrics.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use prost::Message;
 
-use super::rows::{Cell, GpuRow, MetricRow, WriteBatch};
-use crate::schema::{LABEL_COLUMNS, VALUE_COLUMNS};
+use super::rows::{self, Cell, WriteBatch};
+use crate::schema::{LABEL_COLUMNS, Table, VALUE_COLUMNS};
 use crate::{Error, Result};
+
+mod wire;
+
+pub use wire::{SampleView, SeriesView, WriteRequestView};
 
 /// The messages of Prometheus's `prompb/remote.proto` and `types.proto` that remote write 1.0
 /// sends. Fields gpuwatch does not read (metadata, exemplars, native histograms) are skipped by
@@ -71,7 +76,7 @@ pub mod proto {
     }
 }
 
-use proto::{TimeSeries, WriteRequest};
+use proto::WriteRequest;
 
 /// How far ahead of the server clock a sample may be (10 minutes).
 pub const MAX_FUTURE: i64 = 10 * 60 * 1_000_000_000;
@@ -323,71 +328,12 @@ pub fn decode_request(
 ) -> Result<(WriteBatch, RemoteWriteStats)> {
     check_content_type(content_type)?;
     let raw = decompress(content_encoding, body, max_decoded_bytes)?;
-    let req = decode_protobuf(&raw)?;
-    to_write_batch(&req, now)
+    let req = WriteRequestView::decode(&raw)?;
+    view_to_write_batch(&req, now)
 }
 
 fn column_index(column: &str) -> Option<usize> {
     VALUE_COLUMNS.iter().position(|c| c.column == column)
-}
-
-/// The dcgm field and its column index for a metric name.
-fn dcgm_field(name: &str) -> Option<(DcgmField, usize)> {
-    let f = DCGM_FIELDS.iter().find(|f| f.name == name)?;
-    Some((*f, column_index(f.column)?))
-}
-
-fn label<'a>(ts: &'a TimeSeries, name: &str) -> Option<&'a str> {
-    ts.labels
-        .iter()
-        .find(|l| l.name == name && !l.value.is_empty())
-        .map(|l| l.value.as_str())
-}
-
-fn first_label(ts: &TimeSeries, names: &[&str]) -> Option<String> {
-    names.iter().find_map(|n| label(ts, n)).map(str::to_string)
-}
-
-/// The host of a series: `Hostname`, else the scrape `instance` without its port.
-fn host_of(ts: &TimeSeries) -> String {
-    if let Some(h) = label(ts, "Hostname") {
-        return h.to_string();
-    }
-    let Some(instance) = label(ts, "instance") else {
-        return String::new();
-    };
-    match instance.rsplit_once(':') {
-        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string(),
-        _ => instance.to_string(),
-    }
-}
-
-/// The `gpu_metrics` labels of a dcgm-exporter series, in [`LABEL_COLUMNS`] order.
-fn dcgm_labels(ts: &TimeSeries) -> Vec<Option<String>> {
-    let mut out: Vec<Option<String>> = vec![None; LABEL_COLUMNS.len()];
-    for (i, (column, _)) in LABEL_COLUMNS.iter().enumerate() {
-        out[i] = match *column {
-            "host" => Some(host_of(ts)),
-            _ => DCGM_LABELS
-                .iter()
-                .find(|(c, _)| c == column)
-                .and_then(|(_, names)| first_label(ts, names)),
-        };
-    }
-    let idx = |name: &str| LABEL_COLUMNS.iter().position(|(c, _)| *c == name);
-    if let (Some(job), Some(sched), Some(pod)) = (idx("job_id"), idx("scheduler"), idx("k8s_pod")) {
-        out[sched] = if out[job].is_some() {
-            Some("slurm".to_string())
-        } else if out[pod].is_some() {
-            Some("kubernetes".to_string())
-        } else {
-            None
-        };
-    }
-    out
 }
 
 /// The time of a sample in ns, or `None` when it is out of the accepted range.
@@ -399,52 +345,272 @@ fn sample_time(ms: i64, now: i64) -> Option<i64> {
     (ns <= now.saturating_add(MAX_FUTURE)).then_some(ns)
 }
 
-type GpuKey = (i64, String, String, Option<String>);
+/// Decodes a (decompressed) protobuf `WriteRequest` without copying its strings.
+pub fn decode_view(raw: &[u8]) -> Result<WriteRequestView<'_>> {
+    WriteRequestView::decode(raw)
+}
 
 /// Turns a request into rows. `now` (ns) bounds how far in the future a sample may be.
 pub fn to_write_batch(req: &WriteRequest, now: i64) -> Result<(WriteBatch, RemoteWriteStats)> {
+    view_to_write_batch(&WriteRequestView::from_request(req), now)
+}
+
+const NL: usize = LABEL_COLUMNS.len();
+const NV: usize = VALUE_COLUMNS.len();
+
+/// The `gpu_metrics` label values of one series, in [`LABEL_COLUMNS`] order.
+type GpuLabels<'a> = [Option<&'a str>; NL];
+
+/// Lookup tables built once: metric name → dcgm field, label name → (label column, rank).
+struct Tables {
+    fields: HashMap<&'static str, (f64, usize)>,
+    labels: Vec<(&'static str, usize, usize)>,
+    host: usize,
+    uuid: usize,
+    mig: usize,
+    job: usize,
+    pod: usize,
+    scheduler: usize,
+    memory_used: usize,
+    memory_total: usize,
+}
+
+fn tables() -> &'static Tables {
+    static TABLES: OnceLock<Tables> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        let label_col = |name: &str| {
+            LABEL_COLUMNS
+                .iter()
+                .position(|(c, _)| *c == name)
+                .unwrap_or_else(|| panic!("gpu_metrics has no label column {name}"))
+        };
+        let value_col = |name: &str| {
+            column_index(name).unwrap_or_else(|| panic!("gpu_metrics has no column {name}"))
+        };
+        let mut fields = HashMap::new();
+        for f in DCGM_FIELDS {
+            fields
+                .entry(f.name)
+                .or_insert((f.scale, value_col(f.column)));
+        }
+        let mut labels = Vec::new();
+        for (column, names) in DCGM_LABELS {
+            let col = label_col(column);
+            for (rank, name) in names.iter().enumerate() {
+                labels.push((*name, col, rank));
+            }
+        }
+        Tables {
+            fields,
+            labels,
+            host: label_col("host"),
+            uuid: label_col("gpu_uuid"),
+            mig: label_col("mig_instance"),
+            job: label_col("job_id"),
+            pod: label_col("k8s_pod"),
+            scheduler: label_col("scheduler"),
+            memory_used: value_col("memory_used_bytes"),
+            memory_total: value_col("memory_total_bytes"),
+        }
+    })
+}
+
+/// What the labels of one series say for `gpu_metrics`.
+struct SeriesLabels<'a> {
+    name: Option<&'a str>,
+    uuid: Option<&'a str>,
+    /// The label columns (`host` and `scheduler` filled in too).
+    gpu: GpuLabels<'a>,
+}
+
+/// Reads a series' labels in one pass. A label with an empty value counts as absent; of two
+/// labels for the same column the one earlier in [`DCGM_LABELS`] wins, then the first sent.
+fn series_labels<'a>(t: &Tables, labels: &[(&'a str, &'a str)]) -> SeriesLabels<'a> {
+    let mut out = SeriesLabels {
+        name: None,
+        uuid: None,
+        gpu: [None; NL],
+    };
+    let mut rank = [usize::MAX; NL];
+    let mut instance = None;
+    for &(n, v) in labels {
+        if v.is_empty() {
+            continue;
+        }
+        match n {
+            "__name__" => {
+                out.name.get_or_insert(v);
+                continue;
+            }
+            "instance" => {
+                instance.get_or_insert(v);
+                continue;
+            }
+            _ => {}
+        }
+        for &(ln, col, r) in &t.labels {
+            if ln == n && r < rank[col] {
+                rank[col] = r;
+                out.gpu[col] = Some(v);
+            }
+        }
+    }
+    out.uuid = out.gpu[t.uuid];
+    // The host: `Hostname`, else the scrape `instance` without its port, else empty.
+    if out.gpu[t.host].is_none() {
+        out.gpu[t.host] = Some(instance.map_or("", strip_port));
+    }
+    out.gpu[t.scheduler] = if out.gpu[t.job].is_some() {
+        Some("slurm")
+    } else if out.gpu[t.pod].is_some() {
+        Some("kubernetes")
+    } else {
+        None
+    };
+    out
+}
+
+/// `host:port` → `host` (and `[v6]:port` → `v6`); anything else unchanged.
+fn strip_port(instance: &str) -> &str {
+    match instance.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => {
+            host.trim_start_matches('[').trim_end_matches(']')
+        }
+        _ => instance,
+    }
+}
+
+/// A GPU seen in the request: its rows in the order they were made.
+#[derive(Default)]
+struct GpuRows {
+    rows: Vec<u32>,
+}
+
+/// The `gpu_metrics` rows of one request being filled.
+struct GpuTable<'a> {
+    /// (host, uuid, MIG instance) → index into `gpus`.
+    ids: HashMap<(&'a str, &'a str, Option<&'a str>), u32>,
+    gpus: Vec<GpuRows>,
+    /// (GPU, time) → position in that GPU's `rows`.
+    index: HashMap<(u32, i64), u32>,
+    times: Vec<i64>,
+    /// Per row, the label set of the series that made it.
+    label_of: Vec<u32>,
+    label_sets: Vec<GpuLabels<'a>>,
+    /// `NV` cells per row.
+    values: Vec<Option<f64>>,
+}
+
+impl<'a> GpuTable<'a> {
+    fn new() -> Self {
+        Self {
+            ids: HashMap::new(),
+            gpus: Vec::new(),
+            index: HashMap::new(),
+            times: Vec::new(),
+            label_of: Vec::new(),
+            label_sets: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    fn gpu(&mut self, t: &Tables, labels: &GpuLabels<'a>) -> u32 {
+        let key = (
+            labels[t.host].unwrap_or_default(),
+            labels[t.uuid].unwrap_or_default(),
+            labels[t.mig],
+        );
+        let next = self.gpus.len() as u32;
+        let id = *self.ids.entry(key).or_insert(next);
+        if id == next {
+            self.gpus.push(GpuRows::default());
+        }
+        id
+    }
+
+    /// The row of `gpu` at `time`, made (with the series' labels) when there is none. `cursor`
+    /// is where the series expects its next row in the GPU's rows: the series of one GPU
+    /// usually carry the same timestamps, so the lookup mostly needs no hashing.
+    fn row(
+        &mut self,
+        gpu: u32,
+        time: i64,
+        cursor: &mut usize,
+        label_set: &mut Option<u32>,
+        labels: &GpuLabels<'a>,
+    ) -> usize {
+        let rows = &self.gpus[gpu as usize].rows;
+        if let Some(&r) = rows.get(*cursor)
+            && self.times[r as usize] == time
+        {
+            *cursor += 1;
+            return r as usize;
+        }
+        let next_pos = rows.len() as u32;
+        let pos = *self.index.entry((gpu, time)).or_insert(next_pos);
+        *cursor = pos as usize + 1;
+        if pos != next_pos {
+            return self.gpus[gpu as usize].rows[pos as usize] as usize;
+        }
+        let row = self.times.len();
+        let set = *label_set.get_or_insert_with(|| {
+            self.label_sets.push(*labels);
+            (self.label_sets.len() - 1) as u32
+        });
+        self.times.push(time);
+        self.label_of.push(set);
+        self.values.extend_from_slice(&[None; NV]);
+        self.gpus[gpu as usize].rows.push(row as u32);
+        row
+    }
+
+    fn cell(&mut self, row: usize, col: usize) -> &mut Option<f64> {
+        &mut self.values[row * NV + col]
+    }
+}
+
+/// The `metrics` facts of one series, worked out at its first stored sample.
+struct MetricSeries<'a> {
+    name: &'a str,
+    /// Labels without `__name__` and empty values, sorted, one per name.
+    labels: Vec<(&'a str, &'a str)>,
+    id: u32,
+}
+
+/// Turns a decoded request into rows. `now` (ns) bounds how far in the future a sample may be.
+pub fn view_to_write_batch(
+    req: &WriteRequestView<'_>,
+    now: i64,
+) -> Result<(WriteBatch, RemoteWriteStats)> {
+    let t = tables();
     let mut stats = RemoteWriteStats::default();
-    let mut gpu_rows: Vec<GpuRow> = Vec::new();
-    let mut gpu_index: HashMap<GpuKey, usize> = HashMap::new();
+    let mut gpu = GpuTable::new();
     // (row, free MiB, reserved MiB) for the memory total of rows without DCGM_FI_DEV_FB_TOTAL.
     let mut fb_extra: HashMap<usize, (Option<f64>, Option<f64>)> = HashMap::new();
-    let mut metric_rows: Vec<MetricRow> = Vec::new();
-    let mut metric_index: HashMap<(usize, i64), usize> = HashMap::new();
-    let mut series_ids: HashMap<(String, Vec<(String, String)>), usize> = HashMap::new();
-    let uuid_col = LABEL_COLUMNS.iter().position(|(c, _)| *c == "gpu_uuid");
-    let mig_col = LABEL_COLUMNS.iter().position(|(c, _)| *c == "mig_instance");
+    // Metric rows: (time, series, value), and the series they came from.
+    let mut metric_rows: Vec<(i64, u32, f64)> = Vec::new();
+    let mut metric_series: Vec<MetricSeries<'_>> = Vec::new();
+    let mut metric_index: HashMap<(u32, i64), usize> = HashMap::new();
+    let mut series_ids: HashMap<(&str, Vec<(&str, &str)>), u32> = HashMap::new();
 
-    for ts in &req.timeseries {
+    for ts in req.series() {
         stats.series += 1;
-        let Some(name) = label(ts, "__name__") else {
+        let sl = series_labels(t, ts.labels);
+        let Some(name) = sl.name else {
             stats.unnamed += ts.samples.len() as u64;
             continue;
         };
-        let uuid = label(ts, "UUID");
-        let gpu_target = match (dcgm_field(name), uuid) {
-            (Some(field), Some(_)) => Some(field),
-            _ => None,
+        let gpu_target = match sl.uuid {
+            Some(_) => t.fields.get(name).copied(),
+            None => None,
         };
-        let fb_side = uuid.is_some() && (name == FB_FREE || name == FB_RESERVED);
-        let labels = if gpu_target.is_some() || fb_side {
-            Some(dcgm_labels(ts))
-        } else {
-            None
-        };
-        let series_id = if gpu_target.is_none() {
-            let mut map: BTreeMap<String, String> = BTreeMap::new();
-            for l in &ts.labels {
-                if l.name != "__name__" && !l.value.is_empty() {
-                    map.insert(l.name.clone(), l.value.clone());
-                }
-            }
-            let key = (name.to_string(), map.into_iter().collect::<Vec<_>>());
-            let next = series_ids.len();
-            Some(*series_ids.entry(key).or_insert(next))
-        } else {
-            None
-        };
-        for s in &ts.samples {
+        let fb_side = sl.uuid.is_some() && (name == FB_FREE || name == FB_RESERVED);
+        let gpu_id = (gpu_target.is_some() || fb_side).then(|| gpu.gpu(t, &sl.gpu));
+        let mut cursor = 0usize;
+        let mut label_set: Option<u32> = None;
+        // Index into `metric_series`, made at the first sample that needs it.
+        let mut metric: Option<u32> = None;
+        for s in ts.samples {
             if s.value.to_bits() == STALE_NAN_BITS {
                 stats.stale += 1;
                 continue;
@@ -458,30 +624,16 @@ pub fn to_write_batch(req: &WriteRequest, now: i64) -> Result<(WriteBatch, Remot
                 continue;
             };
             stats.samples += 1;
-            if let (Some(labels), Some(uc)) = (&labels, uuid_col)
-                && (gpu_target.is_some() || fb_side)
-            {
-                let key: GpuKey = (
-                    time,
-                    labels[0].clone().unwrap_or_default(),
-                    labels[uc].clone().unwrap_or_default(),
-                    mig_col.and_then(|m| labels[m].clone()),
-                );
-                let row = *gpu_index.entry(key).or_insert_with(|| {
-                    let mut row = GpuRow::new(time);
-                    row.labels.clone_from(labels);
-                    gpu_rows.push(row);
-                    gpu_rows.len() - 1
-                });
-                if let Some((field, col)) = gpu_target {
+            if let Some(g) = gpu_id {
+                let row = gpu.row(g, time, &mut cursor, &mut label_set, &sl.gpu);
+                if let Some((scale, col)) = gpu_target {
                     stats.gpu_samples += 1;
-                    let value = s.value * field.scale;
-                    let cell = &mut gpu_rows[row].values[col];
+                    let cell = gpu.cell(row, col);
                     if cell.is_some() {
                         stats.duplicates += 1;
                         stats.samples -= 1;
                     }
-                    *cell = Some(Cell::F(value));
+                    *cell = Some(s.value * scale);
                     continue;
                 }
                 let extra = fb_extra.entry(row).or_default();
@@ -492,32 +644,21 @@ pub fn to_write_batch(req: &WriteRequest, now: i64) -> Result<(WriteBatch, Remot
                 }
                 // Also kept in `metrics` below.
             }
-            let Some(sid) = series_id else {
-                continue;
-            };
-            let value = s.value;
+            let m = *metric.get_or_insert_with(|| {
+                let ms = metric_series_of(name, ts.labels, &mut series_ids);
+                metric_series.push(ms);
+                (metric_series.len() - 1) as u32
+            });
+            let sid = metric_series[m as usize].id;
             match metric_index.get(&(sid, time)) {
                 Some(&i) => {
                     stats.duplicates += 1;
                     stats.samples -= 1;
-                    metric_rows[i].value = value;
+                    metric_rows[i].2 = s.value;
                 }
                 None => {
-                    let mut row_labels: Vec<(String, String)> = Vec::new();
-                    for l in &ts.labels {
-                        if l.name != "__name__" && !l.value.is_empty() {
-                            row_labels.push((l.name.clone(), l.value.clone()));
-                        }
-                    }
-                    row_labels.sort();
-                    row_labels.dedup_by(|a, b| a.0 == b.0);
                     metric_index.insert((sid, time), metric_rows.len());
-                    metric_rows.push(MetricRow {
-                        time,
-                        metric: name.to_string(),
-                        value,
-                        labels: row_labels,
-                    });
+                    metric_rows.push((time, m, s.value));
                 }
             }
         }
@@ -525,22 +666,72 @@ pub fn to_write_batch(req: &WriteRequest, now: i64) -> Result<(WriteBatch, Remot
 
     // Rows made only for the memory total (free/reserved without any mapped field) are dropped
     // unless they gain a value.
-    let used = column_index("memory_used_bytes");
-    let total = column_index("memory_total_bytes");
-    if let (Some(used), Some(total)) = (used, total) {
-        for (&row, &(free, reserved)) in &fb_extra {
-            let r = &mut gpu_rows[row];
-            if r.values[total].is_some() {
-                continue;
-            }
-            if let (Some(Cell::F(used_bytes)), Some(free)) = (r.values[used], free) {
-                let sum = used_bytes + (free + reserved.unwrap_or(0.0)) * MIB;
-                r.values[total] = Some(Cell::F(sum));
-            }
+    for (&row, &(free, reserved)) in &fb_extra {
+        if gpu.cell(row, t.memory_total).is_some() {
+            continue;
+        }
+        if let (Some(used_bytes), Some(free)) = (*gpu.cell(row, t.memory_used), free) {
+            let sum = used_bytes + (free + reserved.unwrap_or(0.0)) * MIB;
+            *gpu.cell(row, t.memory_total) = Some(sum);
         }
     }
-    gpu_rows.retain(|r| r.values.iter().any(Option::is_some));
-    Ok((WriteBatch::from_rows(&gpu_rows, &metric_rows)?, stats))
+    let kept: Vec<usize> = (0..gpu.times.len())
+        .filter(|&r| gpu.values[r * NV..(r + 1) * NV].iter().any(Option::is_some))
+        .collect();
+
+    let mut batches = Vec::new();
+    if !kept.is_empty() {
+        let rb = rows::gpu_batch_with(
+            kept.len(),
+            |i| gpu.times[kept[i]],
+            |i, c| gpu.label_sets[gpu.label_of[kept[i]] as usize][c],
+            |i, c| gpu.values[kept[i] * NV + c].map(Cell::F),
+        )?;
+        batches.push((Table::GpuMetrics, rb));
+    }
+    if !metric_rows.is_empty() {
+        let mut b = rows::MetricsBatchBuilder::with_capacity(metric_rows.len());
+        for &(time, m, value) in &metric_rows {
+            let ms = &metric_series[m as usize];
+            b.append(time, ms.name, value, ms.labels.iter().copied())?;
+        }
+        batches.push((Table::Metrics, b.finish()?));
+    }
+    Ok((WriteBatch { batches }, stats))
+}
+
+/// The identity and row labels of a series bound for `metrics`. Series with the same name and
+/// labels (the last value of a repeated label name counting) share an id, so that a repeated
+/// timestamp across them is a duplicate; the row keeps, of a repeated name, the smallest value.
+fn metric_series_of<'a>(
+    name: &'a str,
+    labels: &[(&'a str, &'a str)],
+    ids: &mut HashMap<(&'a str, Vec<(&'a str, &'a str)>), u32>,
+) -> MetricSeries<'a> {
+    let kept = labels
+        .iter()
+        .copied()
+        .filter(|(n, v)| *n != "__name__" && !v.is_empty());
+    // Identity: sorted by name (stable), the last of a repeated name.
+    let mut key: Vec<(&str, &str)> = kept.clone().collect();
+    key.sort_by_key(|l| l.0);
+    let mut identity: Vec<(&str, &str)> = Vec::with_capacity(key.len());
+    for l in &key {
+        match identity.last_mut() {
+            Some(last) if last.0 == l.0 => *last = *l,
+            _ => identity.push(*l),
+        }
+    }
+    let mut row: Vec<(&str, &str)> = kept.collect();
+    row.sort_unstable();
+    row.dedup_by(|a, b| a.0 == b.0);
+    let next = ids.len() as u32;
+    let id = *ids.entry((name, identity)).or_insert(next);
+    MetricSeries {
+        name,
+        labels: row,
+        id,
+    }
 }
 
 #[cfg(test)]

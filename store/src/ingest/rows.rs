@@ -161,25 +161,42 @@ impl WriteBatch {
 }
 
 fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
-    let n = rows.len();
+    gpu_batch_with(
+        rows.len(),
+        |r| rows[r].time,
+        |r, c| rows[r].labels[c].as_deref(),
+        |r, c| rows[r].values[c],
+    )
+}
+
+/// Builds a `gpu_metrics` batch of `n` rows, column by column: `time(row)`, `label(row, i)` for
+/// the label columns in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text), `value(row, i)`
+/// for the value columns in [`VALUE_COLUMNS`] order.
+pub(crate) fn gpu_batch_with<'s>(
+    n: usize,
+    time: impl Fn(usize) -> i64,
+    label: impl Fn(usize, usize) -> Option<&'s str>,
+    value: impl Fn(usize, usize) -> Option<Cell>,
+) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> =
         Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
-    let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
-    for r in rows {
-        time.append_value(r.time);
+    let mut t = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
+    for r in 0..n {
+        t.append_value(time(r));
     }
-    columns.push(Arc::new(time.finish()));
+    columns.push(Arc::new(t.finish()));
     for (i, (name, _)) in LABEL_COLUMNS.iter().enumerate() {
         if *name == "gpu_index" {
             let mut b = Int32Builder::with_capacity(n);
-            for r in rows {
-                b.append_option(r.labels[i].as_deref().and_then(|s| s.parse::<i32>().ok()));
+            for r in 0..n {
+                b.append_option(label(r, i).and_then(|s| s.parse::<i32>().ok()));
             }
             columns.push(Arc::new(b.finish()));
         } else {
-            let mut b = StringBuilder::with_capacity(n, n * 16);
-            for r in rows {
-                match (&r.labels[i], *name) {
+            let bytes = (0..n).map(|r| label(r, i).map_or(0, str::len)).sum();
+            let mut b = StringBuilder::with_capacity(n, bytes);
+            for r in 0..n {
+                match (label(r, i), *name) {
                     (Some(v), _) => b.append_value(v),
                     // host and gpu_uuid are not nullable: an absent host is the empty string.
                     (None, "host" | "gpu_uuid") => b.append_value(""),
@@ -193,15 +210,15 @@ fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
         match c.ty {
             ValueType::Float => {
                 let mut b = Float64Builder::with_capacity(n);
-                for r in rows {
-                    b.append_option(r.values[i].map(Cell::as_f64));
+                for r in 0..n {
+                    b.append_option(value(r, i).map(Cell::as_f64));
                 }
                 columns.push(Arc::new(b.finish()));
             }
             ValueType::Int => {
                 let mut b = Int64Builder::with_capacity(n);
-                for r in rows {
-                    b.append_option(r.values[i].map(Cell::as_i64));
+                for r in 0..n {
+                    b.append_option(value(r, i).map(Cell::as_i64));
                 }
                 columns.push(Arc::new(b.finish()));
             }
@@ -211,33 +228,71 @@ fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
 }
 
 fn metrics_batch(rows: &[MetricRow]) -> Result<RecordBatch> {
-    let n = rows.len();
-    let mut time = TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC");
-    let mut metric = StringBuilder::with_capacity(n, n * 24);
-    let mut value = Float64Builder::with_capacity(n);
-    let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
-        .with_values_field(Arc::new(arrow::datatypes::Field::new(
-            "values",
-            arrow::datatypes::DataType::Utf8,
-            true,
-        )));
+    let mut b = MetricsBatchBuilder::with_capacity(rows.len());
     for r in rows {
-        time.append_value(r.time);
-        metric.append_value(&r.metric);
-        value.append_value(r.value);
-        for (k, v) in &r.labels {
-            labels.keys().append_value(k);
-            labels.values().append_value(v);
-        }
-        labels.append(true)?;
+        b.append(
+            r.time,
+            &r.metric,
+            r.value,
+            r.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?;
     }
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(time.finish()),
-        Arc::new(metric.finish()),
-        Arc::new(value.finish()),
-        Arc::new(labels.finish()),
-    ];
-    Ok(RecordBatch::try_new(Table::Metrics.schema(), columns)?)
+    b.finish()
+}
+
+/// Builds a `metrics` batch row by row.
+pub(crate) struct MetricsBatchBuilder {
+    time: TimestampNanosecondBuilder,
+    metric: StringBuilder,
+    value: Float64Builder,
+    labels: MapBuilder<StringBuilder, StringBuilder>,
+}
+
+impl MetricsBatchBuilder {
+    /// A builder for about `n` rows.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self {
+            time: TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC"),
+            metric: StringBuilder::with_capacity(n, n * 24),
+            value: Float64Builder::with_capacity(n),
+            labels: MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
+                .with_values_field(Arc::new(arrow::datatypes::Field::new(
+                    "values",
+                    arrow::datatypes::DataType::Utf8,
+                    true,
+                ))),
+        }
+    }
+
+    /// Adds one row; `labels` sorted by key, keys unique.
+    pub(crate) fn append<'l>(
+        &mut self,
+        time: i64,
+        metric: &str,
+        value: f64,
+        labels: impl IntoIterator<Item = (&'l str, &'l str)>,
+    ) -> Result<()> {
+        self.time.append_value(time);
+        self.metric.append_value(metric);
+        self.value.append_value(value);
+        for (k, v) in labels {
+            self.labels.keys().append_value(k);
+            self.labels.values().append_value(v);
+        }
+        self.labels.append(true)?;
+        Ok(())
+    }
+
+    /// The batch.
+    pub(crate) fn finish(mut self) -> Result<RecordBatch> {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.time.finish()),
+            Arc::new(self.metric.finish()),
+            Arc::new(self.value.finish()),
+            Arc::new(self.labels.finish()),
+        ];
+        Ok(RecordBatch::try_new(Table::Metrics.schema(), columns)?)
+    }
 }
 
 fn processes_batch(rows: &[ProcessRow]) -> Result<RecordBatch> {

@@ -443,3 +443,337 @@ proptest! {
         }
     }
 }
+
+/// Series of a small fleet with every label the pivot reads, repeated and empty labels, several
+/// GPUs and MIG instances, jobs changing, duplicate timestamps and non-GPU series.
+fn arb_fleet_series() -> impl Strategy<Value = TimeSeries> {
+    let name = prop::sample::select(vec![
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_TOTAL",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "node_load1",
+        "",
+    ]);
+    let optional = |values: Vec<&'static str>| prop::option::of(prop::sample::select(values));
+    let labels = (
+        name,
+        optional(vec!["h1", "h2", ""]),
+        optional(vec!["10.0.0.1:9400", "[fe80::1]:9400", "h3", "h4:x", ""]),
+        optional(vec!["GPU-1", "GPU-2", ""]),
+        optional(vec!["0", "1", "x"]),
+        optional(vec!["1", "2"]),
+        optional(vec!["42", "43", ""]),
+        optional(vec!["p", "q"]),
+        optional(vec!["ep"]),
+        optional(vec!["ns", ""]),
+        prop::collection::vec(
+            (
+                prop::sample::select(vec!["a", "b", "__name__", "UUID"]),
+                prop::sample::select(vec!["1", "2", ""]),
+            ),
+            0..3,
+        ),
+    );
+    let samples = prop::collection::vec(
+        (
+            prop::sample::select(vec![
+                NOW_MS - 30_000,
+                NOW_MS - 15_000,
+                NOW_MS,
+                NOW_MS + 1_000_000,
+            ]),
+            prop_oneof![4 => 0.0f64..100.0, 1 => Just(f64::NAN), 1 => Just(f64::from_bits(STALE_NAN_BITS))],
+        ),
+        0..5,
+    );
+    (labels, samples).prop_map(
+        |((name, host, instance, uuid, gpu, mig, job, pod, epod, ns, extra), samples)| {
+            let mut l: Vec<(&str, &str)> = vec![("__name__", name)];
+            let opt = [
+                ("Hostname", host),
+                ("instance", instance),
+                ("UUID", uuid),
+                ("gpu", gpu),
+                ("GPU_I_ID", mig),
+                ("hpc_job", job),
+                ("pod", pod),
+                ("exported_pod", epod),
+                ("namespace", ns),
+            ];
+            for (n, v) in opt {
+                if let Some(v) = v {
+                    l.push((n, v));
+                }
+            }
+            l.extend(extra);
+            l.push(("modelName", "H100"));
+            series(&l, &samples)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn same_rows_as_the_reference(series in prop::collection::vec(arb_fleet_series(), 0..24)) {
+        let req = WriteRequest { timeseries: series };
+        let (want, want_stats) = reference::to_write_batch(&req, NOW).expect("reference decodes");
+        let (got, got_stats) =
+            decode_request(None, Some("snappy"), &snappy(&req), 1 << 24, NOW).expect("decodes");
+        prop_assert_eq!(got_stats, want_stats);
+        prop_assert_eq!(got.batches.len(), want.batches.len());
+        for ((gt, gb), (wt, wb)) in got.batches.iter().zip(&want.batches) {
+            prop_assert_eq!(gt, wt);
+            prop_assert_eq!(gb, wb);
+        }
+        // The owned request path goes through the same code.
+        let (again, _) = to_write_batch(&req, NOW).expect("decodes");
+        prop_assert_eq!(again.batches.len(), got.batches.len());
+        for ((_, a), (_, b)) in again.batches.iter().zip(&got.batches) {
+            prop_assert_eq!(a, b);
+        }
+    }
+}
+
+#[test]
+fn bad_utf8_in_a_label_is_a_clear_error() {
+    // Label { name: "job", value: "\xff" } in the only series.
+    let label = [0x0a, 3, b'j', b'o', b'b', 0x12, 1, 0xff];
+    let mut ts = vec![0x0a, label.len() as u8];
+    ts.extend_from_slice(&label);
+    let mut raw = vec![0x0a, ts.len() as u8];
+    raw.extend_from_slice(&ts);
+    let body = snap::raw::Encoder::new()
+        .compress_vec(&raw)
+        .expect("compress");
+    let err = decode_request(None, None, &body, 1 << 20, NOW).expect_err("bad utf-8");
+    assert!(err.is_client_error());
+    assert_eq!(
+        err.to_string(),
+        "malformed remote write protobuf: timeseries 0: label value is not valid utf-8 (at byte 0)"
+    );
+}
+
+/// The implementation before the borrowed decoder: every request is also run through it and
+/// the batches compared (`same_rows_as_the_reference`).
+mod reference {
+    use super::super::proto::TimeSeries;
+    use super::*;
+    use crate::ingest::{GpuRow, MetricRow};
+    use std::collections::{BTreeMap, HashMap};
+
+    /// The dcgm field and its column index for a metric name.
+    pub(super) fn dcgm_field(name: &str) -> Option<(DcgmField, usize)> {
+        let f = DCGM_FIELDS.iter().find(|f| f.name == name)?;
+        Some((*f, column_index(f.column)?))
+    }
+
+    fn label<'a>(ts: &'a TimeSeries, name: &str) -> Option<&'a str> {
+        ts.labels
+            .iter()
+            .find(|l| l.name == name && !l.value.is_empty())
+            .map(|l| l.value.as_str())
+    }
+
+    fn first_label(ts: &TimeSeries, names: &[&str]) -> Option<String> {
+        names.iter().find_map(|n| label(ts, n)).map(str::to_string)
+    }
+
+    /// The host of a series: `Hostname`, else the scrape `instance` without its port.
+    fn host_of(ts: &TimeSeries) -> String {
+        if let Some(h) = label(ts, "Hostname") {
+            return h.to_string();
+        }
+        let Some(instance) = label(ts, "instance") else {
+            return String::new();
+        };
+        match instance.rsplit_once(':') {
+            Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            _ => instance.to_string(),
+        }
+    }
+
+    /// The `gpu_metrics` labels of a dcgm-exporter series, in [`LABEL_COLUMNS`] order.
+    fn dcgm_labels(ts: &TimeSeries) -> Vec<Option<String>> {
+        let mut out: Vec<Option<String>> = vec![None; LABEL_COLUMNS.len()];
+        for (i, (column, _)) in LABEL_COLUMNS.iter().enumerate() {
+            out[i] = match *column {
+                "host" => Some(host_of(ts)),
+                _ => DCGM_LABELS
+                    .iter()
+                    .find(|(c, _)| c == column)
+                    .and_then(|(_, names)| first_label(ts, names)),
+            };
+        }
+        let idx = |name: &str| LABEL_COLUMNS.iter().position(|(c, _)| *c == name);
+        if let (Some(job), Some(sched), Some(pod)) =
+            (idx("job_id"), idx("scheduler"), idx("k8s_pod"))
+        {
+            out[sched] = if out[job].is_some() {
+                Some("slurm".to_string())
+            } else if out[pod].is_some() {
+                Some("kubernetes".to_string())
+            } else {
+                None
+            };
+        }
+        out
+    }
+
+    type GpuKey = (i64, String, String, Option<String>);
+
+    /// Turns a request into rows. `now` (ns) bounds how far in the future a sample may be.
+    pub(super) fn to_write_batch(
+        req: &WriteRequest,
+        now: i64,
+    ) -> Result<(WriteBatch, RemoteWriteStats)> {
+        let mut stats = RemoteWriteStats::default();
+        let mut gpu_rows: Vec<GpuRow> = Vec::new();
+        let mut gpu_index: HashMap<GpuKey, usize> = HashMap::new();
+        // (row, free MiB, reserved MiB) for the memory total of rows without DCGM_FI_DEV_FB_TOTAL.
+        let mut fb_extra: HashMap<usize, (Option<f64>, Option<f64>)> = HashMap::new();
+        let mut metric_rows: Vec<MetricRow> = Vec::new();
+        let mut metric_index: HashMap<(usize, i64), usize> = HashMap::new();
+        let mut series_ids: HashMap<(String, Vec<(String, String)>), usize> = HashMap::new();
+        let uuid_col = LABEL_COLUMNS.iter().position(|(c, _)| *c == "gpu_uuid");
+        let mig_col = LABEL_COLUMNS.iter().position(|(c, _)| *c == "mig_instance");
+
+        for ts in &req.timeseries {
+            stats.series += 1;
+            let Some(name) = label(ts, "__name__") else {
+                stats.unnamed += ts.samples.len() as u64;
+                continue;
+            };
+            let uuid = label(ts, "UUID");
+            let gpu_target = match (dcgm_field(name), uuid) {
+                (Some(field), Some(_)) => Some(field),
+                _ => None,
+            };
+            let fb_side = uuid.is_some() && (name == FB_FREE || name == FB_RESERVED);
+            let labels = if gpu_target.is_some() || fb_side {
+                Some(dcgm_labels(ts))
+            } else {
+                None
+            };
+            let series_id = if gpu_target.is_none() {
+                let mut map: BTreeMap<String, String> = BTreeMap::new();
+                for l in &ts.labels {
+                    if l.name != "__name__" && !l.value.is_empty() {
+                        map.insert(l.name.clone(), l.value.clone());
+                    }
+                }
+                let key = (name.to_string(), map.into_iter().collect::<Vec<_>>());
+                let next = series_ids.len();
+                Some(*series_ids.entry(key).or_insert(next))
+            } else {
+                None
+            };
+            for s in &ts.samples {
+                if s.value.to_bits() == STALE_NAN_BITS {
+                    stats.stale += 1;
+                    continue;
+                }
+                if !s.value.is_finite() {
+                    stats.non_finite += 1;
+                    continue;
+                }
+                let Some(time) = sample_time(s.timestamp, now) else {
+                    stats.out_of_range += 1;
+                    continue;
+                };
+                stats.samples += 1;
+                if let (Some(labels), Some(uc)) = (&labels, uuid_col)
+                    && (gpu_target.is_some() || fb_side)
+                {
+                    let key: GpuKey = (
+                        time,
+                        labels[0].clone().unwrap_or_default(),
+                        labels[uc].clone().unwrap_or_default(),
+                        mig_col.and_then(|m| labels[m].clone()),
+                    );
+                    let row = *gpu_index.entry(key).or_insert_with(|| {
+                        let mut row = GpuRow::new(time);
+                        row.labels.clone_from(labels);
+                        gpu_rows.push(row);
+                        gpu_rows.len() - 1
+                    });
+                    if let Some((field, col)) = gpu_target {
+                        stats.gpu_samples += 1;
+                        let value = s.value * field.scale;
+                        let cell = &mut gpu_rows[row].values[col];
+                        if cell.is_some() {
+                            stats.duplicates += 1;
+                            stats.samples -= 1;
+                        }
+                        *cell = Some(Cell::F(value));
+                        continue;
+                    }
+                    let extra = fb_extra.entry(row).or_default();
+                    if name == FB_FREE {
+                        extra.0 = Some(s.value);
+                    } else {
+                        extra.1 = Some(s.value);
+                    }
+                    // Also kept in `metrics` below.
+                }
+                let Some(sid) = series_id else {
+                    continue;
+                };
+                let value = s.value;
+                match metric_index.get(&(sid, time)) {
+                    Some(&i) => {
+                        stats.duplicates += 1;
+                        stats.samples -= 1;
+                        metric_rows[i].value = value;
+                    }
+                    None => {
+                        let mut row_labels: Vec<(String, String)> = Vec::new();
+                        for l in &ts.labels {
+                            if l.name != "__name__" && !l.value.is_empty() {
+                                row_labels.push((l.name.clone(), l.value.clone()));
+                            }
+                        }
+                        row_labels.sort();
+                        row_labels.dedup_by(|a, b| a.0 == b.0);
+                        metric_index.insert((sid, time), metric_rows.len());
+                        metric_rows.push(MetricRow {
+                            time,
+                            metric: name.to_string(),
+                            value,
+                            labels: row_labels,
+                        });
+                    }
+                }
+            }
+        }
+
+        // Rows made only for the memory total (free/reserved without any mapped field) are dropped
+        // unless they gain a value.
+        let used = column_index("memory_used_bytes");
+        let total = column_index("memory_total_bytes");
+        if let (Some(used), Some(total)) = (used, total) {
+            for (&row, &(free, reserved)) in &fb_extra {
+                let r = &mut gpu_rows[row];
+                if r.values[total].is_some() {
+                    continue;
+                }
+                if let (Some(Cell::F(used_bytes)), Some(free)) = (r.values[used], free) {
+                    let sum = used_bytes + (free + reserved.unwrap_or(0.0)) * MIB;
+                    r.values[total] = Some(Cell::F(sum));
+                }
+            }
+        }
+        gpu_rows.retain(|r| r.values.iter().any(Option::is_some));
+        Ok((WriteBatch::from_rows(&gpu_rows, &metric_rows)?, stats))
+    }
+}
