@@ -130,7 +130,10 @@ impl TableProvider for StoreTable {
             let config = ListingTableConfig::new_with_multi_paths(urls)
                 .with_listing_options(options)
                 .with_schema(Arc::clone(&schema));
-            let listing = ListingTable::try_new(config)?;
+            // File statistics are kept between queries (files are immutable; an entry is
+            // checked against the file's size and modification time before use).
+            let listing = ListingTable::try_new(config)?
+                .with_cache(state.runtime_env().cache_manager.get_file_statistic_cache());
             inputs.push(listing.scan(state, projection, filters, limit).await?);
         }
         UnionExec::try_new(inputs)
@@ -338,11 +341,18 @@ impl QueryEngine {
         let Some(limit) = self.config.memory_limit else {
             return Ok(self.ctx.clone());
         };
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_object_store_registry(Arc::clone(&self.ctx.runtime_env().object_store_registry))
+        let base = self.ctx.runtime_env();
+        let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&base.object_store_registry))
             .with_memory_limit(limit, 1.0)
-            .build_arc()
+            .build()
             .map_err(Error::from)?;
+        // Only the memory pool is the query's own. The caches (Parquet footers, file statistics)
+        // and the spill directory are the engine's: a fresh cache per query would read every
+        // file's footer again at each query.
+        runtime.cache_manager = Arc::clone(&base.cache_manager);
+        runtime.disk_manager = Arc::clone(&base.disk_manager);
+        let runtime = Arc::new(runtime);
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
             .with_runtime_env(runtime)
             .build();
@@ -592,6 +602,102 @@ mod store_tests {
             assert_eq!(scanned() - s0, files, "files scanned for {sql}");
             assert_eq!(pruned() - p0, 3 - files, "files pruned for {sql}");
         }
+    }
+
+    async fn sum(engine: &QueryEngine, sql: &str) -> f64 {
+        let r = engine.query(sql).await.expect("query");
+        r.batches[0]
+            .column(0)
+            .as_primitive::<arrow::datatypes::Float64Type>()
+            .value(0)
+    }
+
+    /// Queries with a memory limit (the server's default) run in a runtime of their own; the
+    /// Parquet footers read by one are kept for the next, and answers stay right when compaction
+    /// replaces the files under the cache and when new files arrive.
+    #[tokio::test]
+    async fn footers_are_cached_across_queries_and_compaction_keeps_answers_right() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(gpuwatch_store::clock::ManualClock::new(
+            1_800_000_000_000_000_000,
+        ));
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    wal_sync: false,
+                    ..StoreConfig::new(dir.path())
+                },
+                Arc::clone(&clock) as Arc<dyn gpuwatch_store::clock::Clock>,
+            )
+            .expect("store"),
+        );
+        let engine = QueryEngine::new(
+            Arc::clone(&store) as Arc<dyn ReadStore>,
+            EngineConfig {
+                memory_limit: Some(1 << 30),
+                ..EngineConfig::default()
+            },
+        )
+        .expect("engine");
+        let footers = engine
+            .context()
+            .runtime_env()
+            .cache_manager
+            .get_file_metadata_cache();
+        // Two persists within one hour: two files.
+        for i in 0..4 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        for i in 4..8 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        let before: Vec<String> = store
+            .snapshot(Table::GpuMetrics)
+            .files
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(before.len(), 2);
+        const TOTAL: &str = "SELECT sum(power_watts) FROM gpu_metrics";
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+        assert!(
+            footers.len() >= 2,
+            "the footers of both files are cached, {} entries",
+            footers.len()
+        );
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+
+        // The hour closes: compaction merges both files into a new one.
+        clock.advance(3 * 3_600_000_000_000);
+        store.maintain().expect("maintain");
+        let after: Vec<String> = store
+            .snapshot(Table::GpuMetrics)
+            .files
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert!(!before.contains(&after[0]), "{after:?} is a new file");
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 8);
+
+        // Late rows of the same hour: a new file beside the compacted one.
+        for i in 8..10 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 2);
+        assert_eq!(sum(&engine, TOTAL).await, 45.0);
+        assert_eq!(
+            sum(
+                &engine,
+                "SELECT sum(power_watts) FROM gpu_metrics WHERE gpu_uuid = 'GPU-1'"
+            )
+            .await,
+            25.0
+        );
     }
 
     #[tokio::test]
