@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, Session, TableProvider};
 use datafusion::common::ScalarValue;
@@ -37,6 +37,8 @@ use crate::{Result, gate};
 /// A table of the store, as DataFusion sees it.
 pub struct StoreTable {
     table: Table,
+    /// The table's schema as queries see it: [`view_schema`] of the store's.
+    schema: SchemaRef,
     store: Arc<dyn ReadStore>,
     stats: Arc<ScanStats>,
 }
@@ -59,6 +61,7 @@ impl StoreTable {
     pub fn with_stats(table: Table, store: Arc<dyn ReadStore>, stats: Arc<ScanStats>) -> Self {
         Self {
             table,
+            schema: view_schema(&table.schema()),
             store,
             stats,
         }
@@ -68,7 +71,7 @@ impl StoreTable {
 #[async_trait]
 impl TableProvider for StoreTable {
     fn schema(&self) -> SchemaRef {
-        self.table.schema()
+        Arc::clone(&self.schema)
     }
 
     fn table_type(&self) -> TableType {
@@ -104,7 +107,11 @@ impl TableProvider for StoreTable {
         self.stats
             .files_scanned
             .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let schema = self.table.schema();
+        let schema = Arc::clone(&self.schema);
+        let batches = batches
+            .iter()
+            .map(|b| to_view_batch(&schema, b))
+            .collect::<DfResult<Vec<_>>>()?;
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
 
         // Buffered rows: spread over partitions so that large buffers scan in parallel.
@@ -138,6 +145,41 @@ impl TableProvider for StoreTable {
         }
         UnionExec::try_new(inputs)
     }
+}
+
+/// `schema` with its string columns as `Utf8View`. Strings are read from Parquet as views into
+/// the decoded pages (a dictionary-encoded label costs a 16-byte view per row, not a copy of its
+/// bytes), and filters, hashing and comparisons in aggregations work on views; DataFusion's own
+/// Parquet tables read strings the same way.
+pub fn view_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 => {
+                f.as_ref().clone().with_data_type(DataType::Utf8View)
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// A buffered batch with the columns of `schema` ([`view_schema`] of its own).
+fn to_view_batch(schema: &SchemaRef, batch: &RecordBatch) -> DfResult<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Files a scan read and skipped, over the engine's life (exposed on `/metrics`).
@@ -698,6 +740,40 @@ mod store_tests {
             .await,
             25.0
         );
+    }
+
+    /// Strings are string views whether they come from the buffer or from Parquet, and a
+    /// `GROUP BY` over both groups them together.
+    #[tokio::test]
+    async fn strings_are_views_from_buffer_and_files_alike() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, engine) = open(dir.path());
+        for i in 0..6 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        for i in 6..9 {
+            write(&store, i);
+        }
+        let r = engine
+            .query("SELECT gpu_uuid, count(*) AS n, max(host) AS h FROM gpu_metrics GROUP BY gpu_uuid ORDER BY gpu_uuid")
+            .await
+            .expect("query");
+        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
+        assert_eq!(r.schema.field(2).data_type(), &DataType::Utf8View);
+        let b = arrow::compute::concat_batches(&r.schema, &r.batches).expect("concat");
+        let uuids = b.column(0).as_string_view();
+        let n = b.column(1).as_primitive::<Int64Type>();
+        let got: Vec<(String, i64)> = (0..b.num_rows())
+            .map(|i| (uuids.value(i).to_string(), n.value(i)))
+            .collect();
+        assert_eq!(got, vec![("GPU-0".to_string(), 5), ("GPU-1".to_string(), 4)]);
+        let r = engine
+            .query("SELECT metric FROM metrics WHERE labels['k'] = 'v7'")
+            .await
+            .expect("query");
+        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
+        assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
     }
 
     #[tokio::test]
