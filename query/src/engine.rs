@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, Session, TableProvider};
 use datafusion::common::ScalarValue;
@@ -37,6 +37,8 @@ use crate::{Result, gate};
 /// A table of the store, as DataFusion sees it.
 pub struct StoreTable {
     table: Table,
+    /// The table's schema as queries see it: [`view_schema`] of the store's.
+    schema: SchemaRef,
     store: Arc<dyn ReadStore>,
     stats: Arc<ScanStats>,
 }
@@ -59,6 +61,7 @@ impl StoreTable {
     pub fn with_stats(table: Table, store: Arc<dyn ReadStore>, stats: Arc<ScanStats>) -> Self {
         Self {
             table,
+            schema: view_schema(&table.schema()),
             store,
             stats,
         }
@@ -68,7 +71,7 @@ impl StoreTable {
 #[async_trait]
 impl TableProvider for StoreTable {
     fn schema(&self) -> SchemaRef {
-        self.table.schema()
+        Arc::clone(&self.schema)
     }
 
     fn table_type(&self) -> TableType {
@@ -104,7 +107,11 @@ impl TableProvider for StoreTable {
         self.stats
             .files_scanned
             .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let schema = self.table.schema();
+        let schema = Arc::clone(&self.schema);
+        let batches = batches
+            .iter()
+            .map(|b| to_view_batch(&schema, b))
+            .collect::<DfResult<Vec<_>>>()?;
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
 
         // Buffered rows: spread over partitions so that large buffers scan in parallel.
@@ -130,11 +137,49 @@ impl TableProvider for StoreTable {
             let config = ListingTableConfig::new_with_multi_paths(urls)
                 .with_listing_options(options)
                 .with_schema(Arc::clone(&schema));
-            let listing = ListingTable::try_new(config)?;
+            // File statistics are kept between queries (files are immutable; an entry is
+            // checked against the file's size and modification time before use).
+            let listing = ListingTable::try_new(config)?
+                .with_cache(state.runtime_env().cache_manager.get_file_statistic_cache());
             inputs.push(listing.scan(state, projection, filters, limit).await?);
         }
         UnionExec::try_new(inputs)
     }
+}
+
+/// `schema` with its string columns as `Utf8View`. Strings are read from Parquet as views into
+/// the decoded pages (a dictionary-encoded label costs a 16-byte view per row, not a copy of its
+/// bytes), and filters, hashing and comparisons in aggregations work on views; DataFusion's own
+/// Parquet tables read strings the same way.
+pub fn view_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 => {
+                f.as_ref().clone().with_data_type(DataType::Utf8View)
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// A buffered batch with the columns of `schema` ([`view_schema`] of its own).
+fn to_view_batch(schema: &SchemaRef, batch: &RecordBatch) -> DfResult<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Files a scan read and skipped, over the engine's life (exposed on `/metrics`).
@@ -338,11 +383,18 @@ impl QueryEngine {
         let Some(limit) = self.config.memory_limit else {
             return Ok(self.ctx.clone());
         };
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_object_store_registry(Arc::clone(&self.ctx.runtime_env().object_store_registry))
+        let base = self.ctx.runtime_env();
+        let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&base.object_store_registry))
             .with_memory_limit(limit, 1.0)
-            .build_arc()
+            .build()
             .map_err(Error::from)?;
+        // Only the memory pool is the query's own. The caches (Parquet footers, file statistics)
+        // and the spill directory are the engine's: a fresh cache per query would read every
+        // file's footer again at each query.
+        runtime.cache_manager = Arc::clone(&base.cache_manager);
+        runtime.disk_manager = Arc::clone(&base.disk_manager);
+        let runtime = Arc::new(runtime);
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
             .with_runtime_env(runtime)
             .build();
@@ -592,6 +644,136 @@ mod store_tests {
             assert_eq!(scanned() - s0, files, "files scanned for {sql}");
             assert_eq!(pruned() - p0, 3 - files, "files pruned for {sql}");
         }
+    }
+
+    async fn sum(engine: &QueryEngine, sql: &str) -> f64 {
+        let r = engine.query(sql).await.expect("query");
+        r.batches[0]
+            .column(0)
+            .as_primitive::<arrow::datatypes::Float64Type>()
+            .value(0)
+    }
+
+    /// Queries with a memory limit (the server's default) run in a runtime of their own; the
+    /// Parquet footers read by one are kept for the next, and answers stay right when compaction
+    /// replaces the files under the cache and when new files arrive.
+    #[tokio::test]
+    async fn footers_are_cached_across_queries_and_compaction_keeps_answers_right() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(gpuwatch_store::clock::ManualClock::new(
+            1_800_000_000_000_000_000,
+        ));
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    wal_sync: false,
+                    ..StoreConfig::new(dir.path())
+                },
+                Arc::clone(&clock) as Arc<dyn gpuwatch_store::clock::Clock>,
+            )
+            .expect("store"),
+        );
+        let engine = QueryEngine::new(
+            Arc::clone(&store) as Arc<dyn ReadStore>,
+            EngineConfig {
+                memory_limit: Some(1 << 30),
+                ..EngineConfig::default()
+            },
+        )
+        .expect("engine");
+        let footers = engine
+            .context()
+            .runtime_env()
+            .cache_manager
+            .get_file_metadata_cache();
+        // Two persists within one hour: two files.
+        for i in 0..4 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        for i in 4..8 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        let before: Vec<String> = store
+            .snapshot(Table::GpuMetrics)
+            .files
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(before.len(), 2);
+        const TOTAL: &str = "SELECT sum(power_watts) FROM gpu_metrics";
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+        assert!(
+            footers.len() >= 2,
+            "the footers of both files are cached, {} entries",
+            footers.len()
+        );
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+
+        // The hour closes: compaction merges both files into a new one.
+        clock.advance(3 * 3_600_000_000_000);
+        store.maintain().expect("maintain");
+        let after: Vec<String> = store
+            .snapshot(Table::GpuMetrics)
+            .files
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert!(!before.contains(&after[0]), "{after:?} is a new file");
+        assert_eq!(sum(&engine, TOTAL).await, 28.0);
+        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 8);
+
+        // Late rows of the same hour: a new file beside the compacted one.
+        for i in 8..10 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 2);
+        assert_eq!(sum(&engine, TOTAL).await, 45.0);
+        assert_eq!(
+            sum(
+                &engine,
+                "SELECT sum(power_watts) FROM gpu_metrics WHERE gpu_uuid = 'GPU-1'"
+            )
+            .await,
+            25.0
+        );
+    }
+
+    /// Strings are string views whether they come from the buffer or from Parquet, and a
+    /// `GROUP BY` over both groups them together.
+    #[tokio::test]
+    async fn strings_are_views_from_buffer_and_files_alike() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, engine) = open(dir.path());
+        for i in 0..6 {
+            write(&store, i);
+        }
+        store.persist().expect("persist");
+        for i in 6..9 {
+            write(&store, i);
+        }
+        let r = engine
+            .query("SELECT gpu_uuid, count(*) AS n, max(host) AS h FROM gpu_metrics GROUP BY gpu_uuid ORDER BY gpu_uuid")
+            .await
+            .expect("query");
+        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
+        assert_eq!(r.schema.field(2).data_type(), &DataType::Utf8View);
+        let b = arrow::compute::concat_batches(&r.schema, &r.batches).expect("concat");
+        let uuids = b.column(0).as_string_view();
+        let n = b.column(1).as_primitive::<Int64Type>();
+        let got: Vec<(String, i64)> = (0..b.num_rows())
+            .map(|i| (uuids.value(i).to_string(), n.value(i)))
+            .collect();
+        assert_eq!(got, vec![("GPU-0".to_string(), 5), ("GPU-1".to_string(), 4)]);
+        let r = engine
+            .query("SELECT metric FROM metrics WHERE labels['k'] = 'v7'")
+            .await
+            .expect("query");
+        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
+        assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
     }
 
     #[tokio::test]

@@ -236,7 +236,10 @@ fn pairs(batches: &[RecordBatch]) -> Vec<(String, i64)> {
     use arrow::array::AsArray;
     let mut out = Vec::new();
     for b in batches {
-        let u = b.column(0).as_string::<i32>();
+        // Strings come as Utf8View (docs/schema.md); read them through a cast to plain Utf8.
+        let u = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)
+            .expect("cast to Utf8");
+        let u = u.as_string::<i32>();
         let n = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
         for i in 0..b.num_rows() {
             out.push((u.value(i).to_string(), n.value(i)));

@@ -8,4 +8,4 @@ WITH spans AS (
 SELECT job_user, round(sum(gpu_hours), 3) AS gpu_hours, count(DISTINCT job_id) AS jobs
 FROM spans
 GROUP BY job_user
-ORDER BY gpu_hours DESC
+ORDER BY gpu_hours DESC, job_user
