@@ -217,6 +217,8 @@ async fn run_gpuwatch(
         format!("127.0.0.1:{}", free_port()?),
         "--otlp-grpc-addr".into(),
         format!("127.0.0.1:{}", free_port()?),
+        "--pg-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
         "--data-dir".into(),
         data_dir.display().to_string(),
         "--persist-interval".into(),

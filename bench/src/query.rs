@@ -80,6 +80,8 @@ fn start_server(args: &QueryArgs, log: PathBuf) -> Result<Server> {
         format!("127.0.0.1:{}", free_port()?),
         "--otlp-grpc-addr".into(),
         format!("127.0.0.1:{}", free_port()?),
+        "--pg-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
         "--data-dir".into(),
         args.data_dir.display().to_string(),
         "--persist-interval".into(),
