@@ -443,9 +443,9 @@ async fn grafana_macro_sql_answers_time_series() {
     }
 }
 
-/// showTables() of Grafana's postgresMetaQuery.ts, with its schema constraint expanded.
-const GRAFANA_SHOW_TABLES: &str = r#"SELECT
-    CASE WHEN 
+/// buildSchemaConstraint() of Grafana's postgresMetaQuery.ts: the schemas of the search path,
+/// found through set-returning functions in `FROM`.
+const GRAFANA_SCHEMA_CONSTRAINT: &str = r#"
           quote_ident(table_schema) IN (
           SELECT
             CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
@@ -455,7 +455,14 @@ const GRAFANA_SHOW_TABLES: &str = r#"SELECT
               array_upper(string_to_array(current_setting('search_path'),','),1)
             ) as i,
             string_to_array(current_setting('search_path'),',') s
-          )
+          )"#;
+
+/// showTables() of Grafana's postgresMetaQuery.ts (the query builder's table list).
+fn grafana_show_tables() -> String {
+    let c = GRAFANA_SCHEMA_CONSTRAINT;
+    format!(
+        r#"SELECT
+    CASE WHEN {c}
       THEN quote_ident(table_name)
       ELSE quote_ident(table_schema) || '.' || quote_ident(table_name)
     END AS "table"
@@ -468,23 +475,16 @@ const GRAFANA_SHOW_TABLES: &str = r#"SELECT
                              '_timescaledb_config',
                              'timescaledb_information',
                              'timescaledb_experimental')
-    ORDER BY CASE WHEN 
-          quote_ident(table_schema) IN (
-          SELECT
-            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
-          FROM
-            generate_series(
-              array_lower(string_to_array(current_setting('search_path'),','),1),
-              array_upper(string_to_array(current_setting('search_path'),','),1)
-            ) as i,
-            string_to_array(current_setting('search_path'),',') s
-          ) THEN 0 ELSE 1 END, 1
-"#;
+    ORDER BY CASE WHEN {c} THEN 0 ELSE 1 END, 1
+"#
+    )
+}
 
 /// getSchema(table) of Grafana's postgresMetaQuery.ts (the query builder's column list), for
-/// the table name the builder picked, with the same schema constraint as [`GRAFANA_SHOW_TABLES`].
+/// the table name the builder picked.
 fn grafana_get_schema(table: &str) -> String {
     let table = format!("'{}'", table.replace('\'', "''"));
+    let c = GRAFANA_SCHEMA_CONSTRAINT;
     format!(
         r#"SELECT quote_ident(column_name) AS "column", data_type AS "type"
     FROM information_schema.columns
@@ -493,17 +493,7 @@ fn grafana_get_schema(table: &str) -> String {
         THEN quote_ident(table_schema) = (parse_ident({table}))[1]
           AND quote_ident(table_name) = (parse_ident({table}))[2]
         ELSE quote_ident(table_name) = {table}
-          AND 
-          quote_ident(table_schema) IN (
-          SELECT
-            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
-          FROM
-            generate_series(
-              array_lower(string_to_array(current_setting('search_path'),','),1),
-              array_upper(string_to_array(current_setting('search_path'),','),1)
-            ) as i,
-            string_to_array(current_setting('search_path'),',') s
-          )
+          AND {c}
       END"#
     )
 }
@@ -524,7 +514,7 @@ async fn grafana_connection_test_and_editor_queries() {
     let v: i64 = version.trim().parse().expect("a number");
     assert!(v >= 1200, "grafana needs a version >= 12: {v}");
     // The query builder's table list, as Grafana writes it (showTables() without a schema).
-    let out = server.psql(None, "disable", &["-c", GRAFANA_SHOW_TABLES]);
+    let out = server.psql(None, "disable", &["-c", &grafana_show_tables()]);
     assert!(out.ok, "{}", out.stderr);
     // Tables of the search path come unqualified, first.
     let listed: Vec<&str> = out.stdout.lines().collect();
