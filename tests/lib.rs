@@ -370,6 +370,18 @@ impl Drop for TestAgent {
     }
 }
 
+/// The value of an unlabelled sample `name` on the Prometheus exposition at `addr`/metrics, or
+/// `None` when it cannot be read.
+pub fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics").ok()?;
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// A tiny blocking HTTP/1.0 GET (used before any async runtime is involved).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     http_call(addr, "GET", path)

@@ -4,22 +4,12 @@
 
 use std::time::Duration;
 
-use gpuwatch_e2e::{TestAgent, TestServer, free_addr, http_get};
+use gpuwatch_e2e::{TestAgent, TestServer, free_addr, metric};
 
 use crate::{eventually, rows, scalar};
 
 const HOST: &str = "grpc-e2e";
 const OUTAGE: Duration = Duration::from_secs(20);
-
-fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics").ok()?;
-    body.lines()
-        .find(|l| l.starts_with(&format!("{name} ")))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_over_grpc_lands_in_sql_and_survives_an_outage() {

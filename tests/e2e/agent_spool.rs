@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuwatch_e2e::{TestAgent, TestServer, free_addr, http_get};
+use gpuwatch_e2e::{TestAgent, TestServer, free_addr, metric};
 
 use crate::{eventually, rows, scalar};
 
@@ -50,16 +50,6 @@ async fn times(server: &TestServer) -> Vec<f64> {
     .filter_map(|r| r["t"].as_f64())
     .map(|ns| ns / 1e9)
     .collect()
-}
-
-fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics").ok()?;
-    body.lines()
-        .find(|l| l.starts_with(&format!("{name} ")))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 const NOW_MS: i64 = 1_700_000_000_000;
 const NOW: i64 = NOW_MS * 1_000_000;
 
-fn series(labels: &[(&str, &str)], samples: &[(i64, f64)]) -> TimeSeries {
+/// A series with `labels` and `(timestamp ms, value)` samples.
+pub(super) fn series(labels: &[(&str, &str)], samples: &[(i64, f64)]) -> TimeSeries {
     TimeSeries {
         labels: labels
             .iter()

@@ -370,19 +370,7 @@ mod tests {
         WriteRequest {
             timeseries: series
                 .iter()
-                .map(|(labels, samples)| TimeSeries {
-                    labels: labels
-                        .iter()
-                        .map(|(n, v)| Label {
-                            name: n.to_string(),
-                            value: v.to_string(),
-                        })
-                        .collect(),
-                    samples: samples
-                        .iter()
-                        .map(|&(timestamp, value)| Sample { value, timestamp })
-                        .collect(),
-                })
+                .map(|(labels, samples)| super::super::tests::series(labels, samples))
                 .collect(),
         }
     }
