@@ -229,8 +229,6 @@ pub async fn run_with_source(
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
-    // One collection's protobuf bytes, written anew at each tick into the same buffer.
-    let mut protobuf = Vec::new();
     // The collections waiting for --flush-interval, concatenated: protobuf messages append, so
     // this is one ExportMetricsServiceRequest holding all their resource metrics, in order.
     let mut pending: Vec<u8> = Vec::new();
@@ -242,10 +240,9 @@ pub async fn run_with_source(
         }
         let collected = tokio::select! {
             () = &mut shutdown => break,
-            c = tick(source.as_mut(), attributor.as_mut(), &resource, &expo, &mut protobuf) => c,
+            c = tick(source.as_mut(), attributor.as_mut(), &resource, &expo, &mut pending) => c,
         };
         if collected {
-            pending.extend_from_slice(&protobuf);
             pending_since.get_or_insert_with(std::time::Instant::now);
         }
         if flush_due(
@@ -337,14 +334,15 @@ async fn send(exporter: &mut Exporter, protobuf: &[u8]) {
     }
 }
 
-/// One collection: read, attribute, encode into `protobuf`, and show on `/metrics`. `false`
-/// when nothing could be read (logged; the loop goes on).
+/// One collection: read, attribute, encode it at the end of `pending` (the collections waiting to
+/// be sent), and show it on `/metrics`. `false` when nothing could be read (logged; the loop
+/// goes on).
 async fn tick(
     source: &mut dyn Source,
     attribution: Option<&mut Attribution>,
     resource: &[(String, String)],
     expo: &export::prometheus::SharedExposition,
-    protobuf: &mut Vec<u8>,
+    pending: &mut Vec<u8>,
 ) -> bool {
     let started = std::time::Instant::now();
     let mut samples = match source.collect(now_unix_nano()) {
@@ -365,8 +363,7 @@ async fn tick(
         a.attributor.apply(&mut samples, &mut processes);
     }
     let events = source.events();
-    protobuf.clear();
-    export::otlp::encode_collection_to(protobuf, &samples, &processes, &events, resource);
+    export::otlp::encode_collection_to(pending, &samples, &processes, &events, resource);
     metrics::collection_done(
         u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         samples.len(),
