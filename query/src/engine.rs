@@ -328,7 +328,13 @@ impl QueryEngine {
         let session = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
-        let ctx = SessionContext::new_with_config(session);
+        // Partial aggregations over runs of equal keys (the files are sorted by host and GPU).
+        let state = datafusion::execution::SessionStateBuilder::new()
+            .with_config(session)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(crate::run_aggregate::RunAggregateRule))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         // Files in an object store are read through it: registered once, under `s3://bucket`.
         if let Some((base, object_store)) = store.object_store() {
             let url = datafusion::execution::object_store::ObjectStoreUrl::parse(&base)

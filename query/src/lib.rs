@@ -14,6 +14,7 @@ pub mod http;
 pub mod pg;
 pub mod pg_functions;
 pub mod pg_rewrite;
+pub mod run_aggregate;
 pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};

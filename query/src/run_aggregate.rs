@@ -1,0 +1,596 @@
+//! Partial aggregation that looks groups up once per run of equal keys.
+//!
+//! The store writes every Parquet file sorted by host, GPU and time, so a scan yields long runs
+//! of rows that share their labels: a GPU's rows of one hour follow each other. DataFusion's hash
+//! aggregation hashes and compares every row's group keys; with 40-byte GPU UUIDs that is most
+//! of the time of a query such as GPU-hours per job. [`RunAggregateExec`] compares each row's
+//! keys with the previous row's instead (for a string read as a view: one 16-byte comparison
+//! when both come from the same dictionary page), and looks a group up in its hash table only
+//! where the keys change. The aggregate functions are DataFusion's own groups accumulators,
+//! called with the group index of every row, so every aggregate gives the same answer as
+//! through DataFusion's operator.
+//!
+//! [`RunAggregateRule`] puts it in place of a partial `AggregateExec` when it can stand in for it
+//! exactly: a plain `GROUP BY` (no grouping sets) on keys of the types below, aggregates with
+//! groups accumulators (no `DISTINCT`, no `ORDER BY` within the aggregate), no limit pushed into
+//! the aggregation, unordered input. Any other aggregation is left to DataFusion. Input without
+//! runs is still right, at about the cost of a hash aggregation. Like DataFusion's partial
+//! aggregation, it emits what it holds and starts again when the query's memory pool refuses it
+//! more memory: the final aggregation merges the partial states.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, UInt32Array};
+use arrow::compute::{cast, take};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::row::{Row, RowConverter, Rows, SortField};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
+    PhysicalExpr, PlanProperties,
+};
+use futures::StreamExt;
+
+/// Puts [`RunAggregateExec`] in place of the partial aggregations it can compute.
+#[derive(Debug, Default)]
+pub struct RunAggregateRule;
+
+impl PhysicalOptimizerRule for RunAggregateRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+                if eligible(agg) {
+                    let run: Arc<dyn ExecutionPlan> =
+                        Arc::new(RunAggregateExec::new(Arc::new(agg.clone())));
+                    return Ok(Transformed::yes(run));
+                }
+            }
+            Ok(Transformed::no(node))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "run_aggregate"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// Whether [`RunAggregateExec`] computes exactly what `agg` does.
+fn eligible(agg: &AggregateExec) -> bool {
+    let group_by = agg.group_expr();
+    if *agg.mode() != AggregateMode::Partial
+        || !group_by.is_single()
+        || group_by.expr().is_empty()
+        || agg.limit_options().is_some()
+        || !agg.dynamic_expressions_produced().is_empty()
+        || *agg.input_order_mode() != InputOrderMode::Linear
+    {
+        return false;
+    }
+    let aggregates_fit = agg.aggr_expr().iter().all(|a| {
+        a.order_bys().is_empty() && !a.is_distinct() && a.groups_accumulator_supported()
+    });
+    let input = agg.input_schema();
+    let keys_fit = group_by.expr().iter().all(|(expr, _)| {
+        expr.data_type(&input)
+            .map(|t| comparable(&t))
+            .unwrap_or(false)
+    });
+    aggregates_fit && keys_fit
+}
+
+/// Key types whose runs [`mark_changes`] finds.
+fn comparable(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Null
+            | DataType::Boolean
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::Utf8View
+            | DataType::BinaryView
+    ) || t.primitive_width().is_some()
+}
+
+/// A partial aggregation over runs of equal group keys (see the module's documentation). It
+/// holds the `AggregateExec` it stands for: its expressions, schema and plan properties.
+#[derive(Debug)]
+pub struct RunAggregateExec {
+    agg: Arc<AggregateExec>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RunAggregateExec {
+    fn new(agg: Arc<AggregateExec>) -> Self {
+        Self {
+            agg,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for RunAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        struct Inner<'a>(&'a AggregateExec, DisplayFormatType);
+        impl fmt::Display for Inner<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt_as(self.1, f)
+            }
+        }
+        let inner = Inner(&self.agg, t).to_string();
+        let rest = inner.strip_prefix("AggregateExec: ").unwrap_or(&inner);
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "{rest}"),
+            _ => write!(f, "RunAggregateExec: {rest}"),
+        }
+    }
+}
+
+impl ExecutionPlan for RunAggregateExec {
+    fn name(&self) -> &str {
+        "RunAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.agg.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let agg = Arc::clone(&self.agg) as Arc<dyn ExecutionPlan>;
+        let agg = agg.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )?;
+        match agg.downcast_ref::<AggregateExec>() {
+            Some(a) if eligible(a) => Ok(Arc::new(Self::new(Arc::new(a.clone())))),
+            _ => Ok(agg),
+        }
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.agg.input().execute(partition, Arc::clone(&context))?;
+        let groups = Groups::try_new(&self.agg, context.session_config().batch_size())?;
+        let reservation = MemoryConsumer::new(format!("RunAggregateExec[{partition}]"))
+            .register(context.memory_pool());
+        let schema = self.schema();
+        let state = StreamState {
+            input,
+            groups,
+            reservation,
+            pending: VecDeque::new(),
+            done: false,
+            metrics: BaselineMetrics::new(&self.metrics, partition),
+        };
+        let stream = futures::stream::unfold(state, next_batch);
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+struct StreamState {
+    input: SendableRecordBatchStream,
+    groups: Groups,
+    reservation: MemoryReservation,
+    pending: VecDeque<RecordBatch>,
+    done: bool,
+    metrics: BaselineMetrics,
+}
+
+async fn next_batch(mut s: StreamState) -> Option<(Result<RecordBatch>, StreamState)> {
+    loop {
+        if let Some(batch) = s.pending.pop_front() {
+            s.metrics.record_output(batch.num_rows());
+            return Some((Ok(batch), s));
+        }
+        if s.done {
+            s.metrics.done();
+            return None;
+        }
+        let step = match s.input.next().await {
+            Some(Ok(batch)) => {
+                let _timer = s.metrics.elapsed_compute().timer();
+                s.groups
+                    .update(&batch)
+                    .and_then(|()| s.groups.fit(&mut s.reservation, &mut s.pending))
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                s.done = true;
+                let _timer = s.metrics.elapsed_compute().timer();
+                let emitted = s.groups.emit(&mut s.pending);
+                s.reservation.free();
+                emitted
+            }
+        };
+        if let Err(e) = step {
+            s.done = true;
+            s.pending.clear();
+            return Some((Err(e), s));
+        }
+    }
+}
+
+/// The groups of one partition: their keys in the row format, a hash table over them, and the
+/// accumulators' state.
+struct Groups {
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    key_types: Vec<DataType>,
+    args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+    converter: RowConverter,
+    /// The keys of group `g`: row `g`.
+    rows: Rows,
+    /// (hash of the row, group index).
+    table: hashbrown::HashTable<(u64, usize)>,
+    hasher: hashbrown::DefaultHashBuilder,
+    schema: SchemaRef,
+    batch_size: usize,
+    // Scratch space, kept between batches.
+    same: Vec<bool>,
+    starts: Vec<u32>,
+    group_of_row: Vec<usize>,
+}
+
+impl Groups {
+    fn try_new(agg: &AggregateExec, batch_size: usize) -> Result<Self> {
+        let input = agg.input_schema();
+        let mut keys = Vec::new();
+        let mut key_types = Vec::new();
+        for (expr, _) in agg.group_expr().expr() {
+            keys.push(Arc::clone(expr));
+            key_types.push(expr.data_type(&input)?);
+        }
+        let converter = RowConverter::new(
+            key_types
+                .iter()
+                .map(|t| SortField::new(t.clone()))
+                .collect(),
+        )?;
+        let accumulators = agg
+            .aggr_expr()
+            .iter()
+            .map(|a| a.create_groups_accumulator())
+            .collect::<Result<Vec<_>>>()?;
+        let rows = converter.empty_rows(0, 0);
+        Ok(Self {
+            keys,
+            key_types,
+            args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
+            filters: agg.filter_expr().to_vec(),
+            accumulators,
+            converter,
+            rows,
+            table: hashbrown::HashTable::new(),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+            schema: agg.schema(),
+            batch_size: batch_size.max(1),
+            same: Vec::new(),
+            starts: Vec::new(),
+            group_of_row: Vec::new(),
+        })
+    }
+
+    /// Adds the rows of `batch` to their groups.
+    fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let keys = self
+            .keys
+            .iter()
+            .map(|e| e.evaluate(batch).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>>>()?;
+
+        // Where a run of equal keys starts: at the first row, and wherever a key changes.
+        self.same.clear();
+        self.same.resize(n, true);
+        self.same[0] = false;
+        for key in &keys {
+            mark_changes(key.as_ref(), &mut self.same)?;
+        }
+        self.starts.clear();
+        self.starts.extend(
+            self.same
+                .iter()
+                .enumerate()
+                .filter(|(_, same)| !**same)
+                .map(|(i, _)| i as u32),
+        );
+
+        // Each run's group, from the keys of its first row.
+        let firsts = if self.starts.len() == n {
+            keys
+        } else {
+            let idx = UInt32Array::from(self.starts.clone());
+            keys.iter()
+                .map(|k| take(k.as_ref(), &idx, None).map_err(DataFusionError::from))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let encoded = self.converter.convert_columns(&firsts)?;
+        self.group_of_row.clear();
+        for (r, row) in encoded.iter().enumerate() {
+            let group = self.intern(row);
+            let end = self.starts.get(r + 1).map_or(n, |s| *s as usize);
+            let len = end - self.starts[r] as usize;
+            self.group_of_row
+                .extend(std::iter::repeat_n(group, len));
+        }
+
+        let total = self.rows.num_rows();
+        for ((acc, args), filter) in self
+            .accumulators
+            .iter_mut()
+            .zip(&self.args)
+            .zip(&self.filters)
+        {
+            let values = args
+                .iter()
+                .map(|e| e.evaluate(batch).and_then(|v| v.into_array(n)))
+                .collect::<Result<Vec<_>>>()?;
+            let filter = match filter {
+                Some(f) => Some(f.evaluate(batch).and_then(|v| v.into_array(n))?),
+                None => None,
+            };
+            let filter: Option<&BooleanArray> = match &filter {
+                Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
+                    DataFusionError::Internal(format!(
+                        "aggregate filter is {}, not a boolean",
+                        f.data_type()
+                    ))
+                })?),
+                None => None,
+            };
+            acc.update_batch(&values, &self.group_of_row, filter, total)?;
+        }
+        Ok(())
+    }
+
+    /// The group of the keys in `row`, added if new.
+    fn intern(&mut self, row: Row<'_>) -> usize {
+        let bytes: &[u8] = row.as_ref();
+        let hash = self.hasher.hash_one(bytes);
+        let rows = &self.rows;
+        if let Some((_, group)) = self
+            .table
+            .find(hash, |(h, g)| *h == hash && rows.row(*g).as_ref() == bytes)
+        {
+            return *group;
+        }
+        let group = self.rows.num_rows();
+        self.rows.push(row);
+        self.table.insert_unique(hash, (hash, group), |(h, _)| *h);
+        group
+    }
+
+    /// The memory held, as counted in the query's memory pool.
+    fn size(&self) -> usize {
+        self.rows.size()
+            + self.table.allocation_size()
+            + self.accumulators.iter().map(|a| a.size()).sum::<usize>()
+            + self.same.capacity()
+            + self.starts.capacity() * size_of::<u32>()
+            + self.group_of_row.capacity() * size_of::<usize>()
+    }
+
+    /// Accounts for the memory held; when the pool refuses it, emits every group into `out`
+    /// (the final aggregation merges them with later ones) and starts again.
+    fn fit(
+        &mut self,
+        reservation: &mut MemoryReservation,
+        out: &mut VecDeque<RecordBatch>,
+    ) -> Result<()> {
+        if reservation.try_resize(self.size()).is_ok() {
+            return Ok(());
+        }
+        self.emit(out)?;
+        self.table.shrink_to_fit(|(h, _)| *h);
+        self.group_of_row = Vec::new();
+        self.same = Vec::new();
+        self.starts = Vec::new();
+        reservation.try_resize(self.size())
+    }
+
+    /// Moves every group, keys and accumulator states, into `out` and starts again.
+    fn emit(&mut self, out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        let n = self.rows.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut columns = self.converter.convert_rows(self.rows.iter())?;
+        for (column, t) in columns.iter_mut().zip(&self.key_types) {
+            if column.data_type() != t {
+                *column = cast(column.as_ref(), t)?;
+            }
+        }
+        for acc in &mut self.accumulators {
+            columns.extend(acc.state(EmitTo::All)?);
+        }
+        self.rows = self.converter.empty_rows(0, 0);
+        self.table.clear();
+        let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        let mut offset = 0;
+        while offset < n {
+            let len = self.batch_size.min(n - offset);
+            out.push_back(batch.slice(offset, len));
+            offset += len;
+        }
+        Ok(())
+    }
+}
+
+/// Clears `same[i]` where row `i` of `array` may differ from row `i - 1`. A row is kept only
+/// when it surely equals the one before; a run split where it need not be costs a lookup, never
+/// a wrong answer.
+fn mark_changes(array: &dyn Array, same: &mut [bool]) -> Result<()> {
+    let n = array.len();
+    match array.data_type() {
+        DataType::Null => return Ok(()),
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            mark_views(a.views(), same, |i| a.value(i).as_bytes());
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            mark_views(a.views(), same, |i| a.value(i));
+        }
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            mark_values(n, same, |i| a.value(i).as_bytes());
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            mark_values(n, same, |i| a.value(i).as_bytes());
+        }
+        DataType::Binary => {
+            let a = array.as_binary::<i32>();
+            mark_values(n, same, |i| a.value(i));
+        }
+        DataType::LargeBinary => {
+            let a = array.as_binary::<i64>();
+            mark_values(n, same, |i| a.value(i));
+        }
+        DataType::Boolean => {
+            let a = array.as_boolean();
+            for i in 1..n {
+                if a.value(i) != a.value(i - 1) {
+                    same[i] = false;
+                }
+            }
+        }
+        t => {
+            let Some(width) = t.primitive_width() else {
+                return Err(DataFusionError::Internal(format!(
+                    "run aggregation cannot group by {t}"
+                )));
+            };
+            let data = array.to_data();
+            let Some(buffer) = data.buffers().first() else {
+                return Err(DataFusionError::Internal(format!(
+                    "{t} array without a values buffer"
+                )));
+            };
+            let start = data.offset() * width;
+            let Some(bytes) = buffer.as_slice().get(start..start + n * width) else {
+                return Err(DataFusionError::Internal(format!(
+                    "{t} array shorter than its length"
+                )));
+            };
+            match width {
+                1 => mark_fixed::<1>(bytes, same),
+                2 => mark_fixed::<2>(bytes, same),
+                4 => mark_fixed::<4>(bytes, same),
+                8 => mark_fixed::<8>(bytes, same),
+                16 => mark_fixed::<16>(bytes, same),
+                32 => mark_fixed::<32>(bytes, same),
+                w => {
+                    let values: Vec<&[u8]> = bytes.chunks_exact(w).collect();
+                    mark_values(n, same, |i| values[i]);
+                }
+            }
+        }
+    }
+    // A null and a value differ, whatever the value's slot holds.
+    if let Some(nulls) = array.logical_nulls() {
+        for i in 1..n {
+            if nulls.is_valid(i) != nulls.is_valid(i - 1) {
+                same[i] = false;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mark_fixed<const N: usize>(bytes: &[u8], same: &mut [bool]) {
+    let mut previous: Option<&[u8]> = None;
+    for (i, value) in bytes.chunks_exact(N).enumerate() {
+        if let Some(p) = previous {
+            let (a, b): (Option<&[u8; N]>, Option<&[u8; N]>) =
+                (p.try_into().ok(), value.try_into().ok());
+            if a != b {
+                same[i] = false;
+            }
+        }
+        previous = Some(value);
+    }
+}
+
+fn mark_values<'a>(n: usize, same: &mut [bool], value: impl Fn(usize) -> &'a [u8]) {
+    for i in 1..n {
+        if same[i] && value(i) != value(i - 1) {
+            same[i] = false;
+        }
+    }
+}
+
+/// Views: equal views are equal values (same inline bytes, or same length, prefix, buffer and
+/// offset); views that differ are compared by length, then by value.
+fn mark_views<'a>(views: &[u128], same: &mut [bool], value: impl Fn(usize) -> &'a [u8]) {
+    for i in 1..views.len() {
+        let (a, b) = (views[i - 1], views[i]);
+        if a == b || !same[i] {
+            continue;
+        }
+        // The low 32 bits are the length; an inline value (12 bytes or fewer) is all in the view.
+        let len = b as u32;
+        if a as u32 != len || len <= 12 || value(i) != value(i - 1) {
+            same[i] = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
