@@ -276,7 +276,7 @@ async fn run_gpuwatch(
     let sql = "SELECT count(*) AS n_rows, count(DISTINCT gpu_uuid) AS gpus, count(power_watts) AS power, \
                count(nvlink_rx_bytes_per_second) AS nvlink, count(remapped_rows_failure) AS remap, \
                count(job_id) AS with_job FROM gpu_metrics";
-    let check = sql_json(&server.url, sql).await?;
+    let check = sql_json(&send::client()?, &server.url, sql).await?;
     let row = check
         .first()
         .ok_or_else(|| "the check query returned no row".to_string())?;
@@ -330,8 +330,13 @@ async fn run_gpuwatch(
 }
 
 /// `POST /api/v1/sql` returning the JSON rows.
-pub async fn sql_json(url: &str, sql: &str) -> Result<Vec<serde_json::Value>> {
-    let client = send::client()?;
+/// Runs `sql` over `POST /api/v1/sql` with `client` (kept between queries, with its
+/// connection, as a dashboard or a script keeps it) and parses the JSON answer.
+pub async fn sql_json(
+    client: &reqwest::Client,
+    url: &str,
+    sql: &str,
+) -> Result<Vec<serde_json::Value>> {
     let body = serde_json::json!({ "sql": sql, "format": "json" }).to_string();
     let resp = client
         .post(format!("{url}/api/v1/sql"))
