@@ -5,10 +5,10 @@
 //! aggregation hashes and compares every row's group keys; with 40-byte GPU UUIDs that is most
 //! of the time of a query such as GPU-hours per job. [`RunAggregateExec`] compares each row's
 //! keys with the previous row's instead (for a string read as a view: one 16-byte comparison
-//! when both come from the same dictionary page), and looks a group up in its hash table only
-//! where the keys change. The aggregate functions are DataFusion's own groups accumulators,
-//! called with the group index of every row, so every aggregate gives the same answer as
-//! through DataFusion's operator.
+//! when both come from the same dictionary page), and looks a group up only where the keys
+//! change: the first row of each run goes through DataFusion's own group table, and the
+//! aggregate functions are DataFusion's own groups accumulators, called with the group index of
+//! every row, so every aggregate gives the same answer as through DataFusion's operator.
 //!
 //! [`RunAggregateRule`] puts it in place of a partial `AggregateExec` when it can stand in for it
 //! exactly: a plain `GROUP BY` (no grouping sets) on keys of the types below, aggregates with
@@ -20,13 +20,11 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, UInt32Array};
-use arrow::compute::{cast, take};
+use arrow::compute::take;
 use arrow::datatypes::{DataType, SchemaRef};
-use arrow::row::{Row, RowConverter, Rows, SortField};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
@@ -34,6 +32,8 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
+use datafusion::physical_plan::aggregates::order::GroupOrdering;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
@@ -262,63 +262,47 @@ async fn next_batch(mut s: StreamState) -> Option<(Result<RecordBatch>, StreamSt
     }
 }
 
-/// The groups of one partition: their keys in the row format, a hash table over them, and the
-/// accumulators' state.
+/// The groups of one partition: their keys, in DataFusion's own group table (which hashes the
+/// first row of each run), and the accumulators' state.
 struct Groups {
     keys: Vec<Arc<dyn PhysicalExpr>>,
-    key_types: Vec<DataType>,
     args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
     accumulators: Vec<Box<dyn GroupsAccumulator>>,
-    converter: RowConverter,
-    /// The keys of group `g`: row `g`.
-    rows: Rows,
-    /// (hash of the row, group index).
-    table: hashbrown::HashTable<(u64, usize)>,
-    hasher: hashbrown::DefaultHashBuilder,
+    values: Box<dyn GroupValues>,
     schema: SchemaRef,
     batch_size: usize,
     // Scratch space, kept between batches.
     same: Vec<bool>,
     starts: Vec<u32>,
+    group_of_start: Vec<usize>,
     group_of_row: Vec<usize>,
 }
 
 impl Groups {
     fn try_new(agg: &AggregateExec, batch_size: usize) -> Result<Self> {
-        let input = agg.input_schema();
-        let mut keys = Vec::new();
-        let mut key_types = Vec::new();
-        for (expr, _) in agg.group_expr().expr() {
-            keys.push(Arc::clone(expr));
-            key_types.push(expr.data_type(&input)?);
-        }
-        let converter = RowConverter::new(
-            key_types
-                .iter()
-                .map(|t| SortField::new(t.clone()))
-                .collect(),
-        )?;
+        let group_schema = agg.group_expr().group_schema(&agg.input_schema())?;
         let accumulators = agg
             .aggr_expr()
             .iter()
             .map(|a| a.create_groups_accumulator())
             .collect::<Result<Vec<_>>>()?;
-        let rows = converter.empty_rows(0, 0);
         Ok(Self {
-            keys,
-            key_types,
+            keys: agg
+                .group_expr()
+                .expr()
+                .iter()
+                .map(|(e, _)| Arc::clone(e))
+                .collect(),
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             filters: agg.filter_expr().to_vec(),
             accumulators,
-            converter,
-            rows,
-            table: hashbrown::HashTable::new(),
-            hasher: hashbrown::DefaultHashBuilder::default(),
+            values: new_group_values(group_schema, &GroupOrdering::None)?,
             schema: agg.schema(),
             batch_size: batch_size.max(1),
             same: Vec::new(),
             starts: Vec::new(),
+            group_of_start: Vec::new(),
             group_of_row: Vec::new(),
         })
     }
@@ -360,17 +344,15 @@ impl Groups {
                 .map(|k| take(k.as_ref(), &idx, None).map_err(DataFusionError::from))
                 .collect::<Result<Vec<_>>>()?
         };
-        let encoded = self.converter.convert_columns(&firsts)?;
+        self.values.intern(&firsts, &mut self.group_of_start)?;
         self.group_of_row.clear();
-        for (r, row) in encoded.iter().enumerate() {
-            let group = self.intern(row);
+        for (r, group) in self.group_of_start.iter().enumerate() {
             let end = self.starts.get(r + 1).map_or(n, |s| *s as usize);
             let len = end - self.starts[r] as usize;
-            self.group_of_row
-                .extend(std::iter::repeat_n(group, len));
+            self.group_of_row.extend(std::iter::repeat_n(*group, len));
         }
 
-        let total = self.rows.num_rows();
+        let total = self.values.len();
         for ((acc, args), filter) in self
             .accumulators
             .iter_mut()
@@ -399,31 +381,13 @@ impl Groups {
         Ok(())
     }
 
-    /// The group of the keys in `row`, added if new.
-    fn intern(&mut self, row: Row<'_>) -> usize {
-        let bytes: &[u8] = row.as_ref();
-        let hash = self.hasher.hash_one(bytes);
-        let rows = &self.rows;
-        if let Some((_, group)) = self
-            .table
-            .find(hash, |(h, g)| *h == hash && rows.row(*g).as_ref() == bytes)
-        {
-            return *group;
-        }
-        let group = self.rows.num_rows();
-        self.rows.push(row);
-        self.table.insert_unique(hash, (hash, group), |(h, _)| *h);
-        group
-    }
-
     /// The memory held, as counted in the query's memory pool.
     fn size(&self) -> usize {
-        self.rows.size()
-            + self.table.allocation_size()
+        self.values.size()
             + self.accumulators.iter().map(|a| a.size()).sum::<usize>()
             + self.same.capacity()
             + self.starts.capacity() * size_of::<u32>()
-            + self.group_of_row.capacity() * size_of::<usize>()
+            + (self.group_of_start.capacity() + self.group_of_row.capacity()) * size_of::<usize>()
     }
 
     /// Accounts for the memory held; when the pool refuses it, emits every group into `out`
@@ -437,7 +401,8 @@ impl Groups {
             return Ok(());
         }
         self.emit(out)?;
-        self.table.shrink_to_fit(|(h, _)| *h);
+        self.values.clear_shrink(0);
+        self.group_of_start = Vec::new();
         self.group_of_row = Vec::new();
         self.same = Vec::new();
         self.starts = Vec::new();
@@ -446,21 +411,14 @@ impl Groups {
 
     /// Moves every group, keys and accumulator states, into `out` and starts again.
     fn emit(&mut self, out: &mut VecDeque<RecordBatch>) -> Result<()> {
-        let n = self.rows.num_rows();
+        let n = self.values.len();
         if n == 0 {
             return Ok(());
         }
-        let mut columns = self.converter.convert_rows(self.rows.iter())?;
-        for (column, t) in columns.iter_mut().zip(&self.key_types) {
-            if column.data_type() != t {
-                *column = cast(column.as_ref(), t)?;
-            }
-        }
+        let mut columns = self.values.emit(EmitTo::All)?;
         for acc in &mut self.accumulators {
             columns.extend(acc.state(EmitTo::All)?);
         }
-        self.rows = self.converter.empty_rows(0, 0);
-        self.table.clear();
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
         let mut offset = 0;
         while offset < n {
