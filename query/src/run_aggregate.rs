@@ -36,7 +36,9 @@ use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
@@ -198,7 +200,15 @@ impl ExecutionPlan for RunAggregateExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let input = self.agg.input().execute(partition, Arc::clone(&context))?;
-        let groups = Groups::try_new(&self.agg, context.session_config().batch_size())?;
+        let options = &context.session_config().options().execution;
+        let probe = Probe {
+            rows: options.skip_partial_aggregation_probe_rows_threshold,
+            ratio: options.skip_partial_aggregation_probe_ratio_threshold,
+            seen: 0,
+            skipped: MetricBuilder::new(&self.metrics)
+                .counter("skipped_aggregation_rows", partition),
+        };
+        let groups = Groups::try_new(&self.agg, context.session_config().batch_size(), probe)?;
         let reservation = MemoryConsumer::new(format!("RunAggregateExec[{partition}]"))
             .register(context.memory_pool());
         let schema = self.schema();
@@ -242,7 +252,7 @@ async fn next_batch(mut s: StreamState) -> Option<(Result<RecordBatch>, StreamSt
             Some(Ok(batch)) => {
                 let _timer = s.metrics.elapsed_compute().timer();
                 s.groups
-                    .update(&batch)
+                    .update(&batch, &mut s.pending)
                     .and_then(|()| s.groups.fit(&mut s.reservation, &mut s.pending))
             }
             Some(Err(e)) => Err(e),
@@ -272,6 +282,10 @@ struct Groups {
     values: Box<dyn GroupValues>,
     schema: SchemaRef,
     batch_size: usize,
+    probe: Probe,
+    /// Set once the probe found about as many groups as rows: rows then pass through as
+    /// partial states of one row each.
+    passing: bool,
     // Scratch space, kept between batches.
     same: Vec<bool>,
     starts: Vec<u32>,
@@ -280,7 +294,7 @@ struct Groups {
 }
 
 impl Groups {
-    fn try_new(agg: &AggregateExec, batch_size: usize) -> Result<Self> {
+    fn try_new(agg: &AggregateExec, batch_size: usize, probe: Probe) -> Result<Self> {
         let group_schema = agg.group_expr().group_schema(&agg.input_schema())?;
         let accumulators = agg
             .aggr_expr()
@@ -300,6 +314,8 @@ impl Groups {
             values: new_group_values(group_schema, &GroupOrdering::None)?,
             schema: agg.schema(),
             batch_size: batch_size.max(1),
+            probe,
+            passing: false,
             same: Vec::new(),
             starts: Vec::new(),
             group_of_start: Vec::new(),
@@ -307,8 +323,8 @@ impl Groups {
         })
     }
 
-    /// Adds the rows of `batch` to their groups.
-    fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Adds the rows of `batch` to their groups (or, once passing, turns them into states).
+    fn update(&mut self, batch: &RecordBatch, out: &mut VecDeque<RecordBatch>) -> Result<()> {
         let n = batch.num_rows();
         if n == 0 {
             return Ok(());
@@ -318,6 +334,9 @@ impl Groups {
             .iter()
             .map(|e| e.evaluate(batch).and_then(|v| v.into_array(n)))
             .collect::<Result<Vec<_>>>()?;
+        if self.passing {
+            return self.pass(batch, keys, out);
+        }
 
         // Where a run of equal keys starts: at the first row, and wherever a key changes.
         self.same.clear();
@@ -353,31 +372,53 @@ impl Groups {
         }
 
         let total = self.values.len();
-        for ((acc, args), filter) in self
-            .accumulators
-            .iter_mut()
-            .zip(&self.args)
-            .zip(&self.filters)
-        {
-            let values = args
-                .iter()
-                .map(|e| e.evaluate(batch).and_then(|v| v.into_array(n)))
-                .collect::<Result<Vec<_>>>()?;
-            let filter = match filter {
-                Some(f) => Some(f.evaluate(batch).and_then(|v| v.into_array(n))?),
-                None => None,
-            };
-            let filter: Option<&BooleanArray> = match &filter {
-                Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
-                    DataFusionError::Internal(format!(
-                        "aggregate filter is {}, not a boolean",
-                        f.data_type()
-                    ))
-                })?),
-                None => None,
-            };
-            acc.update_batch(&values, &self.group_of_row, filter, total)?;
+        for i in 0..self.accumulators.len() {
+            let (values, filter) = self.arguments(i, batch)?;
+            let filter = boolean(filter.as_ref())?;
+            self.accumulators[i].update_batch(&values, &self.group_of_row, filter, total)?;
         }
+
+        // Like DataFusion's partial aggregation: when the first rows hold about as many groups
+        // as rows, aggregating them here only costs; emit what is held and pass rows on.
+        if self.probe.passes(n, self.values.len()) {
+            self.passing = true;
+            self.emit(out)?;
+        }
+        Ok(())
+    }
+
+    /// The arguments and filter of aggregate `i` over `batch`.
+    fn arguments(
+        &self,
+        i: usize,
+        batch: &RecordBatch,
+    ) -> Result<(Vec<arrow::array::ArrayRef>, Option<arrow::array::ArrayRef>)> {
+        let n = batch.num_rows();
+        let values = self.args[i]
+            .iter()
+            .map(|e| e.evaluate(batch).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>>>()?;
+        let filter = match &self.filters[i] {
+            Some(f) => Some(f.evaluate(batch).and_then(|v| v.into_array(n))?),
+            None => None,
+        };
+        Ok((values, filter))
+    }
+
+    /// Every row of `batch` as a partial state of its own.
+    fn pass(
+        &mut self,
+        batch: &RecordBatch,
+        mut columns: Vec<arrow::array::ArrayRef>,
+        out: &mut VecDeque<RecordBatch>,
+    ) -> Result<()> {
+        for i in 0..self.accumulators.len() {
+            let (values, filter) = self.arguments(i, batch)?;
+            let filter = boolean(filter.as_ref())?;
+            columns.extend(self.accumulators[i].convert_to_state(&values, filter)?);
+        }
+        out.push_back(RecordBatch::try_new(Arc::clone(&self.schema), columns)?);
+        self.probe.skipped.add(batch.num_rows());
         Ok(())
     }
 
@@ -427,6 +468,35 @@ impl Groups {
             offset += len;
         }
         Ok(())
+    }
+}
+
+/// DataFusion's test for skipping partial aggregation: after `rows` input rows, more than
+/// `ratio` groups per row.
+struct Probe {
+    rows: usize,
+    ratio: f64,
+    seen: usize,
+    /// Rows passed on without aggregation (shown by `EXPLAIN ANALYZE`).
+    skipped: Count,
+}
+
+impl Probe {
+    fn passes(&mut self, rows: usize, groups: usize) -> bool {
+        self.seen += rows;
+        self.seen >= self.rows && groups as f64 / self.seen as f64 > self.ratio
+    }
+}
+
+fn boolean(filter: Option<&arrow::array::ArrayRef>) -> Result<Option<&BooleanArray>> {
+    match filter {
+        Some(f) => f.as_boolean_opt().map(Some).ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "aggregate filter is {}, not a boolean",
+                f.data_type()
+            ))
+        }),
+        None => Ok(None),
     }
 }
 

@@ -176,6 +176,8 @@ const TAKEN: &[&str] = &[
     "SELECT gpu_index, flag, sum(v) FILTER (WHERE flag), count(*) FILTER (WHERE v > 1) FROM t GROUP BY gpu_index, flag",
     "SELECT date_bin(INTERVAL '1 minute', time) AS b, host, avg(v), count(*) FROM t GROUP BY 1, host",
     "SELECT v, count(*) FROM t GROUP BY v",
+    // A group per row: past the probe, rows pass on as states.
+    "SELECT time, host, count(*), sum(v), min(w), max(plain), count(job_id) FILTER (WHERE flag) FROM t GROUP BY time, host",
     "SELECT plain, job_id, count(*), min(w) FROM t GROUP BY plain, job_id",
     "WITH w AS (
        SELECT host, gpu_uuid, gpu_index, job_id, max(job_id) AS j, min(time) AS first, max(time) AS last,
@@ -261,6 +263,12 @@ proptest! {
         let with = context(Arc::clone(&table), true, None);
         let without = context(table, false, None);
         runtime().block_on(async {
+            // A short probe, so that inputs with few runs also pass rows on.
+            for ctx in [&with, &without] {
+                ctx.sql("SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 50")
+                    .await
+                    .expect("set the probe");
+            }
             for sql in TAKEN.iter().chain(LEFT) {
                 prop_assert_eq!(answer(&with, sql).await, answer(&without, sql).await, "{}", sql);
             }
@@ -394,4 +402,46 @@ fn finds_runs_in_views_values_and_nulls() {
     assert_eq!(changes(&floats), [false, false, false, true, false, true]);
     let sliced = ints.slice(3, 3);
     assert_eq!(changes(&sliced), [false, true, false]);
+}
+
+/// With about as many groups as rows, the partial aggregation passes rows on as states of
+/// their own after the probe, as DataFusion's does, and the answer stays the same.
+#[test]
+fn passes_rows_on_when_nearly_every_row_is_a_group() {
+    // Every row its own run and its own group (the time is part of the key).
+    let runs: Vec<Run> = (0..3000)
+        .map(|i| Run {
+            host: i % 3,
+            gpu: i % 6,
+            job: Some(i % 4),
+            index: Some(0),
+            flag: true,
+            len: 1,
+        })
+        .collect();
+    let sql = "SELECT time, gpu_uuid, count(*), sum(v), max(w) FROM t GROUP BY time, gpu_uuid";
+    let table = table(&runs, 1, 40);
+    let without = context(Arc::clone(&table), false, None);
+    let with = context(table, true, None);
+    runtime().block_on(async {
+        with.sql("SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 500")
+            .await
+            .expect("set the probe");
+        let expected = answer(&without, sql).await;
+        assert_eq!(expected.len(), 3000);
+        let plan = plan(&with, sql).await;
+        let partial = find_run(&plan).expect("a run aggregation in the plan");
+        let batches = collect(Arc::clone(&plan), with.task_ctx())
+            .await
+            .expect("query");
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 3000);
+        // Past the probe (500 rows in each partition), rows passed on.
+        let skipped = partial
+            .metrics()
+            .and_then(|m| m.sum_by_name("skipped_aggregation_rows"))
+            .map(|v| v.as_usize())
+            .unwrap_or_default();
+        assert!((1000..3000).contains(&skipped), "{skipped} rows passed on");
+        assert_eq!(answer(&with, sql).await, expected);
+    });
 }
