@@ -7,7 +7,8 @@
 //! HTTP ([`crate::gate::check_parsed`]) plus the few session statements Postgres clients send
 //! (`SET`, `BEGIN`/`COMMIT`), and executed by `datafusion-postgres` over a session that shares
 //! the engine's tables and adds a `pg_catalog` schema (for `\dt`, `\d` and Grafana's table
-//! lists). Every query takes one of the engine's
+//! lists) and an `information_schema` that names types as Postgres does
+//! ([`crate::pg_information_schema`]). Every query takes one of the engine's
 //! `--max-concurrent-queries` slots, is cut off at `--query-timeout` (or the client's lower
 //! `statement_timeout`) and, as over HTTP, runs with a memory pool of its own of
 //! `--query-memory-limit` bytes ([`Ready::session`]). DataFusion's errors become Postgres errors
@@ -18,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use datafusion::catalog::information_schema::INFORMATION_SCHEMA;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::session_state::SessionState;
@@ -53,6 +55,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, lower_first};
 use crate::http::EngineSlot;
+use crate::pg_information_schema::PgInformationSchema;
 use crate::{QueryEngine, gate};
 
 pub use pgwire::tokio::tokio_rustls::TlsAcceptor;
@@ -277,7 +280,7 @@ struct Ready {
     /// Parses and plans every statement; runs them too when there is no memory limit.
     service: Arc<DfSessionService>,
     /// The session state every statement's own session is made from (tables, functions,
-    /// `pg_catalog`; the engine's runtime).
+    /// `pg_catalog`, `information_schema`; the engine's runtime).
     state: SessionState,
     parser: PostgresCompatibilityParser,
 }
@@ -333,10 +336,12 @@ struct ConnectionSession {
 }
 
 /// Builds the session the Postgres front end plans in: the engine's tables (the same schema
-/// object, so the same data) and a `pg_catalog`, over the engine's runtime (object stores, caches).
+/// object, so the same data), a `pg_catalog`, an `information_schema` with Postgres type names,
+/// over the engine's runtime (object stores, caches).
 fn build(engine: &QueryEngine) -> Result<Ready, String> {
     let base = engine.context();
-    let config = base.copied_config();
+    // DataFusion's own information_schema is replaced by the one registered below.
+    let config = base.copied_config().with_information_schema(false);
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(base.runtime_env())
@@ -360,6 +365,12 @@ fn build(engine: &QueryEngine) -> Result<Ready, String> {
     ctx.register_udaf(crate::udf::rate());
     setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| e.to_string())?;
     let state = ctx.state();
+    let information_schema = PgInformationSchema::new(
+        Arc::clone(state.catalog_list()),
+        state.table_functions().clone(),
+    );
+    own.register_schema(INFORMATION_SCHEMA, Arc::new(information_schema))
+        .map_err(|e| e.to_string())?;
     let service = Arc::new(DfSessionService::new(Arc::new(ctx)));
     Ok(Ready {
         engine: engine.clone(),
@@ -1002,6 +1013,75 @@ mod tests {
             &unlimited.service
         ));
         assert!(connection.get::<ConnectionSession>().is_none());
+    }
+
+    /// `information_schema.columns` names types as Postgres does over this front end, and as
+    /// DataFusion does over HTTP; the other information_schema tables and `SHOW` still work.
+    #[tokio::test]
+    async fn information_schema_gives_postgres_type_names() {
+        let ready = ready(None);
+        let ctx = SessionContext::new_with_state(ready.state.clone());
+        let columns = texts(
+            &ctx,
+            "SELECT column_name, data_type, udt_name, ordinal_position FROM information_schema.columns \
+             WHERE table_schema = 'public' AND table_name = 'gpu_metrics' ORDER BY ordinal_position",
+        )
+        .await;
+        let find = |name: &str| {
+            columns
+                .iter()
+                .find(|r| r[0] == name)
+                .unwrap_or_else(|| panic!("{name} missing in {columns:?}"))
+                .clone()
+        };
+        assert_eq!(
+            columns[0],
+            ["time", "timestamp with time zone", "timestamptz", "1"]
+        );
+        assert_eq!(
+            find("gpu_utilization")[1..3],
+            ["double precision", "float8"]
+        );
+        assert_eq!(find("host")[1..3], ["text", "text"]);
+        for row in &columns {
+            assert!(
+                !row[1].chars().next().is_some_and(char::is_uppercase) || row[1] == "USER-DEFINED",
+                "an Arrow name: {row:?}"
+            );
+        }
+        let labels = texts(
+            &ctx,
+            "SELECT data_type FROM information_schema.columns WHERE table_name = 'metrics' AND column_name = 'labels'",
+        )
+        .await;
+        assert_eq!(labels, vec![vec!["USER-DEFINED".to_string()]]);
+
+        // Over HTTP, DataFusion's names.
+        let http = ready
+            .engine
+            .query("SELECT data_type FROM information_schema.columns WHERE table_name = 'gpu_metrics' AND column_name = 'time'")
+            .await
+            .expect("http information_schema");
+        let http_type = arrow::array::AsArray::as_string::<i32>(http.batches[0].column(0).as_ref())
+            .value(0)
+            .to_string();
+        assert!(http_type.starts_with("Timestamp("), "{http_type}");
+
+        // information_schema lists its own tables once, and SHOW still finds its settings.
+        let own = texts(
+            &ctx,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'information_schema' AND table_name = 'columns'",
+        )
+        .await;
+        assert_eq!(own.len(), 1, "{own:?}");
+        let tables = texts(
+            &ctx,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' AND table_name = 'gpu_metrics'",
+        )
+        .await;
+        assert_eq!(tables.len(), 1, "{tables:?}");
+        let shown = texts(&ctx, "SHOW datafusion.execution.time_zone").await;
+        assert_eq!(shown.len(), 1, "{shown:?}");
     }
 
     #[test]

@@ -715,10 +715,19 @@ async fn grafana_connection_test_and_editor_queries() {
                 "{table}: {column} missing in {columns}"
             );
         }
-        assert!(
-            columns.lines().any(|l| l.starts_with("gpu_utilization|")),
-            "{table}: {columns}"
-        );
+        // Postgres type names, as a Postgres server gives them: the builder offers `time` as
+        // the time column and aggregations over the values.
+        for (column, pg_type) in [
+            ("time", "timestamp with time zone"),
+            ("gpu_utilization", "double precision"),
+            ("energy_joules", "double precision"),
+            ("host", "text"),
+        ] {
+            assert!(
+                columns.lines().any(|l| l == format!("{column}|{pg_type}")),
+                "{table}: {column} is not {pg_type}: {columns}"
+            );
+        }
         assert!(
             !names.contains(&"metric"),
             "{table}: columns of other tables: {columns}"
@@ -735,9 +744,35 @@ async fn grafana_connection_test_and_editor_queries() {
         "SELECT quote_ident(column_name) AS \"column\", data_type AS \"type\" FROM information_schema.columns WHERE quote_ident(table_name) = 'gpu_metrics' AND quote_ident(table_schema) = 'public'",
     );
     assert!(
-        columns.lines().any(|l| l.starts_with("gpu_utilization|")),
+        columns
+            .lines()
+            .any(|l| l == "gpu_utilization|double precision"),
         "{columns}"
     );
+    // Every type has a Postgres name; map columns are USER-DEFINED, as extension types are.
+    let types = ok(
+        &server,
+        "SELECT DISTINCT data_type FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1",
+    );
+    for t in types.lines() {
+        assert!(
+            [
+                "bigint",
+                "double precision",
+                "integer",
+                "text",
+                "timestamp with time zone",
+                "USER-DEFINED"
+            ]
+            .contains(&t),
+            "{t} in {types}"
+        );
+    }
+    let labels = ok(
+        &server,
+        "SELECT data_type FROM information_schema.columns WHERE table_name = 'metrics' AND column_name = 'labels'",
+    );
+    assert_eq!(labels.trim(), "USER-DEFINED");
 }
 
 /// The extended protocol with binary results and typed parameters, as Grafana's pgx driver
