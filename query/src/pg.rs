@@ -289,8 +289,11 @@ impl Ready {
     /// The session a connection's next statement runs in. With `--query-memory-limit`, the
     /// connection's own session, its state made afresh from [`Ready::statement_state`] for each
     /// statement: the statement's memory pool is its alone, as each HTTP query's is, so one
-    /// query cannot starve the queries of other connections (nor a cursor left open the next
-    /// statement of its own). Without a limit, the shared session.
+    /// query cannot starve the queries of other connections, and a cursor left open does not
+    /// take from the next statement of its own connection. Without a limit, the shared
+    /// session. Costs (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms
+    /// at a connection's first statement for its service; a session made from scratch (with
+    /// its own `pg_catalog`) would cost about 60 ms.
     fn session(&self, extensions: &SessionExtensions) -> PgWireResult<Arc<DfSessionService>> {
         let Some(state) = self.statement_state().map_err(|e| engine_error(&e))? else {
             return Ok(Arc::clone(&self.service));
