@@ -21,6 +21,7 @@ use datafusion::datasource::listing::{
 use datafusion::error::Result as DfResult;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::logical_expr::{
     Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown, TableType,
 };
@@ -292,6 +293,22 @@ impl Default for EngineConfig {
     }
 }
 
+/// A runtime like `base` but with a memory pool of its own of `limit` bytes, for one query.
+///
+/// Only the memory pool is the query's own. The object stores, the caches (Parquet footers, file
+/// statistics) and the spill directory are `base`'s: a fresh cache per query would read every
+/// file's footer again at each query.
+pub(crate) fn own_pool(base: &RuntimeEnv, limit: usize) -> Result<Arc<RuntimeEnv>> {
+    let mut runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::clone(&base.object_store_registry))
+        .with_memory_limit(limit, 1.0)
+        .build()
+        .map_err(Error::from)?;
+    runtime.cache_manager = Arc::clone(&base.cache_manager);
+    runtime.disk_manager = Arc::clone(&base.disk_manager);
+    Ok(Arc::new(runtime))
+}
+
 /// A query's answer.
 #[derive(Debug, Clone)]
 pub struct QueryResult {
@@ -389,18 +406,7 @@ impl QueryEngine {
         let Some(limit) = self.config.memory_limit else {
             return Ok(self.ctx.clone());
         };
-        let base = self.ctx.runtime_env();
-        let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_object_store_registry(Arc::clone(&base.object_store_registry))
-            .with_memory_limit(limit, 1.0)
-            .build()
-            .map_err(Error::from)?;
-        // Only the memory pool is the query's own. The caches (Parquet footers, file statistics)
-        // and the spill directory are the engine's: a fresh cache per query would read every
-        // file's footer again at each query.
-        runtime.cache_manager = Arc::clone(&base.cache_manager);
-        runtime.disk_manager = Arc::clone(&base.disk_manager);
-        let runtime = Arc::new(runtime);
+        let runtime = own_pool(&self.ctx.runtime_env(), limit)?;
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
             .with_runtime_env(runtime)
             .build();
@@ -773,7 +779,10 @@ mod store_tests {
         let got: Vec<(String, i64)> = (0..b.num_rows())
             .map(|i| (uuids.value(i).to_string(), n.value(i)))
             .collect();
-        assert_eq!(got, vec![("GPU-0".to_string(), 5), ("GPU-1".to_string(), 4)]);
+        assert_eq!(
+            got,
+            vec![("GPU-0".to_string(), 5), ("GPU-1".to_string(), 4)]
+        );
         let r = engine
             .query("SELECT metric FROM metrics WHERE labels['k'] = 'v7'")
             .await

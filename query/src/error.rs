@@ -97,6 +97,15 @@ pub fn lower_first(s: &str) -> String {
     }
 }
 
+impl Error {
+    /// A query over `--query-memory-limit`, with DataFusion's message `msg`.
+    pub(crate) fn out_of_memory(msg: &str) -> Self {
+        Error::ResourcesExhausted(format!(
+            "{msg}: the query needs more memory than --query-memory-limit allows; narrow the time range or aggregate more"
+        ))
+    }
+}
+
 impl From<DataFusionError> for Error {
     fn from(e: DataFusionError) -> Self {
         let root = e.find_root();
@@ -106,9 +115,7 @@ impl From<DataFusionError> for Error {
             | DataFusionError::Plan(_)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_) => Error::BadSql(msg),
-            DataFusionError::ResourcesExhausted(_) => Error::ResourcesExhausted(format!(
-                "{msg}: the query needs more memory than --query-memory-limit allows; narrow the time range or aggregate more"
-            )),
+            DataFusionError::ResourcesExhausted(_) => Error::out_of_memory(&msg),
             DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
                 arrow::error::ArrowError::CastError(_)
                 | arrow::error::ArrowError::ComputeError(_)

@@ -13,6 +13,7 @@ pub mod gate;
 pub mod http;
 pub mod pg;
 pub mod pg_functions;
+pub mod pg_information_schema;
 pub mod pg_rewrite;
 pub mod run_aggregate;
 pub mod udf;

@@ -97,6 +97,10 @@ async fn kill_9_with_an_object_store_keeps_every_acknowledged_sample_once() {
         t0 + 50 * 1_000_000
     );
     assert_eq!(scalar(&server, &before).await, 50.0);
+    // Postgres clients read the same files from the bucket.
+    let out = server.psql(None, "disable", &["-c", &before]);
+    assert!(out.ok, "psql: {}", out.stderr);
+    assert_eq!(out.stdout.trim(), "50");
     // The files and the catalog live in the bucket; the data directory keeps only the WAL.
     assert!(!data.join("tables").exists());
     assert!(!data.join("catalog.json").exists());

@@ -195,6 +195,177 @@ async fn refused_and_bad_statements_get_sqlstates() {
     assert!(out.contains("42"), "{out}");
 }
 
+/// A join of `n` generated rows with `n` others: its hash table (which cannot spill) holds
+/// about 17 bytes a row, so a little over half of a 32 MiB limit for [`ROWS`].
+fn join(n: usize) -> String {
+    format!(
+        "SELECT count(*) FROM generate_series(1, {n}) a(x) JOIN generate_series(1, {n}) b(y) ON a.x = b.y"
+    )
+}
+
+/// Rows of [`join`]: the query fits the limit below; twice as many do not.
+const ROWS: usize = 1_200_000;
+const MEMORY_LIMIT: &str = "33554432";
+
+/// An interactive psql session (quiet, unaligned, tuples only) on `server`'s Postgres listener.
+struct Session {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Session {
+    fn open(server: &TestServer) -> Self {
+        use std::process::{Command, Stdio};
+        let conninfo = format!(
+            "host={} port={} user=grafana dbname=gpuwatch sslmode=disable connect_timeout=10",
+            server.pg.ip(),
+            server.pg.port()
+        );
+        let mut child = Command::new("psql")
+            .arg(conninfo)
+            .args([
+                "-X",
+                "-w",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-v",
+                "VERBOSITY=verbose",
+            ])
+            .env_remove("PGPASSWORD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run psql (package postgresql-client)");
+        let stdin = child.stdin.take().expect("psql stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("psql stdout"));
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends `sql` and reads the one line it prints.
+    fn line(&mut self, sql: &str) -> String {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{sql}").expect("write to psql");
+        self.stdin.flush().expect("flush psql");
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("read psql");
+        if n == 0 {
+            let mut err = String::new();
+            if let Some(mut e) = self.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("psql ended before printing a line for {sql}: {err}");
+        }
+        line.trim_end().to_string()
+    }
+
+    /// Quits; panics when psql failed.
+    fn quit(mut self) {
+        use std::io::Write;
+        writeln!(self.stdin, "\\q").expect("write to psql");
+        drop(self.stdin);
+        let out = self.child.wait_with_output().expect("psql exits");
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `--query-memory-limit` holds for each statement over the Postgres protocol, as over HTTP:
+/// a statement over it fails with 53200 and leaves its connection usable; statements under it
+/// run while another statement holds most of the limit, on another connection or on the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_memory_limit_is_per_statement() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), &["--query-memory-limit", MEMORY_LIMIT]);
+
+    // Twice the rows need more than the limit: an answer, and the connection goes on.
+    let out = server.psql(
+        None,
+        "disable",
+        &[
+            "-v",
+            "ON_ERROR_STOP=0",
+            "-c",
+            &join(2 * ROWS),
+            "-c",
+            "SELECT 'still connected'",
+        ],
+    );
+    assert!(
+        out.stderr.contains("ERROR:  53200:") && out.stderr.contains("--query-memory-limit"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout.trim(), "still connected", "{}", out.stderr);
+
+    // Connection one keeps a join's hash table in memory: a cursor over it, one row fetched.
+    let mut one = Session::open(&server);
+    let held = join(ROWS).replace("SELECT count(*)", "SELECT a.x");
+    assert_eq!(
+        one.line(&format!(
+            "DECLARE held CURSOR FOR {held}; FETCH 1 FROM held;"
+        ))
+        .parse::<usize>()
+        .map(|x| (1..=ROWS).contains(&x)),
+        Ok(true)
+    );
+    // With one pool for all statements, the same join elsewhere would not fit beside it.
+    let other = server.psql(None, "disable", &["-c", &join(ROWS)]);
+    assert!(other.ok, "another connection: {}", other.stderr);
+    assert_eq!(other.stdout.trim(), ROWS.to_string());
+    assert_eq!(one.line(&format!("{};", join(ROWS))), ROWS.to_string());
+    // The cursor still reads on.
+    assert!(one.line("FETCH 1 FROM held;").parse::<usize>().is_ok());
+    assert_eq!(one.line("CLOSE held; SELECT 'closed';"), "closed");
+    one.quit();
+
+    // The same over the extended protocol (prepared statements), from psycopg 3.
+    let dsn = format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        server.pg.ip(),
+        server.pg.port()
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(PSYCOPG_MEMORY)
+        .arg(&dsn)
+        .arg(join(2 * ROWS))
+        .arg(join(ROWS))
+        .output()
+        .expect("python3 (bash .ci/run installs psycopg)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "psycopg: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), format!("refused 53200\n{ROWS}"), "{text}");
+}
+
+/// Runs argv[2] (over the limit) and argv[3] as prepared statements on one connection.
+const PSYCOPG_MEMORY: &str = r#"
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    cur = conn.cursor(binary=True)
+    try:
+        cur.execute(sys.argv[2], prepare=True)
+        print("answered", cur.fetchall())
+    except psycopg.Error as e:
+        print("refused", e.sqlstate)
+    cur.execute(sys.argv[3], prepare=True)
+    print(cur.fetchone()[0])
+"#;
+
 const TOKENS: &str = r#"
 [[tokens]]
 name = "fleet"
@@ -544,10 +715,19 @@ async fn grafana_connection_test_and_editor_queries() {
                 "{table}: {column} missing in {columns}"
             );
         }
-        assert!(
-            columns.lines().any(|l| l.starts_with("gpu_utilization|")),
-            "{table}: {columns}"
-        );
+        // Postgres type names, as a Postgres server gives them: the builder offers `time` as
+        // the time column and aggregations over the values.
+        for (column, pg_type) in [
+            ("time", "timestamp with time zone"),
+            ("gpu_utilization", "double precision"),
+            ("energy_joules", "double precision"),
+            ("host", "text"),
+        ] {
+            assert!(
+                columns.lines().any(|l| l == format!("{column}|{pg_type}")),
+                "{table}: {column} is not {pg_type}: {columns}"
+            );
+        }
         assert!(
             !names.contains(&"metric"),
             "{table}: columns of other tables: {columns}"
@@ -564,9 +744,35 @@ async fn grafana_connection_test_and_editor_queries() {
         "SELECT quote_ident(column_name) AS \"column\", data_type AS \"type\" FROM information_schema.columns WHERE quote_ident(table_name) = 'gpu_metrics' AND quote_ident(table_schema) = 'public'",
     );
     assert!(
-        columns.lines().any(|l| l.starts_with("gpu_utilization|")),
+        columns
+            .lines()
+            .any(|l| l == "gpu_utilization|double precision"),
         "{columns}"
     );
+    // Every type has a Postgres name; map columns are USER-DEFINED, as extension types are.
+    let types = ok(
+        &server,
+        "SELECT DISTINCT data_type FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1",
+    );
+    for t in types.lines() {
+        assert!(
+            [
+                "bigint",
+                "double precision",
+                "integer",
+                "text",
+                "timestamp with time zone",
+                "USER-DEFINED"
+            ]
+            .contains(&t),
+            "{t} in {types}"
+        );
+    }
+    let labels = ok(
+        &server,
+        "SELECT data_type FROM information_schema.columns WHERE table_name = 'metrics' AND column_name = 'labels'",
+    );
+    assert_eq!(labels.trim(), "USER-DEFINED");
 }
 
 /// The extended protocol with binary results and typed parameters, as Grafana's pgx driver
