@@ -349,6 +349,7 @@ fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .with_config(config)
         .with_runtime_env(base.runtime_env())
         .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(crate::run_aggregate::RunAggregateRule))
         .build();
     let ctx = SessionContext::new_with_state(state);
     let catalog = base
@@ -1085,6 +1086,20 @@ mod tests {
         assert_eq!(tables.len(), 1, "{tables:?}");
         let shown = texts(&ctx, "SHOW datafusion.execution.time_zone").await;
         assert_eq!(shown.len(), 1, "{shown:?}");
+    }
+
+    /// Postgres clients get the same physical optimizer rules as HTTP, the run aggregation
+    /// among them.
+    #[test]
+    fn plans_with_the_engines_physical_rules() {
+        let ready = ready(None);
+        let names = |rules: &[Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>]| {
+            rules.iter().map(|r| r.name().to_string()).collect::<Vec<_>>()
+        };
+        let pg = names(ready.state.physical_optimizers());
+        let http = names(ready.engine.context().state().physical_optimizers());
+        assert!(pg.iter().any(|n| n == "run_aggregate"), "{pg:?}");
+        assert_eq!(pg, http);
     }
 
     #[test]
