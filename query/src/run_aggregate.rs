@@ -286,6 +286,9 @@ struct Groups {
     /// Set once the probe found about as many groups as rows: rows then pass through as
     /// partial states of one row each.
     passing: bool,
+    /// The last batch that was looked at had runs of under two rows on average.
+    short_runs: bool,
+    batches: u64,
     // Scratch space, kept between batches.
     same: Vec<bool>,
     starts: Vec<u32>,
@@ -316,6 +319,8 @@ impl Groups {
             batch_size: batch_size.max(1),
             probe,
             passing: false,
+            short_runs: false,
+            batches: 0,
             same: Vec::new(),
             starts: Vec::new(),
             group_of_start: Vec::new(),
@@ -338,37 +343,13 @@ impl Groups {
             return self.pass(batch, keys, out);
         }
 
-        // Where a run of equal keys starts: at the first row, and wherever a key changes.
-        self.same.clear();
-        self.same.resize(n, true);
-        self.same[0] = false;
-        for key in &keys {
-            mark_changes(key.as_ref(), &mut self.same)?;
-        }
-        self.starts.clear();
-        self.starts.extend(
-            self.same
-                .iter()
-                .enumerate()
-                .filter(|(_, same)| !**same)
-                .map(|(i, _)| i as u32),
-        );
-
-        // Each run's group, from the keys of its first row.
-        let firsts = if self.starts.len() == n {
-            keys
+        // Where runs are short, every row goes to the group table; every 16th batch looks
+        // for runs again.
+        self.batches += 1;
+        if self.short_runs && self.batches % 16 != 0 {
+            self.values.intern(&keys, &mut self.group_of_row)?;
         } else {
-            let idx = UInt32Array::from(self.starts.clone());
-            keys.iter()
-                .map(|k| take(k.as_ref(), &idx, None).map_err(DataFusionError::from))
-                .collect::<Result<Vec<_>>>()?
-        };
-        self.values.intern(&firsts, &mut self.group_of_start)?;
-        self.group_of_row.clear();
-        for (r, group) in self.group_of_start.iter().enumerate() {
-            let end = self.starts.get(r + 1).map_or(n, |s| *s as usize);
-            let len = end - self.starts[r] as usize;
-            self.group_of_row.extend(std::iter::repeat_n(*group, len));
+            self.group_runs(keys, n)?;
         }
 
         let total = self.values.len();
@@ -383,6 +364,44 @@ impl Groups {
         if self.probe.passes(n, self.values.len()) {
             self.passing = true;
             self.emit(out)?;
+        }
+        Ok(())
+    }
+
+    /// Sets `group_of_row` from the group of the first row of each run of equal keys.
+    fn group_runs(&mut self, keys: Vec<arrow::array::ArrayRef>, n: usize) -> Result<()> {
+        // Where a run starts: at the first row, and wherever a key changes.
+        self.same.clear();
+        self.same.resize(n, true);
+        self.same[0] = false;
+        for key in &keys {
+            mark_changes(key.as_ref(), &mut self.same)?;
+        }
+        self.starts.clear();
+        self.starts.extend(
+            self.same
+                .iter()
+                .enumerate()
+                .filter(|(_, same)| !**same)
+                .map(|(i, _)| i as u32),
+        );
+        // Runs shorter than two rows on average save less than finding them costs.
+        self.short_runs = self.starts.len() * 2 > n;
+
+        let firsts = if self.starts.len() == n {
+            keys
+        } else {
+            let idx = UInt32Array::from(self.starts.clone());
+            keys.iter()
+                .map(|k| take(k.as_ref(), &idx, None).map_err(DataFusionError::from))
+                .collect::<Result<Vec<_>>>()?
+        };
+        self.values.intern(&firsts, &mut self.group_of_start)?;
+        self.group_of_row.clear();
+        for (r, group) in self.group_of_start.iter().enumerate() {
+            let end = self.starts.get(r + 1).map_or(n, |s| *s as usize);
+            let len = end - self.starts[r] as usize;
+            self.group_of_row.extend(std::iter::repeat_n(*group, len));
         }
         Ok(())
     }

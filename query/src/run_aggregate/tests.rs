@@ -176,6 +176,8 @@ const TAKEN: &[&str] = &[
     "SELECT gpu_index, flag, sum(v) FILTER (WHERE flag), count(*) FILTER (WHERE v > 1) FROM t GROUP BY gpu_index, flag",
     "SELECT date_bin(INTERVAL '1 minute', time) AS b, host, avg(v), count(*) FROM t GROUP BY 1, host",
     "SELECT v, count(*) FROM t GROUP BY v",
+    // Few groups in short runs: rows go to the group table one by one.
+    "SELECT v > 2 AS high, count(*), sum(v), min(w) FROM t GROUP BY v > 2",
     // A group per row: past the probe, rows pass on as states.
     "SELECT time, host, count(*), sum(v), min(w), max(plain), count(job_id) FILTER (WHERE flag) FROM t GROUP BY time, host",
     "SELECT plain, job_id, count(*), min(w) FROM t GROUP BY plain, job_id",
