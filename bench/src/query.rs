@@ -464,8 +464,11 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    // Let compaction of the closed hours finish so that both engines read the same files.
+    // Let compaction of the closed hours finish so that both engines read the same files, and
+    // wait until the server is idle (its start replays the WAL, persists and compacts): queries
+    // timed while it works in the background would measure that work too.
     tokio::time::sleep(Duration::from_secs(12)).await;
+    wait_idle(&server, Duration::from_secs(120)).await?;
     let catalog: Catalog = std::fs::read_to_string(args.data_dir.join("catalog.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -619,5 +622,26 @@ mod tests {
     fn iso_formats_utc() {
         assert_eq!(iso(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso(1_795_331_484_576), "2026-11-22T07:11:24.576Z");
+    }
+}
+
+/// Waits until `server` uses under 2% of a core over two seconds (at most `timeout`).
+async fn wait_idle(server: &Server, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut before = server.cpu_seconds()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = server.cpu_seconds()?;
+        if now - before < 0.04 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            println!(
+                "note: the server was still busy ({:.0}% of a core) after {timeout:?}",
+                (now - before) / 2.0 * 100.0
+            );
+            return Ok(());
+        }
+        before = now;
     }
 }
