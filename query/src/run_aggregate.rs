@@ -13,10 +13,14 @@
 //! [`RunAggregateRule`] puts it in place of a partial `AggregateExec` when it can stand in for it
 //! exactly: a plain `GROUP BY` (no grouping sets) on keys of the types below, aggregates with
 //! groups accumulators (no `DISTINCT`, no `ORDER BY` within the aggregate), no limit pushed into
-//! the aggregation, unordered input. Any other aggregation is left to DataFusion. Input without
-//! runs is still right, at about the cost of a hash aggregation. Like DataFusion's partial
-//! aggregation, it emits what it holds and starts again when the query's memory pool refuses it
-//! more memory: the final aggregation merges the partial states.
+//! the aggregation, unordered input. Any other aggregation is left to DataFusion, and so is a
+//! query that reads a single partition (DataFusion then aggregates in one step, which can spill).
+//!
+//! Where runs are shorter than two rows on average, rows go to the group table directly (the
+//! cost of a hash aggregation), and every 16th batch looks for runs again. Like DataFusion's
+//! partial aggregation, it passes rows on as one-row states once its probe finds about as many
+//! groups as rows, and emits what it holds and starts again when the query's memory pool refuses
+//! it more memory: the final aggregation merges the partial states.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -40,9 +44,10 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
-    PhysicalExpr, PlanProperties,
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
+    InputOrderMode, PhysicalExpr, PlanProperties, Statistics, StatisticsArgs,
 };
 use futures::StreamExt;
 
@@ -226,6 +231,22 @@ impl ExecutionPlan for RunAggregateExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.agg.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.agg.statistics_from_inputs(input_stats, args)
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        self.agg.cardinality_effect()
     }
 }
 
