@@ -8,14 +8,15 @@
 //! (`SET`, `BEGIN`/`COMMIT`), and executed by `datafusion-postgres` over a session that shares
 //! the engine's tables and adds a `pg_catalog` schema (for `\dt`, `\d` and Grafana's table
 //! lists) and an `information_schema` that names types as Postgres does
-//! ([`crate::pg_information_schema`]). Every query takes one of the engine's
-//! `--max-concurrent-queries` slots, is cut off at `--query-timeout` (or the client's lower
-//! `statement_timeout`) and, as over HTTP, runs with a memory pool of its own of
-//! `--query-memory-limit` bytes ([`Ready::session`]). DataFusion's errors become Postgres errors
-//! with a SQLSTATE ([`sqlstate`]).
+//! ([`crate::pg_information_schema`]). Every query, and every open cursor until it is closed
+//! ([`CursorSlots`]), takes one of the engine's `--max-concurrent-queries` slots; a query is cut
+//! off at `--query-timeout` (or the client's lower `statement_timeout`) and, as over HTTP, runs
+//! with a memory pool of its own of `--query-memory-limit` bytes ([`Ready::session`]).
+//! DataFusion's errors become Postgres errors with a SQLSTATE ([`sqlstate`]).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -218,10 +219,17 @@ const SESSION_SETTINGS: &[&str] = &[
 enum Verdict {
     /// A query: runs under a slot and the time limit.
     Query,
-    /// A session statement handled without touching the data (SET, BEGIN, SHOW, cursors).
+    /// A session statement handled without touching the data (SET, BEGIN, SHOW).
     Session,
+    /// `FETCH`: reads on under the slot its cursor holds, not bound by the time limit.
+    Fetch,
     /// A `SET` of something the session does not keep: answered `SET`, changes nothing.
     IgnoredSet,
+    /// `DECLARE name CURSOR FOR <gated query>`: the cursor holds a slot until it is closed
+    /// ([`CursorSlots`]).
+    Declare(String),
+    /// `CLOSE name` or `CLOSE ALL`: frees the slots of the cursors it closes.
+    Close,
 }
 
 /// The read-only gate, as the Postgres front end applies it.
@@ -253,9 +261,22 @@ fn admit(statement: &Sql) -> Result<Verdict, Error> {
                     gate::check_parsed(&Sql::Query(q.clone()))?;
                 }
             }
-            Ok(Verdict::Session)
+            // `datafusion-postgres` names the cursor after the first name of each DECLARE; the
+            // Postgres grammar has one DECLARE with one name per statement.
+            match stmts.as_slice() {
+                [one] => Ok(Verdict::Declare(
+                    one.names
+                        .first()
+                        .map(|n| n.value.clone())
+                        .unwrap_or_default(),
+                )),
+                _ => Err(Error::BadSql(
+                    "declare one cursor per DECLARE statement".to_string(),
+                )),
+            }
         }
-        Sql::Fetch { .. } | Sql::Close { .. } => Ok(Verdict::Session),
+        Sql::Fetch { .. } => Ok(Verdict::Fetch),
+        Sql::Close { .. } => Ok(Verdict::Close),
         other => {
             gate::check_parsed(other)?;
             Ok(Verdict::Query)
@@ -336,6 +357,75 @@ impl Ready {
 struct ConnectionSession {
     ctx: Arc<SessionContext>,
     service: Arc<DfSessionService>,
+}
+
+/// The query slots of a connection's open cursors, by cursor name (in its session extensions,
+/// so they are freed when the connection ends). A cursor's stream runs whenever it is fetched
+/// from and keeps its memory (a hash table, a sort) while it is open: it counts against
+/// `--max-concurrent-queries` from its `DECLARE` until it is closed, and its `FETCH`es run
+/// under its slot. A cursor's slot is kept while the connection's portal store holds a portal of
+/// its name (looked at after each `DECLARE` and `CLOSE`, and before each statement), so every
+/// way a cursor goes (`CLOSE name`, `CLOSE ALL`, the connection's end) frees its slot; a
+/// `DECLARE` that replaces a cursor takes over its slot. `COMMIT` and `ROLLBACK` leave cursors
+/// open, as `datafusion-postgres` does.
+#[derive(Default)]
+struct CursorSlots(Mutex<HashMap<String, crate::engine::QuerySlot>>);
+
+impl CursorSlots {
+    fn of(extensions: &SessionExtensions) -> Arc<Self> {
+        extensions.get_or_insert_with(Self::default)
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::engine::QuerySlot>> {
+        // A panic while the map was locked leaves it consistent (inserts and removals only).
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot a `DECLARE` of `name` runs under: the slot of the cursor of that name it
+    /// replaces, otherwise a free one (refused with [`Error::Busy`] when there is none).
+    fn take(&self, name: &str, engine: &QueryEngine) -> Result<crate::engine::QuerySlot, Error> {
+        if let Some(slot) = self.slots().remove(name) {
+            return Ok(slot);
+        }
+        engine.try_slot()
+    }
+
+    /// After a `DECLARE` of `name` ran under `slot`: the slot stays with the cursor when the
+    /// cursor is open (`opened`: the portal store holds it; a failed `DECLARE` that would have
+    /// replaced a cursor leaves that one open), and is freed otherwise.
+    fn settle(&self, name: String, slot: crate::engine::QuerySlot, opened: bool) {
+        if opened {
+            self.slots().insert(name, slot);
+        }
+    }
+
+    /// Frees the slots of cursors that are no longer open (`open` says which are).
+    fn sweep(&self, open: impl Fn(&str) -> bool) {
+        self.slots().retain(|name, _| open(name));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.slots().len()
+    }
+}
+
+/// Whether the connection's portal store holds a portal named `name`.
+fn has_portal<C: ClientPortalStore>(client: &C, name: &str) -> bool
+where
+    C::PortalStore: PortalStore,
+{
+    client.portal_store().get_portal(name).is_some()
+}
+
+/// Frees the slots of the connection's cursors that are gone from its portal store.
+fn sweep_cursors<C: ClientInfo + ClientPortalStore>(client: &C)
+where
+    C::PortalStore: PortalStore,
+{
+    if let Some(cursors) = client.session_extensions().get::<CursorSlots>() {
+        cursors.sweep(|name| has_portal(client, name));
+    }
 }
 
 /// Builds the session the Postgres front end plans in: the engine's tables (the same schema
@@ -432,6 +522,18 @@ fn time_limit<C: ClientInfo + ?Sized>(client: &C, engine: &QueryEngine) -> Durat
         .filter(|ms| *ms > 0)
         .map(|ms| server.min(Duration::from_millis(ms)))
         .unwrap_or(server)
+}
+
+/// Runs `work`, stopped at `deadline` (`57014`, `limit` in the message).
+async fn within<T>(
+    deadline: tokio::time::Instant,
+    limit: Duration,
+    work: impl Future<Output = PgWireResult<T>>,
+) -> PgWireResult<T> {
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(r) => r,
+        Err(_) => Err(engine_error(&Error::Timeout(limit))),
+    }
 }
 
 /// Holds a query's slot until its rows are sent, stops it at the deadline, and classifies
@@ -608,7 +710,16 @@ impl SimpleQueryHandler for Front {
                 .map(|_| Response::Execution(pgwire::api::results::Tag::new("SET")))
                 .collect());
         }
-        let slot = if verdicts.contains(&Verdict::Query) {
+        sweep_cursors(client);
+        // Cursor statements run one at a time, each with its slot (see `CursorSlots`).
+        let cursors = verdicts
+            .iter()
+            .any(|v| matches!(v, Verdict::Declare(_) | Verdict::Close));
+        let one_at_a_time = cursors
+            || verdicts
+                .iter()
+                .any(|v| matches!(v, Verdict::IgnoredSet | Verdict::Fetch));
+        let mut slot = if verdicts.contains(&Verdict::Query) && !cursors {
             Some(Arc::new(
                 ready.engine.try_slot().map_err(|e| engine_error(&e))?,
             ))
@@ -618,30 +729,80 @@ impl SimpleQueryHandler for Front {
         let service = ready.session(client.session_extensions())?;
         let limit = time_limit(client, &ready.engine);
         let deadline = tokio::time::Instant::now() + limit;
-        let run = async {
-            if !verdicts.contains(&Verdict::IgnoredSet) {
-                return SimpleQueryHandler::do_query(service.as_ref(), client, query).await;
-            }
-            // Ignored SETs among other statements: one statement at a time.
-            let statements = ready
-                .parser
-                .parse(query)
-                .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
-            let mut out = Vec::new();
-            for (statement, verdict) in statements.iter().zip(&verdicts) {
-                if *verdict == Verdict::IgnoredSet {
-                    out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
-                } else {
+        let responses = if !one_at_a_time {
+            within(
+                deadline,
+                limit,
+                SimpleQueryHandler::do_query(service.as_ref(), client, query),
+            )
+            .await
+        } else {
+            let run = async {
+                let statements = ready
+                    .parser
+                    .parse(query)
+                    .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
+                let mut out = Vec::new();
+                for (statement, verdict) in statements.iter().zip(&verdicts) {
                     let sql = statement.to_string();
-                    out.extend(SimpleQueryHandler::do_query(service.as_ref(), client, &sql).await?);
+                    let service = service.as_ref();
+                    match verdict {
+                        Verdict::IgnoredSet => {
+                            out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
+                        }
+                        // Rows a cursor has read on are the client's: a FETCH is not cut off
+                        // half way.
+                        Verdict::Fetch => {
+                            out.extend(SimpleQueryHandler::do_query(service, client, &sql).await?);
+                        }
+                        Verdict::Declare(name) => {
+                            let cursors = CursorSlots::of(client.session_extensions());
+                            let own = cursors
+                                .take(name, &ready.engine)
+                                .map_err(|e| engine_error(&e))?;
+                            let r = within(
+                                deadline,
+                                limit,
+                                SimpleQueryHandler::do_query(service, client, &sql),
+                            )
+                            .await;
+                            cursors.settle(name.clone(), own, has_portal(client, name));
+                            out.extend(r?);
+                        }
+                        Verdict::Close => {
+                            let r = within(
+                                deadline,
+                                limit,
+                                SimpleQueryHandler::do_query(service, client, &sql),
+                            )
+                            .await;
+                            sweep_cursors(client);
+                            out.extend(r?);
+                        }
+                        Verdict::Query | Verdict::Session => {
+                            // The queries of a simple query share one slot, taken at the first
+                            // of them (after the cursors closed before it).
+                            if *verdict == Verdict::Query && slot.is_none() {
+                                slot = Some(Arc::new(
+                                    ready.engine.try_slot().map_err(|e| engine_error(&e))?,
+                                ));
+                            }
+                            out.extend(
+                                within(
+                                    deadline,
+                                    limit,
+                                    SimpleQueryHandler::do_query(service, client, &sql),
+                                )
+                                .await?,
+                            );
+                        }
+                    }
                 }
-            }
-            Ok(out)
-        };
-        let responses = match tokio::time::timeout_at(deadline, run).await {
-            Ok(r) => r.map_err(classify)?,
-            Err(_) => return Err(engine_error(&Error::Timeout(limit))),
-        };
+                Ok(out)
+            };
+            run.await
+        }
+        .map_err(classify)?;
         Ok(responses
             .into_iter()
             .map(|r| guard(r, slot.clone(), deadline, limit))
@@ -726,7 +887,7 @@ impl ExtendedQueryHandler for Front {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let ready = self.shared.ready()?;
-        let is_query = match &portal.statement.statement.1 {
+        let verdict = match &portal.statement.statement.1 {
             None => {
                 let sql = &portal.statement.statement.0;
                 if sql.trim().is_empty() {
@@ -734,15 +895,30 @@ impl ExtendedQueryHandler for Front {
                 }
                 return Ok(Response::Execution(pgwire::api::results::Tag::new("SET")));
             }
-            Some((statement, _)) => {
-                admit(statement).map_err(|e| engine_error(&e))? == Verdict::Query
-            }
+            Some((statement, _)) => admit(statement).map_err(|e| engine_error(&e))?,
         };
         let service = ready.session(client.session_extensions())?;
-        if !is_query {
-            return ExtendedQueryHandler::do_query(service.as_ref(), client, portal, max_rows)
-                .await
-                .map_err(classify);
+        sweep_cursors(client);
+        match verdict {
+            Verdict::Query => {}
+            Verdict::Declare(name) => {
+                // The cursor's slot (see `CursorSlots`).
+                let cursors = CursorSlots::of(client.session_extensions());
+                let own = cursors
+                    .take(&name, &ready.engine)
+                    .map_err(|e| engine_error(&e))?;
+                let r = ExtendedQueryHandler::do_query(service.as_ref(), client, portal, max_rows)
+                    .await;
+                let opened = has_portal(client, &name);
+                cursors.settle(name, own, opened);
+                return r.map_err(classify);
+            }
+            _ => {
+                let r = ExtendedQueryHandler::do_query(service.as_ref(), client, portal, max_rows)
+                    .await;
+                sweep_cursors(client);
+                return r.map_err(classify);
+            }
         }
         let slot = Arc::new(ready.engine.try_slot().map_err(|e| engine_error(&e))?);
         let limit = time_limit(client, &ready.engine);
@@ -873,11 +1049,22 @@ mod tests {
             "BEGIN",
             "COMMIT",
             "SHOW server_version",
-            "DECLARE c CURSOR FOR SELECT 1",
-            "FETCH NEXT FROM c",
-            "CLOSE c",
         ] {
             assert_eq!(verdict(sql).expect(sql), Verdict::Session, "{sql}");
+        }
+        for sql in ["FETCH NEXT FROM c", "FETCH 10 FROM c", "FETCH ALL FROM c"] {
+            assert_eq!(verdict(sql).expect(sql), Verdict::Fetch, "{sql}");
+        }
+        assert_eq!(
+            verdict("DECLARE c CURSOR FOR SELECT 1").expect("declare"),
+            Verdict::Declare("c".to_string())
+        );
+        assert_eq!(
+            verdict("DECLARE \"Big\" CURSOR FOR SELECT 1").expect("declare"),
+            Verdict::Declare("Big".to_string())
+        );
+        for sql in ["CLOSE c", "CLOSE ALL"] {
+            assert_eq!(verdict(sql).expect(sql), Verdict::Close, "{sql}");
         }
         for sql in ["SET client_encoding = 'UTF8'", "SET TIME ZONE 'UTC'"] {
             assert_eq!(verdict(sql).expect(sql), Verdict::IgnoredSet, "{sql}");
@@ -1017,6 +1204,55 @@ mod tests {
             &unlimited.service
         ));
         assert!(connection.get::<ConnectionSession>().is_none());
+    }
+
+    /// An open cursor holds a slot: a DECLARE takes a free one or the one of the cursor it
+    /// replaces; the slot is freed when the cursor is gone or the connection ends.
+    #[test]
+    fn open_cursors_hold_query_slots() {
+        let engine = QueryEngine::new(
+            Arc::new(NoRows),
+            crate::EngineConfig {
+                max_concurrent_queries: Some(1),
+                ..crate::EngineConfig::default()
+            },
+        )
+        .expect("engine");
+        let connection = SessionExtensions::new();
+        let cursors = CursorSlots::of(&connection);
+        assert!(Arc::ptr_eq(&cursors, &CursorSlots::of(&connection)));
+
+        let c = cursors.take("c", &engine).expect("a free slot");
+        cursors.settle("c".to_string(), c, true);
+        assert!(matches!(engine.try_slot(), Err(Error::Busy(1))));
+        assert!(matches!(cursors.take("d", &engine), Err(Error::Busy(1))));
+        // A DECLARE of c again runs under c's slot; when it fails, c stays open with it.
+        let again = cursors.take("c", &engine).expect("c's own slot");
+        assert_eq!(cursors.len(), 0);
+        cursors.settle("c".to_string(), again, true);
+        assert_eq!(cursors.len(), 1);
+        assert!(matches!(engine.try_slot(), Err(Error::Busy(1))));
+        // A DECLARE that opened nothing frees its slot.
+        let d = cursors.take("c", &engine).expect("c's own slot");
+        cursors.settle("c".to_string(), d, false);
+        assert_eq!(cursors.len(), 0);
+        drop(engine.try_slot().expect("free again"));
+
+        // A sweep frees the slots of the cursors that are gone, and only those.
+        let e = cursors.take("e", &engine).expect("a free slot");
+        cursors.settle("e".to_string(), e, true);
+        cursors.sweep(|name| name == "e");
+        assert!(matches!(engine.try_slot(), Err(Error::Busy(1))));
+        cursors.sweep(|_| false);
+        drop(engine.try_slot().expect("free after the sweep"));
+
+        // The connection's end frees its cursors' slots.
+        let f = cursors.take("f", &engine).expect("a free slot");
+        cursors.settle("f".to_string(), f, true);
+        drop(cursors);
+        assert!(matches!(engine.try_slot(), Err(Error::Busy(1))));
+        drop(connection);
+        drop(engine.try_slot().expect("free after the connection's end"));
     }
 
     /// `information_schema.columns` names types as Postgres does over this front end, and as

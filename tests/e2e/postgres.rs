@@ -216,6 +216,12 @@ struct Session {
 
 impl Session {
     fn open(server: &TestServer) -> Self {
+        Self::open_with(server, true)
+    }
+
+    /// A session that goes on after an error when `!stop_on_error` (read the error's SQLSTATE
+    /// with `\echo :SQLSTATE`).
+    fn open_with(server: &TestServer, stop_on_error: bool) -> Self {
         use std::process::{Command, Stdio};
         let conninfo = format!(
             "host={} port={} user=grafana dbname=gpuwatch sslmode=disable connect_timeout=10",
@@ -230,7 +236,11 @@ impl Session {
                 "-q",
                 "-At",
                 "-v",
-                "ON_ERROR_STOP=1",
+                if stop_on_error {
+                    "ON_ERROR_STOP=1"
+                } else {
+                    "ON_ERROR_STOP=0"
+                },
                 "-v",
                 "VERBOSITY=verbose",
             ])
@@ -351,6 +361,159 @@ async fn the_memory_limit_is_per_statement() {
     );
     assert_eq!(text.trim(), format!("refused 53200\n{ROWS}"), "{text}");
 }
+
+/// An open cursor holds one of the `--max-concurrent-queries` slots from its DECLARE until it is
+/// closed (CLOSE, CLOSE ALL, the end of its connection), not freed by COMMIT; its FETCHes run
+/// under that slot, and a DECLARE when no slot is free is refused with 53000 and opens nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_cursors_hold_query_slots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), &["--max-concurrent-queries", "1"]);
+    let cursor = "SELECT x FROM generate_series(1, 1000) t(x) ORDER BY x";
+    // Another connection's query, while the slot is taken.
+    let refused = || {
+        fails(&server, "SELECT 1", "53000");
+    };
+
+    let mut a = Session::open_with(&server, false);
+    assert_eq!(
+        a.line(&format!(
+            "BEGIN; DECLARE c CURSOR FOR {cursor}; FETCH 1 FROM c;"
+        )),
+        "1"
+    );
+    refused();
+    // With the one slot held by the cursor, its connection still fetches from it.
+    assert_eq!(a.line("FETCH 1 FROM c;"), "2");
+    // COMMIT leaves the cursor open (as datafusion-postgres keeps it), and its slot taken.
+    assert_eq!(a.line("COMMIT; FETCH 1 FROM c;"), "3");
+    refused();
+    // A second cursor needs a second slot: refused, and not opened.
+    assert_eq!(
+        a.line("DECLARE d CURSOR FOR SELECT 1;\n\\echo :SQLSTATE"),
+        "53000"
+    );
+    assert_eq!(a.line("FETCH 1 FROM d;\n\\echo :SQLSTATE"), "34000");
+    assert_eq!(a.line("FETCH 1 FROM c;"), "4");
+    // A DECLARE of c again replaces c under c's slot.
+    assert_eq!(
+        a.line("DECLARE c CURSOR FOR SELECT 42; FETCH 1 FROM c;"),
+        "42"
+    );
+    refused();
+    assert_eq!(a.line("CLOSE c; SELECT 'closed';"), "closed");
+    assert_eq!(ok(&server, "SELECT 7").trim(), "7");
+    // CLOSE ALL frees the slot too.
+    assert_eq!(
+        a.line(&format!("DECLARE c CURSOR FOR {cursor}; FETCH 1 FROM c;")),
+        "1"
+    );
+    refused();
+    assert_eq!(a.line("CLOSE ALL; SELECT 'closed';"), "closed");
+    assert_eq!(ok(&server, "SELECT 7").trim(), "7");
+    // In one simple query (psql -c sends it whole), a query after a CLOSE gets the slot the
+    // cursor freed.
+    assert_eq!(
+        ok(
+            &server,
+            "DECLARE c CURSOR FOR SELECT 5; FETCH 1 FROM c; CLOSE c; SELECT 6"
+        )
+        .lines()
+        .collect::<Vec<_>>(),
+        ["DECLARE CURSOR", "5", "CLOSE CURSOR", "6"]
+    );
+
+    // The time limit (here the connection's statement_timeout of 1 ms) cuts off a query, and not
+    // the FETCH that runs a cursor's query.
+    let long = "SELECT count(*) FROM generate_series(1, 10000000)";
+    assert_eq!(
+        a.line(&format!(
+            "DECLARE t CURSOR FOR {long}; SET statement_timeout = 1; FETCH 1 FROM t;"
+        )),
+        "10000000"
+    );
+    assert_eq!(
+        a.line(&format!("CLOSE t; {long};\n\\echo :SQLSTATE")),
+        "57014"
+    );
+    assert_eq!(
+        a.line("SET statement_timeout = 0; SELECT 'reset';"),
+        "reset"
+    );
+
+    // A connection that ends with a cursor open frees its slot.
+    assert_eq!(
+        a.line(&format!("DECLARE c CURSOR FOR {cursor}; FETCH 1 FROM c;")),
+        "1"
+    );
+    refused();
+    a.quit();
+    // psql has exited, but the server frees the slot once it reads the end of the connection,
+    // which happens on its own task after psql is gone: retry, a bounded number of times.
+    let mut freed = false;
+    for _ in 0..200 {
+        let out = server.psql(None, "disable", &["-c", "SELECT 7"]);
+        if out.ok {
+            assert_eq!(out.stdout.trim(), "7");
+            freed = true;
+            break;
+        }
+        assert!(out.stderr.contains("53000"), "{}", out.stderr);
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(
+        freed,
+        "the slot of the ended connection's cursor is still taken"
+    );
+
+    // The same over the extended protocol (DECLARE and CLOSE as prepared statements), psycopg 3.
+    let dsn = format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        server.pg.ip(),
+        server.pg.port()
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(PSYCOPG_CURSORS)
+        .arg(&dsn)
+        .arg(cursor)
+        .output()
+        .expect("python3 (bash .ci/run installs psycopg)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "psycopg: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["1", "53000", "2", "53000", "34000", "42", "53000", "7"],
+        "{text}"
+    );
+}
+
+/// Two connections: `a` declares a cursor over argv[2] (prepared), `b` queries meanwhile.
+const PSYCOPG_CURSORS: &str = r#"
+import sys, psycopg
+def state(conn, sql, **kw):
+    try:
+        conn.execute(sql, **kw)
+        return "ok"
+    except psycopg.Error as e:
+        return e.sqlstate
+with psycopg.connect(sys.argv[1], autocommit=True) as a, psycopg.connect(sys.argv[1], autocommit=True) as b:
+    a.execute("DECLARE c CURSOR FOR " + sys.argv[2], prepare=True)
+    print(a.execute("FETCH 1 FROM c").fetchone()[0])
+    print(state(b, "SELECT 1"))
+    print(a.execute("FETCH 1 FROM c").fetchone()[0])
+    print(state(a, "DECLARE d CURSOR FOR SELECT 1", prepare=True))
+    print(state(a, "FETCH 1 FROM d"))
+    a.execute("DECLARE c CURSOR FOR SELECT 42", prepare=True)
+    print(a.execute("FETCH 1 FROM c").fetchone()[0])
+    print(state(b, "SELECT 1"))
+    a.execute("CLOSE c", prepare=True)
+    print(b.execute("SELECT 7").fetchone()[0])
+"#;
 
 /// Runs argv[2] (over the limit) and argv[3] as prepared statements on one connection.
 const PSYCOPG_MEMORY: &str = r#"
