@@ -340,25 +340,7 @@ async fn the_memory_limit_is_per_statement() {
     one.quit();
 
     // The same over the extended protocol (prepared statements), from psycopg 3.
-    let dsn = format!(
-        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-        server.pg.ip(),
-        server.pg.port()
-    );
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(PSYCOPG_MEMORY)
-        .arg(&dsn)
-        .arg(join(2 * ROWS))
-        .arg(join(ROWS))
-        .output()
-        .expect("python3 (bash .ci/run installs psycopg)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "psycopg: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = psycopg(&server, PSYCOPG_MEMORY, &[&join(2 * ROWS), &join(ROWS)]);
     assert_eq!(text.trim(), format!("refused 53200\n{ROWS}"), "{text}");
 }
 
@@ -467,24 +449,7 @@ async fn open_cursors_hold_query_slots() {
     );
 
     // The same over the extended protocol (DECLARE and CLOSE as prepared statements), psycopg 3.
-    let dsn = format!(
-        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-        server.pg.ip(),
-        server.pg.port()
-    );
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(PSYCOPG_CURSORS)
-        .arg(&dsn)
-        .arg(cursor)
-        .output()
-        .expect("python3 (bash .ci/run installs psycopg)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "psycopg: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = psycopg(&server, PSYCOPG_CURSORS, &[cursor]);
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
         ["1", "53000", "2", "53000", "34000", "42", "53000", "7"],
@@ -966,23 +931,7 @@ async fn extended_protocol_with_binary_results() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), &[]);
     load(&server).await;
-    let dsn = format!(
-        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-        server.pg.ip(),
-        server.pg.port()
-    );
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(PSYCOPG)
-        .arg(&dsn)
-        .output()
-        .expect("python3 (bash .ci/run installs psycopg)");
-    assert!(
-        out.status.success(),
-        "psycopg failed (pip install 'psycopg[binary]', as .ci/run does): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = psycopg(&server, PSYCOPG, &[]);
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
@@ -1026,4 +975,28 @@ async fn extended_protocol_with_binary_results() {
         assert_eq!(f[4], "node-1", "{row}");
     }
     assert_eq!(text.lines().last(), Some("refused 42501"), "{text}");
+}
+
+/// Runs the Python `script` (psycopg 3) with the server's DSN and `args` as its arguments, and
+/// gives its standard output; fails the test if it fails.
+fn psycopg(server: &TestServer, script: &str, args: &[&str]) -> String {
+    let dsn = format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        server.pg.ip(),
+        server.pg.port()
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&dsn)
+        .args(args)
+        .output()
+        .expect("python3 (bash .ci/run installs psycopg)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "psycopg failed (pip install 'psycopg[binary]', as .ci/run does): {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
