@@ -450,8 +450,20 @@ pub async fn run(args: QueryArgs) -> Result<()> {
             m
         }
     };
-    let rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;
-    // Wait until every row is in Parquet (DuckDB reads only the files).
+    // Wait until every row is in Parquet (DuckDB reads only the files): the fleet's, and the
+    // freshness probes of earlier runs, which the server replays from its WAL at its start.
+    let fleet_rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;
+    let held = sql_json(
+        &send::client()?,
+        &server.url,
+        "SELECT count(*) AS n FROM gpu_metrics",
+    )
+    .await?
+    .first()
+    .and_then(|r| r.get("n"))
+    .and_then(serde_json::Value::as_u64)
+    .unwrap_or(0);
+    let rows = fleet_rows.max(held);
     let deadline = Instant::now() + args.settle_timeout;
     while persisted_rows(&args.data_dir) < rows {
         if Instant::now() > deadline {
@@ -484,7 +496,8 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         .map(|m| m.len())
         .sum();
     println!(
-        "{rows} rows in {} gpu_metrics Parquet files, {:.1} MB",
+        "{} rows in {} gpu_metrics Parquet files, {:.1} MB",
+        files.iter().map(|f| f.rows).sum::<u64>(),
         files.len(),
         parquet_bytes as f64 / 1e6
     );
