@@ -416,20 +416,14 @@ mod tests {
 
     #[test]
     fn a_type_the_protocol_cannot_send_is_user_defined() {
-        let map = DataType::Map(
-            Arc::new(Field::new(
-                "entries",
-                DataType::Struct(
-                    vec![
-                        Field::new("keys", DataType::Utf8, false),
-                        Field::new("values", DataType::Utf8, true),
-                    ]
-                    .into(),
-                ),
-                false,
-            )),
-            false,
-        );
+        // The map of `metrics.labels`.
+        let schema = gpuwatch_store::schema::Table::Metrics.schema();
+        let map = schema
+            .field_with_name("labels")
+            .expect("metrics.labels")
+            .data_type()
+            .clone();
+        assert!(matches!(map, DataType::Map(..)), "{map}");
         let t = described(map);
         assert_eq!(t.data_type, "USER-DEFINED");
         assert_eq!(t.numeric, None);
