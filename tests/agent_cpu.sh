@@ -17,24 +17,10 @@ IFS=, read -r -a AGENTS <<< "${1:?usage: agent_cpu.sh AGENT_BINARY[,AGENT_BINARY
 SECS="${2:-30}"
 shift 2 2>/dev/null || shift $#
 W="$(mktemp -d)"
-cat > "$W/sink.py" <<'PY'
-# OTLP/HTTP sink: answers 200 and keeps the connection open. Prints its port.
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import sys
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-PY
 PIDS=()
 SINKS=()
 for i in "${!AGENTS[@]}"; do
-  python3 "$W/sink.py" > "$W/port$i" &
+  python3 "$(dirname "$0")/gpu/sink.py" > "$W/port$i" &
   SINKS+=($!)
   for _ in $(seq 50); do [[ -s "$W/port$i" ]] && break; sleep 0.1; done
   # The defaults go through the environment so that the same flags given in AGENT_ARGS win.
