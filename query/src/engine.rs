@@ -707,12 +707,15 @@ mod store_tests {
             write(&store, i);
         }
         store.persist().expect("persist");
-        let before: Vec<String> = store
-            .snapshot(Table::GpuMetrics)
-            .files
-            .into_iter()
-            .map(|(l, _)| l)
-            .collect();
+        let files = || -> Vec<String> {
+            store
+                .snapshot(Table::GpuMetrics)
+                .files
+                .into_iter()
+                .map(|(l, _)| l)
+                .collect()
+        };
+        let before = files();
         assert_eq!(before.len(), 2);
         const TOTAL: &str = "SELECT sum(power_watts) FROM gpu_metrics";
         assert_eq!(sum(&engine, TOTAL).await, 28.0);
@@ -726,12 +729,7 @@ mod store_tests {
         // The hour closes: compaction merges both files into a new one.
         clock.advance(3 * 3_600_000_000_000);
         store.maintain().expect("maintain");
-        let after: Vec<String> = store
-            .snapshot(Table::GpuMetrics)
-            .files
-            .into_iter()
-            .map(|(l, _)| l)
-            .collect();
+        let after = files();
         assert_eq!(after.len(), 1, "{after:?}");
         assert!(!before.contains(&after[0]), "{after:?} is a new file");
         assert_eq!(sum(&engine, TOTAL).await, 28.0);
