@@ -439,7 +439,8 @@ fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .with_config(config)
         .with_runtime_env(base.runtime_env())
         .with_default_features()
-        .with_physical_optimizer_rule(Arc::new(crate::run_aggregate::RunAggregateRule))
+        // The engine's own physical rules (the run aggregation among them), not a copy of them.
+        .with_physical_optimizer_rules(base.state().physical_optimizers().to_vec())
         .build();
     let ctx = SessionContext::new_with_state(state);
     let catalog = base
