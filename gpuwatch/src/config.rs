@@ -45,6 +45,12 @@ pub struct FileConfig {
     pub query_memory_limit: Option<usize>,
     /// `--max-concurrent-queries`
     pub max_concurrent_queries: Option<usize>,
+    /// `--memory-limit` (bytes; 0 for none)
+    pub memory_limit: Option<usize>,
+    /// `--max-value-bytes`
+    pub max_value_bytes: Option<usize>,
+    /// `--max-answer-bytes` (0 for unbounded)
+    pub max_answer_bytes: Option<usize>,
     /// `--auth-tokens`
     pub auth_tokens: Option<PathBuf>,
     /// `--log-level`

@@ -113,6 +113,20 @@ struct ServeArgs {
     /// Queries running at once; one more gets 429 with Retry-After; 0 for unbounded.
     #[arg(long, env = "GPUWATCH_MAX_CONCURRENT_QUERIES", default_value_t = 16)]
     max_concurrent_queries: usize,
+    /// Memory ceiling of the whole process, in bytes: the ingest buffer, WAL replay,
+    /// compaction and all queries together (queries fail with 503 and writes get 503 +
+    /// Retry-After before it is reached); 0 for none [default: 60% of the machine's memory or
+    /// of the cgroup's limit, whichever is lower].
+    #[arg(long, env = "GPUWATCH_MEMORY_LIMIT")]
+    memory_limit: Option<usize>,
+    /// The largest value a SQL function may build, in bytes (repeat, lpad, array_repeat,
+    /// string_agg, array_agg, range, ...); a query that would build a larger one gets 400.
+    #[arg(long, env = "GPUWATCH_MAX_VALUE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    max_value_bytes: usize,
+    /// The largest answer sent, in bytes: 413 when the first part is already larger, otherwise
+    /// the answer is cut with an error at its end; 0 for unbounded.
+    #[arg(long, env = "GPUWATCH_MAX_ANSWER_BYTES", default_value_t = 1024 * 1024 * 1024)]
+    max_answer_bytes: usize,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
@@ -331,7 +345,31 @@ fn serve_config(
         &mut args.max_concurrent_queries,
         file.max_concurrent_queries,
     );
+    apply(
+        m,
+        "max_value_bytes",
+        &mut args.max_value_bytes,
+        file.max_value_bytes,
+    );
+    apply(
+        m,
+        "max_answer_bytes",
+        &mut args.max_answer_bytes,
+        file.max_answer_bytes,
+    );
+    if args.max_value_bytes == 0 {
+        return Err(Error::Config("--max-value-bytes must be above zero".into()));
+    }
+    let memory_limit = match args.memory_limit.or(file.memory_limit) {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None => gpuwatch_query::memory::default_limit(),
+    };
     Ok(ServeConfig {
+        memory_limit,
+        max_value_bytes: args.max_value_bytes,
+        max_answer_bytes: (args.max_answer_bytes > 0).then_some(args.max_answer_bytes),
+        executor: gpuwatch_query::executor::Executor::current(),
         tls,
         auth_tokens,
         query_memory_limit: (args.query_memory_limit > 0).then_some(args.query_memory_limit),
@@ -417,8 +455,10 @@ async fn run() -> Result<()> {
                 Some(p) => FileConfig::load(p)?,
                 None => FileConfig::default(),
             };
-            let config = serve_config(&mut args, m, file, false)?;
+            let mut config = serve_config(&mut args, m, file, false)?;
             init_tracing(&args.log_level)?;
+            let queries = QueryRuntime::start()?;
+            config.executor = queries.executor.clone();
             let running = server::start(config.clone()).await?;
             let pg = running
                 .pg_addr
@@ -451,8 +491,10 @@ async fn run() -> Result<()> {
             );
             apply_duration(m, "interval", &mut args.interval, file.interval.clone())?;
             apply_duration(m, "backfill", &mut args.backfill, file.backfill.clone())?;
-            let config = serve_config(&mut args.serve, m, file, true)?;
+            let mut config = serve_config(&mut args.serve, m, file, true)?;
             init_tracing(&args.serve.log_level)?;
+            let queries = QueryRuntime::start()?;
+            config.executor = queries.executor.clone();
             demo::run(
                 config,
                 demo::DemoOptions {
@@ -478,6 +520,33 @@ async fn run() -> Result<()> {
             let mut stdout = std::io::stdout().lock();
             let _ = stdout.write_all(&out);
             Ok(())
+        }
+    }
+}
+
+/// The runtime queries run on ([`gpuwatch_query::executor`]), shut down when dropped.
+struct QueryRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    executor: gpuwatch_query::executor::Executor,
+}
+
+impl QueryRuntime {
+    /// As many threads as the machine has cores.
+    fn start() -> Result<Self> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let (runtime, executor) = gpuwatch_query::executor::Executor::dedicated(threads)
+            .map_err(|e| Error::Other(format!("cannot start the query runtime: {e}")))?;
+        Ok(Self {
+            runtime: Some(runtime),
+            executor,
+        })
+    }
+}
+
+impl Drop for QueryRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
 }

@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use gpuwatch_query::http::{EngineSlot, error_response};
+use gpuwatch_query::memory::Ceiling;
 use gpuwatch_query::{EngineConfig, QueryEngine, Status};
 use gpuwatch_store::clock::{Clock, SystemClock};
 use gpuwatch_store::ingest::http::decode_request;
@@ -69,6 +70,14 @@ pub struct ServeConfig {
     pub query_memory_limit: Option<usize>,
     /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
     pub max_concurrent_queries: Option<usize>,
+    /// The process's memory ceiling in bytes (`--memory-limit`); `None`: none.
+    pub memory_limit: Option<usize>,
+    /// The largest value a SQL function may build (`--max-value-bytes`).
+    pub max_value_bytes: usize,
+    /// The largest answer sent (`--max-answer-bytes`); `None`: unbounded.
+    pub max_answer_bytes: Option<usize>,
+    /// Where queries run (the query runtime).
+    pub executor: gpuwatch_query::executor::Executor,
     /// TLS on every listener (`--tls-cert`, `--tls-key`); `None`: plain TCP.
     pub tls: Option<tls::Tls>,
     /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
@@ -95,6 +104,42 @@ struct App {
     clock: Arc<dyn Clock>,
     alerting: crate::alerts_wiring::AlertingSlot,
     remote_write: Arc<remote_write::Counters>,
+    ceiling: Option<Arc<Ceiling>>,
+}
+
+impl App {
+    /// The store, when it takes writes now: open, and the process not at its memory ceiling.
+    fn writable(&self) -> std::result::Result<Arc<Store>, WriteRefused> {
+        let Some(store) = self.store.get().cloned() else {
+            return Err(WriteRefused::NotReady);
+        };
+        if let Some(ceiling) = &self.ceiling {
+            ceiling.admit_write().map_err(WriteRefused::Memory)?;
+        }
+        Ok(store)
+    }
+}
+
+/// Why a write is refused before it is read.
+#[derive(Debug)]
+enum WriteRefused {
+    NotReady,
+    Memory(gpuwatch_query::memory::Pressure),
+}
+
+impl WriteRefused {
+    fn message(&self) -> String {
+        match self {
+            WriteRefused::NotReady => gpuwatch_store::Error::NotReady.to_string(),
+            WriteRefused::Memory(p) => {
+                format!("{p}: write not stored, retry after the Retry-After delay")
+            }
+        }
+    }
+
+    fn response(&self) -> Response {
+        error_response(Status::Unavailable, &self.message())
+    }
 }
 
 /// A running server.
@@ -164,6 +209,16 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
 
+    let ceiling = match config.memory_limit {
+        Some(limit) => {
+            let ceiling = Ceiling::new(limit);
+            ceiling
+                .watch()
+                .map_err(|e| Error::Other(format!("cannot start the memory watch: {e}")))?;
+            Some(ceiling)
+        }
+        None => None,
+    };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
     let app = App {
@@ -173,6 +228,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         max_body_bytes: config.max_body_bytes,
         clock: Arc::clone(&clock),
         remote_write: Arc::default(),
+        ceiling: ceiling.clone(),
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -249,6 +305,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                     Some(t) => Some(t.acceptor(&[])?),
                     None => None,
                 },
+                executor: config.executor.clone(),
             },
             rx.clone(),
         ));
@@ -258,7 +315,10 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let open_app = app.clone();
     let store_config = StoreConfig {
         wal_sync: config.wal_sync == WalSync::Always,
-        max_buffer_bytes: config.max_buffer_bytes,
+        // The buffer's share of the memory ceiling, when that is lower.
+        max_buffer_bytes: ceiling.as_ref().map_or(config.max_buffer_bytes, |c| {
+            config.max_buffer_bytes.min(c.buffer_bytes())
+        }),
         retention: config.retention.clone(),
         compaction: gpuwatch_store::CompactionConfig {
             // Replaced files outlive every query that may still read them.
@@ -274,6 +334,12 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let query_timeout = config.query_timeout;
     let query_memory_limit = config.query_memory_limit;
     let max_concurrent_queries = config.max_concurrent_queries;
+    let engine_limits = (
+        config.max_value_bytes,
+        config.max_answer_bytes,
+        config.executor.clone(),
+        ceiling.clone(),
+    );
     let persist_every = config.persist_interval;
     let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
     let mut persist_rx = rx.clone();
@@ -302,6 +368,10 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 query_timeout,
                 memory_limit: query_memory_limit,
                 max_concurrent_queries,
+                max_value_bytes: engine_limits.0,
+                max_answer_bytes: engine_limits.1,
+                executor: engine_limits.2,
+                ceiling: engine_limits.3,
             },
         ) {
             Ok(engine) => {
@@ -505,8 +575,9 @@ fn store_error(e: &gpuwatch_store::Error) -> Response {
 }
 
 async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let Some(store) = app.store.get().cloned() else {
-        return store_error(&gpuwatch_store::Error::NotReady);
+    let store = match app.writable() {
+        Ok(s) => s,
+        Err(refused) => return refused.response(),
     };
     let limit = app.max_body_bytes;
     let Some(body) = read_body(body, limit).await else {
@@ -595,6 +666,57 @@ async fn self_metrics(State(app): State<App>) -> Response {
         "1 when the store is open",
         u64::from(app.store.get().is_some()),
     );
+    if let Some(c) = &app.ceiling {
+        let m = c.stats();
+        line(
+            "gpuwatch_memory_limit_bytes",
+            "gauge",
+            "The process's memory ceiling (--memory-limit)",
+            m.limit as u64,
+        );
+        line(
+            "gpuwatch_resident_memory_bytes",
+            "gauge",
+            "Resident memory at the last reading",
+            m.resident as u64,
+        );
+        line(
+            "gpuwatch_resident_memory_peak_bytes",
+            "gauge",
+            "Peak resident memory of the process",
+            m.peak as u64,
+        );
+        line(
+            "gpuwatch_query_memory_reserved_bytes",
+            "gauge",
+            "Bytes reserved by running queries in the pool they share",
+            m.query_reserved as u64,
+        );
+        line(
+            "gpuwatch_memory_pressure",
+            "gauge",
+            "1 while queries are refused because resident memory is near the ceiling",
+            u64::from(m.pressure),
+        );
+        line(
+            "gpuwatch_queries_stopped_memory_total",
+            "counter",
+            "Running queries stopped because resident memory neared the ceiling",
+            m.queries_stopped,
+        );
+        line(
+            "gpuwatch_queries_refused_memory_total",
+            "counter",
+            "Queries refused because resident memory was near the ceiling",
+            m.queries_refused,
+        );
+        line(
+            "gpuwatch_writes_refused_memory_total",
+            "counter",
+            "Writes refused with 503 because resident memory was at the ceiling",
+            m.writes_refused,
+        );
+    }
     if let Some(store) = app.store.get() {
         let s = store.stats();
         line(

@@ -32,7 +32,13 @@ use futures::StreamExt;
 use gpuwatch_store::schema::Table;
 use gpuwatch_store::{ReadStore, TableSnapshot};
 
+use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use tokio::sync::mpsc;
+
 use crate::error::Error;
+use crate::executor::{AbortOnDrop, Executor};
+use crate::memory::Ceiling;
 use crate::{Result, gate};
 
 /// A table of the store, as DataFusion sees it.
@@ -281,6 +287,15 @@ pub struct EngineConfig {
     pub memory_limit: Option<usize>,
     /// Queries running at once; one more is refused at once with 429 (`None`: unbounded).
     pub max_concurrent_queries: Option<usize>,
+    /// The largest value a function may build (`--max-value-bytes`, [`crate::bounded`]).
+    pub max_value_bytes: usize,
+    /// The largest answer sent (`--max-answer-bytes`); `None`: unbounded.
+    pub max_answer_bytes: Option<usize>,
+    /// Where queries run ([`Executor::dedicated`] in the server).
+    pub executor: Executor,
+    /// The process's memory ceiling (`--memory-limit`): the pool every query's own pool is
+    /// part of, and the resident-memory watch that refuses and stops queries; `None`: none.
+    pub ceiling: Option<Arc<Ceiling>>,
 }
 
 impl Default for EngineConfig {
@@ -289,19 +304,23 @@ impl Default for EngineConfig {
             query_timeout: Duration::from_secs(30),
             memory_limit: None,
             max_concurrent_queries: None,
+            max_value_bytes: crate::bounded::DEFAULT_MAX_VALUE_BYTES,
+            max_answer_bytes: None,
+            executor: Executor::current(),
+            ceiling: None,
         }
     }
 }
 
-/// A runtime like `base` but with a memory pool of its own of `limit` bytes, for one query.
+/// A runtime like `base` but with `pool` as its memory pool, for one query.
 ///
 /// Only the memory pool is the query's own. The object stores, the caches (Parquet footers, file
 /// statistics) and the spill directory are `base`'s: a fresh cache per query would read every
 /// file's footer again at each query.
-pub(crate) fn own_pool(base: &RuntimeEnv, limit: usize) -> Result<Arc<RuntimeEnv>> {
+pub(crate) fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
     let mut runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::clone(&base.object_store_registry))
-        .with_memory_limit(limit, 1.0)
+        .with_memory_pool(pool)
         .build()
         .map_err(Error::from)?;
     runtime.cache_manager = Arc::clone(&base.cache_manager);
@@ -361,6 +380,7 @@ impl QueryEngine {
         }
         ctx.register_udaf(crate::udf::increase());
         ctx.register_udaf(crate::udf::rate());
+        crate::bounded::register(&ctx, config.max_value_bytes);
         let stats = Arc::new(ScanStats::default());
         for table in Table::ALL {
             ctx.register_table(
@@ -400,13 +420,33 @@ impl QueryEngine {
         }
     }
 
+    /// The memory pool of one query: its own `--query-memory-limit` inside the ceiling's
+    /// shared pool, or alone; `None` when neither is set.
+    pub(crate) fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
+        match (&self.config.ceiling, self.config.memory_limit) {
+            (Some(ceiling), limit) => Some(ceiling.query_pool(limit)),
+            (None, Some(limit)) => Some(crate::memory::standalone_pool(limit)),
+            (None, None) => None,
+        }
+    }
+
+    /// Refuses a query while the process is near its memory ceiling.
+    pub(crate) fn admit(&self) -> Result<()> {
+        if let Some(ceiling) = &self.config.ceiling {
+            ceiling
+                .admit_query()
+                .map_err(|p| Error::MemoryPressure(p.used, p.limit))?;
+        }
+        Ok(())
+    }
+
     /// The session a query runs in: the shared one, or one with its own memory pool when
-    /// `memory_limit` is set (so one query cannot starve the others).
+    /// a memory limit or ceiling is set (so one query cannot starve the others).
     fn session(&self) -> Result<SessionContext> {
-        let Some(limit) = self.config.memory_limit else {
+        let Some(pool) = self.query_pool() else {
             return Ok(self.ctx.clone());
         };
-        let runtime = own_pool(&self.ctx.runtime_env(), limit)?;
+        let runtime = own_pool(&self.ctx.runtime_env(), pool)?;
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
             .with_runtime_env(runtime)
             .build();
@@ -418,9 +458,11 @@ impl QueryEngine {
         &self.ctx
     }
 
-    /// Plans a read-only statement and starts it, as a stream of batches.
+    /// Plans a read-only statement and starts it, as a stream of batches, on the caller's
+    /// runtime (see [`QueryEngine::start`] for the query runtime).
     pub async fn stream(&self, sql: &str) -> Result<SendableRecordBatchStream> {
         gate::check(sql)?;
+        self.admit()?;
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
@@ -439,34 +481,113 @@ impl QueryEngine {
         self.config.query_timeout
     }
 
-    /// Takes a query slot, plans `sql` within the time limit and starts it: the caller pulls the
-    /// batches (and keeps the slot until it is done).
+    /// The largest value a function may build (`--max-value-bytes`).
+    pub fn max_value_bytes(&self) -> usize {
+        self.config.max_value_bytes
+    }
+
+    /// Where queries run.
+    pub fn executor(&self) -> &Executor {
+        &self.config.executor
+    }
+
+    /// The largest answer sent (`--max-answer-bytes`); `None`: unbounded.
+    pub fn max_answer_bytes(&self) -> Option<usize> {
+        self.config.max_answer_bytes
+    }
+
+    /// The process's memory ceiling, if it has one.
+    pub fn ceiling(&self) -> Option<&Arc<Ceiling>> {
+        self.config.ceiling.as_ref()
+    }
+
+    /// Takes a query slot, plans `sql` within the time limit and starts it on the query runtime:
+    /// the caller pulls the batches (and keeps the slot until it is done). Dropping the stream
+    /// stops the query; so does the memory ceiling, with a [`crate::memory::Pressure`] error.
     pub async fn start(&self, sql: &str) -> Result<(QuerySlot, SendableRecordBatchStream)> {
         let slot = self.try_slot()?;
         let limit = self.config.query_timeout;
-        match tokio::time::timeout(limit, self.stream(sql)).await {
-            Ok(stream) => Ok((slot, stream?)),
-            Err(_) => Err(Error::Timeout(limit)),
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
+        let (tx, rx) = tokio::sync::mpsc::channel::<DfResult<RecordBatch>>(2);
+        let engine = self.clone();
+        let sql = sql.to_owned();
+        let task = self.config.executor.spawn(async move {
+            let stream = match engine.stream(&sql).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            if started_tx.send(Ok(stream.schema())).is_err() {
+                return;
+            }
+            engine.pump(stream, tx).await;
+        });
+        let task = AbortOnDrop(task);
+        let schema = match tokio::time::timeout(limit, started_rx).await {
+            Err(_) => return Err(Error::Timeout(limit)),
+            Ok(Err(_)) => return Err(Error::Internal("the query task ended early".into())),
+            Ok(Ok(r)) => r?,
+        };
+        let batches = futures::stream::unfold((rx, task), |(mut rx, task)| async move {
+            let b = rx.recv().await?;
+            Some((b, (rx, task)))
+        });
+        Ok((
+            slot,
+            Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
+        ))
+    }
+
+    /// Sends `stream`'s batches to `tx` until the end, until the receiver is gone, or until the
+    /// memory ceiling stops running queries.
+    async fn pump(
+        &self,
+        mut stream: SendableRecordBatchStream,
+        tx: mpsc::Sender<DfResult<RecordBatch>>,
+    ) {
+        let mut stops = self.config.ceiling.as_ref().map(|c| c.stops());
+        loop {
+            let stop = async {
+                match stops.as_mut() {
+                    Some(s) => s.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                b = stream.next() => {
+                    let Some(b) = b else { return };
+                    if tx.send(b).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tx.closed() => return,
+                true = stop => {
+                    if let Some(c) = &self.config.ceiling {
+                        let _ = tx.send(Err(c.stopped())).await;
+                    }
+                    return;
+                }
+            }
         }
     }
 
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
-        let _slot = self.try_slot()?;
+        let deadline = tokio::time::Instant::now() + self.config.query_timeout;
         let limit = self.config.query_timeout;
-        let run = async {
-            let mut stream = self.stream(sql).await?;
-            let schema = stream.schema();
-            let mut batches = Vec::new();
-            while let Some(b) = stream.next().await {
-                batches.push(b.map_err(Error::from)?);
+        let (_slot, mut stream) = self.start(sql).await?;
+        let schema = stream.schema();
+        let mut batches = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Err(_) => return Err(Error::Timeout(limit)),
+                Ok(None) => break,
+                Ok(Some(b)) => batches.push(b.map_err(Error::from)?),
             }
-            Ok(QueryResult { schema, batches })
-        };
-        match tokio::time::timeout(limit, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(limit)),
         }
+        Ok(QueryResult { schema, batches })
     }
 }
 

@@ -31,6 +31,26 @@ pub enum Error {
     )]
     Busy(usize),
 
+    /// A function would build a value larger than `--max-value-bytes`.
+    #[error("{0}")]
+    ValueTooLarge(String),
+
+    /// The answer is larger than `--max-answer-bytes`.
+    #[error(
+        "the answer is larger than --max-answer-bytes ({0} bytes): select fewer rows or columns, aggregate, or raise the limit"
+    )]
+    AnswerTooLarge(usize),
+
+    /// The statement's text is longer than the server reads.
+    #[error("the statement is {0} bytes long, more than {1} bytes: send a shorter statement")]
+    StatementTooLong(usize, usize),
+
+    /// The server is near its `--memory-limit`.
+    #[error(
+        "the server is near its --memory-limit ({0} bytes in use of {1}): the query was refused or stopped; retry after the Retry-After delay"
+    )]
+    MemoryPressure(usize, usize),
+
     /// The server is not ready yet.
     #[error("the server is not ready yet (write-ahead log replay in progress): retry shortly")]
     NotReady,
@@ -78,7 +98,9 @@ impl Error {
     /// The HTTP status class.
     pub fn status(&self) -> Status {
         match self {
-            Error::BadRequest(_) | Error::BadSql(_) => Status::BadRequest,
+            Error::BadRequest(_) | Error::BadSql(_) | Error::ValueTooLarge(_) => Status::BadRequest,
+            Error::AnswerTooLarge(_) | Error::StatementTooLong(..) => Status::PayloadTooLarge,
+            Error::MemoryPressure(..) => Status::Unavailable,
             Error::NotAllowed(_) => Status::Forbidden,
             Error::Timeout(_) => Status::Timeout,
             Error::ResourcesExhausted(_) | Error::NotReady => Status::Unavailable,
@@ -108,6 +130,12 @@ impl Error {
 
 impl From<DataFusionError> for Error {
     fn from(e: DataFusionError) -> Self {
+        if let Some(v) = crate::bounded::ValueTooLarge::find(&e) {
+            return Error::ValueTooLarge(v.to_string());
+        }
+        if let Some(p) = crate::memory::Pressure::find(&e) {
+            return Error::MemoryPressure(p.used, p.limit);
+        }
         let root = e.find_root();
         let msg = lower_first(root.to_string().trim());
         match root {

@@ -44,6 +44,11 @@ impl FromStr for Format {
 }
 
 impl Format {
+    /// Whether answers in this format are text (an error line can end them).
+    pub fn is_text(self) -> bool {
+        matches!(self, Format::Json | Format::Jsonl | Format::Csv)
+    }
+
     /// The `Content-Type` of an answer in this format.
     pub fn content_type(self) -> &'static str {
         match self {

@@ -19,8 +19,106 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use crate::Result;
 use crate::error::{Error, lower_first};
 
+/// The longest statement text read (1 MiB); a longer one is refused before it is parsed.
+pub const MAX_SQL_BYTES: usize = 1 << 20;
+
+/// The most operators one statement may hold.
+///
+/// `a + b + c + …` parses into a tree as deep as its operators are many, and the planner and
+/// optimizer walk expression trees recursively: a statement of 50,000 additions overflows a
+/// thread's stack, which aborts the process. Parentheses, function calls, subqueries and
+/// unary operators are bounded by the parser's own recursion limit (50); chains of binary
+/// operators are not, so they are counted here, on the tokens, before anything is parsed.
+pub const MAX_OPERATORS: usize = 2_000;
+
+/// Refuses a statement text longer than [`MAX_SQL_BYTES`], or with more than
+/// [`MAX_OPERATORS`] operators, before it is parsed.
+pub fn check_length(sql: &str) -> Result<()> {
+    if sql.len() > MAX_SQL_BYTES {
+        return Err(Error::StatementTooLong(sql.len(), MAX_SQL_BYTES));
+    }
+    let operators = count_operators(sql);
+    if operators > MAX_OPERATORS {
+        return Err(Error::BadSql(format!(
+            "the statement has {operators} operators, more than {MAX_OPERATORS}: use IN lists, CASE or fewer terms"
+        )));
+    }
+    Ok(())
+}
+
+/// The binary operators of `sql` (an upper bound of how deep its expression trees can get
+/// without parentheses). Text that does not tokenize is left to the parser to refuse.
+fn count_operators(sql: &str) -> usize {
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
+        return 0;
+    };
+    tokens
+        .iter()
+        .filter(|t| match t {
+            Token::Word(w) => matches!(
+                w.keyword,
+                Keyword::AND
+                    | Keyword::OR
+                    | Keyword::XOR
+                    | Keyword::IS
+                    | Keyword::LIKE
+                    | Keyword::ILIKE
+                    | Keyword::SIMILAR
+                    | Keyword::BETWEEN
+                    | Keyword::COLLATE
+                    | Keyword::AT
+            ),
+            Token::EOF
+            | Token::Number(..)
+            | Token::Char(_)
+            | Token::Comma
+            | Token::Whitespace(_)
+            | Token::LParen
+            | Token::RParen
+            | Token::Period
+            | Token::SemiColon
+            | Token::LBracket
+            | Token::RBracket
+            | Token::LBrace
+            | Token::RBrace
+            | Token::Placeholder(_) => false,
+            other => !is_literal(other),
+        })
+        .count()
+}
+
+/// String literals of every kind.
+fn is_literal(t: &datafusion::sql::sqlparser::tokenizer::Token) -> bool {
+    use datafusion::sql::sqlparser::tokenizer::Token;
+    matches!(
+        t,
+        Token::SingleQuotedString(_)
+            | Token::DoubleQuotedString(_)
+            | Token::TripleSingleQuotedString(_)
+            | Token::TripleDoubleQuotedString(_)
+            | Token::DollarQuotedString(_)
+            | Token::SingleQuotedByteStringLiteral(_)
+            | Token::DoubleQuotedByteStringLiteral(_)
+            | Token::TripleSingleQuotedByteStringLiteral(_)
+            | Token::TripleDoubleQuotedByteStringLiteral(_)
+            | Token::SingleQuotedRawStringLiteral(_)
+            | Token::DoubleQuotedRawStringLiteral(_)
+            | Token::TripleSingleQuotedRawStringLiteral(_)
+            | Token::TripleDoubleQuotedRawStringLiteral(_)
+            | Token::NationalStringLiteral(_)
+            | Token::QuoteDelimitedStringLiteral(_)
+            | Token::NationalQuoteDelimitedStringLiteral(_)
+            | Token::EscapedStringLiteral(_)
+            | Token::UnicodeStringLiteral(_)
+            | Token::HexStringLiteral(_)
+    )
+}
+
 /// Checks that `sql` is exactly one read-only statement.
 pub fn check(sql: &str) -> Result<()> {
+    check_length(sql)?;
     let statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})
         .map_err(|e| Error::BadSql(lower_first(&e.to_string())))?;
     match statements.len() {

@@ -11,13 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 
-use arrow::array::RecordBatch;
 use bytes::Bytes;
-use datafusion::execution::SendableRecordBatchStream;
 use futures::StreamExt;
 
-use crate::engine::{QueryEngine, QuerySlot};
+use crate::engine::QueryEngine;
 use crate::error::{Error, Status};
+use crate::executor::AbortOnDrop;
 use crate::format::{Encoder, Format};
 
 /// The engine, once the store is ready.
@@ -111,10 +110,14 @@ async fn post_sql(State(engine): State<EngineSlot>, body: Body) -> Response {
     run(&engine, &parsed.sql, parsed.format.as_deref()).await
 }
 
-/// Runs `sql` and streams the answer: the first batch is awaited before the status is sent (so
-/// planning and early execution errors get their status code); after that each batch is encoded
-/// and sent as it comes, and a later failure or the time limit aborts the response (the client
-/// sees a truncated chunked body, never a complete-looking wrong answer).
+/// Runs `sql` and streams the answer. Planning, execution and encoding all run on the query
+/// runtime ([`crate::executor`]); this handler only relays the encoded chunks. The first batch
+/// is awaited before the status is sent (so planning and early execution errors, and a first
+/// chunk already over `--max-answer-bytes`, get their status code); after that each batch is
+/// encoded and sent as it comes, and a later failure, the time limit or `--max-answer-bytes`
+/// ends the response early: the text formats get a last line `{"error": "..."}`, and the
+/// chunked body is cut without its terminating chunk, so no client takes it for a complete
+/// answer. A client that goes away stops the query.
 async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     let format: Format = match format.unwrap_or("json").parse() {
         Ok(f) => f,
@@ -123,33 +126,24 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     let Some(engine) = engine.get() else {
         return Error::NotReady.into_response();
     };
-    let limit = engine.query_timeout();
-    let deadline = tokio::time::Instant::now() + limit;
-    let (slot, mut stream) = match engine.start(sql).await {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
-    };
-    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
-        Err(_) => return Error::Timeout(limit).into_response(),
-        Ok(None) => None,
-        Ok(Some(Ok(b))) => Some(b),
-        Ok(Some(Err(e))) => return Error::from(e).into_response(),
-    };
-    let encoder = match Encoder::new(&stream.schema(), format) {
-        Ok(e) => e,
-        Err(e) => return e.into_response(),
-    };
-    let state = Streaming {
-        encoder: Some(encoder),
-        stream,
-        first,
-        deadline,
-        limit,
-        _slot: slot,
-    };
-    let body = futures::stream::unfold(state, |mut st| async move {
-        let chunk = st.next_chunk().await?;
-        Some((chunk, st))
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
+    let (body_tx, body_rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
+    let task = engine.executor().spawn(answer(
+        engine.clone(),
+        sql.to_owned(),
+        format,
+        head_tx,
+        body_tx,
+    ));
+    let task = AbortOnDrop(task);
+    match head_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return Error::Internal("the query task ended early".into()).into_response(),
+    }
+    let body = futures::stream::unfold((body_rx, task), |(mut rx, task)| async move {
+        let chunk = rx.recv().await?;
+        Some((chunk, (rx, task)))
     });
     let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
     resp.headers_mut().insert(
@@ -159,50 +153,115 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     resp
 }
 
-struct Streaming {
-    encoder: Option<Encoder>,
-    stream: SendableRecordBatchStream,
-    first: Option<RecordBatch>,
-    deadline: tokio::time::Instant,
-    limit: std::time::Duration,
-    _slot: QuerySlot,
-}
-
-impl Streaming {
-    /// The next piece of the body; `None` at the end (after an error, too).
-    async fn next_chunk(&mut self) -> Option<std::io::Result<Bytes>> {
-        let encoder = self.encoder.as_mut()?;
-        let batch = match self.first.take() {
-            Some(b) => b,
-            None => match tokio::time::timeout_at(self.deadline, self.stream.next()).await {
-                Err(_) => {
-                    self.encoder = None;
-                    tracing::warn!(limit = ?self.limit, "query timed out while streaming; answer aborted");
-                    return Some(Err(std::io::Error::other(Error::Timeout(self.limit))));
+/// The query task: plans and runs `sql`, says through `head` whether the answer starts, then
+/// sends it encoded through `body`.
+async fn answer(
+    engine: QueryEngine,
+    sql: String,
+    format: Format,
+    head: tokio::sync::oneshot::Sender<Result<(), Error>>,
+    body: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let limit = engine.query_timeout();
+    let deadline = tokio::time::Instant::now() + limit;
+    let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
+    let (_slot, mut stream) = match engine.start(&sql).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = head.send(Err(e));
+            return;
+        }
+    };
+    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
+        Err(_) => {
+            let _ = head.send(Err(Error::Timeout(limit)));
+            return;
+        }
+        Ok(None) => None,
+        Ok(Some(Ok(b))) => Some(b),
+        Ok(Some(Err(e))) => {
+            let _ = head.send(Err(Error::from(e)));
+            return;
+        }
+    };
+    let mut encoder = match Encoder::new(&stream.schema(), format) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = head.send(Err(e));
+            return;
+        }
+    };
+    let Some(first) = first else {
+        // No rows: the whole answer is the encoder's opening and closing.
+        let chunk = match encoder.finish() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = head.send(Err(e));
+                return;
+            }
+        };
+        if chunk.len() > max_bytes {
+            let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
+            return;
+        }
+        if head.send(Ok(())).is_ok() {
+            let _ = body.send(Ok(Bytes::from(chunk))).await;
+        }
+        return;
+    };
+    let chunk = match encoder.write(&first) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = head.send(Err(e));
+            return;
+        }
+    };
+    if chunk.len() > max_bytes {
+        let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
+        return;
+    }
+    if head.send(Ok(())).is_err() {
+        return;
+    }
+    let mut sent = chunk.len();
+    if body.send(Ok(Bytes::from(chunk))).await.is_err() {
+        return;
+    }
+    let failure = loop {
+        let batch = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => break Error::Timeout(limit),
+            Ok(Some(Ok(b))) => b,
+            Ok(Some(Err(e))) => break Error::from(e),
+            Ok(None) => match encoder.finish() {
+                Ok(tail) => {
+                    if sent + tail.len() > max_bytes {
+                        break Error::AnswerTooLarge(max_bytes);
+                    }
+                    let _ = body.send(Ok(Bytes::from(tail))).await;
+                    return;
                 }
-                Ok(Some(Ok(b))) => b,
-                Ok(Some(Err(e))) => {
-                    self.encoder = None;
-                    let e = Error::from(e);
-                    tracing::warn!(error = %e, "query failed while streaming; answer aborted");
-                    return Some(Err(std::io::Error::other(e)));
-                }
-                Ok(None) => {
-                    let encoder = self.encoder.take()?;
-                    return Some(
-                        encoder
-                            .finish()
-                            .map(Bytes::from)
-                            .map_err(std::io::Error::other),
-                    );
-                }
+                Err(e) => break e,
             },
         };
-        Some(
-            encoder
-                .write(&batch)
-                .map(Bytes::from)
-                .map_err(std::io::Error::other),
-        )
+        let chunk = match encoder.write(&batch) {
+            Ok(c) => c,
+            Err(e) => break e,
+        };
+        sent += chunk.len();
+        if sent > max_bytes {
+            break Error::AnswerTooLarge(max_bytes);
+        }
+        if body.send(Ok(Bytes::from(chunk))).await.is_err() {
+            return;
+        }
+    };
+    tracing::warn!(error = %failure, "answer cut short");
+    if format.is_text() {
+        let line = format!(
+            "\n{}\n",
+            serde_json::json!({ "error": failure.to_string() })
+        );
+        let _ = body.send(Ok(Bytes::from(line))).await;
     }
+    let _ = body.send(Err(std::io::Error::other(failure))).await;
 }

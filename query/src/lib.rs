@@ -6,11 +6,14 @@
 //! through the narrow [`gpuwatch_store::ReadStore`] trait; the answer is encoded in the requested
 //! [`format`]. Time-series aggregates (`increase`, `rate`) live in [`udf`].
 
+pub mod bounded;
 pub mod engine;
 mod error;
+pub mod executor;
 pub mod format;
 pub mod gate;
 pub mod http;
+pub mod memory;
 pub mod pg;
 pub mod pg_functions;
 pub mod pg_information_schema;

@@ -77,6 +77,9 @@ pub struct PgOptions {
     /// TLS for `sslmode=require` clients, then required of every client; `None`: plain
     /// connections only.
     pub tls: Option<TlsAcceptor>,
+    /// Where connections run: the query runtime, so that a client's statements (planning,
+    /// execution, and the encoding of its rows) never hold up the server's own runtime.
+    pub executor: crate::executor::Executor,
 }
 
 impl fmt::Debug for PgOptions {
@@ -122,31 +125,41 @@ async fn within<T>(
     }
 }
 
-/// Holds a query's slot until its rows are sent, stops it at the deadline, and classifies
-/// errors raised while rows stream.
+/// Holds a query's slot until its rows are sent, stops it at the deadline or when its rows
+/// pass `max_bytes` (`54000`), and classifies errors raised while rows stream.
 fn guard(
     response: Response,
     slot: Option<Arc<crate::engine::QuerySlot>>,
     deadline: tokio::time::Instant,
     limit: Duration,
+    max_bytes: usize,
 ) -> Response {
     let Response::Query(mut q) = response else {
         return response;
     };
     let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
     let stream = futures::stream::unfold(
-        (rows, slot, false),
-        move |(mut rows, slot, done)| async move {
+        (rows, slot, false, 0usize),
+        move |(mut rows, slot, done, sent)| async move {
             if done {
                 return None;
             }
             match tokio::time::timeout_at(deadline, rows.next()).await {
-                Ok(Some(Ok(row))) => Some((Ok(row), (rows, slot, false))),
-                Ok(Some(Err(e))) => Some((Err(classify(e)), (rows, None, true))),
+                Ok(Some(Ok(row))) => {
+                    let sent = sent.saturating_add(row.data.len());
+                    if sent > max_bytes {
+                        return Some((
+                            Err(engine_error(&Error::AnswerTooLarge(max_bytes))),
+                            (rows, None, true, sent),
+                        ));
+                    }
+                    Some((Ok(row), (rows, slot, false, sent)))
+                }
+                Ok(Some(Err(e))) => Some((Err(classify(e)), (rows, None, true, sent))),
                 Ok(None) => None,
                 Err(_) => Some((
                     Err(engine_error(&Error::Timeout(limit))),
-                    (rows, None, true),
+                    (rows, None, true, sent),
                 )),
             }
         },
@@ -315,6 +328,7 @@ impl SimpleQueryHandler for Front {
         let service = ready.session(client.session_extensions())?;
         let limit = time_limit(client, &ready.engine);
         let deadline = tokio::time::Instant::now() + limit;
+        let max_bytes = ready.engine.max_answer_bytes().unwrap_or(usize::MAX);
         let responses = if !one_at_a_time {
             within(
                 deadline,
@@ -391,7 +405,7 @@ impl SimpleQueryHandler for Front {
         .map_err(classify)?;
         Ok(responses
             .into_iter()
-            .map(|r| guard(r, slot.clone(), deadline, limit))
+            .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes))
             .collect())
     }
 }
@@ -515,7 +529,13 @@ impl ExtendedQueryHandler for Front {
         )
         .await
         {
-            Ok(r) => Ok(guard(r.map_err(classify)?, Some(slot), deadline, limit)),
+            Ok(r) => Ok(guard(
+                r.map_err(classify)?,
+                Some(slot),
+                deadline,
+                limit,
+                ready.engine.max_answer_bytes().unwrap_or(usize::MAX),
+            )),
             Err(_) => Err(engine_error(&Error::Timeout(limit))),
         }
     }
@@ -582,6 +602,7 @@ pub fn serve(
 ) -> tokio::task::JoinHandle<()> {
     let handlers = Arc::new(Handlers::new(engine, options.auth, options.tls.is_some()));
     let tls = options.tls;
+    let executor = options.executor;
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -599,7 +620,7 @@ pub fn serve(
             let _ = socket.set_nodelay(true);
             let handlers = Arc::clone(&handlers);
             let tls = tls.clone();
-            tokio::spawn(async move {
+            executor.spawn(async move {
                 if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
                     tracing::debug!(peer = %peer, error = %e, "postgres connection ended with an error");
                 }

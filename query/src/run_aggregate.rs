@@ -39,12 +39,12 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
     InputOrderMode, PhysicalExpr, PlanProperties, Statistics, StatisticsArgs,
@@ -95,9 +95,10 @@ fn eligible(agg: &AggregateExec) -> bool {
     {
         return false;
     }
-    let aggregates_fit = agg.aggr_expr().iter().all(|a| {
-        a.order_bys().is_empty() && !a.is_distinct() && a.groups_accumulator_supported()
-    });
+    let aggregates_fit = agg
+        .aggr_expr()
+        .iter()
+        .all(|a| a.order_bys().is_empty() && !a.is_distinct() && a.groups_accumulator_supported());
     let input = agg.input_schema();
     let keys_fit = group_by.expr().iter().all(|(expr, _)| {
         expr.data_type(&input)

@@ -48,9 +48,10 @@ impl MetricsService for Otlp {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        let Some(store) = self.app.store.get().cloned() else {
-            return Err(status(&gpuwatch_store::Error::NotReady));
-        };
+        let store = self
+            .app
+            .writable()
+            .map_err(|refused| tonic::Status::unavailable(refused.message()))?;
         let req = request.into_inner();
         let now = self.app.clock.now_nanos();
         let work = tokio::task::spawn_blocking(move || {

@@ -77,8 +77,9 @@ impl Counters {
 
 /// The handler.
 pub async fn handle(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let Some(store) = app.store.get().cloned() else {
-        return store_error(&gpuwatch_store::Error::NotReady);
+    let store = match app.writable() {
+        Ok(s) => s,
+        Err(refused) => return refused.response(),
     };
     let limit = app.max_body_bytes;
     let Some(body) = read_body(body, limit).await else {

@@ -95,6 +95,7 @@ pub(super) fn admit_all(
     parser: &PostgresCompatibilityParser,
     sql: &str,
 ) -> PgWireResult<Vec<Verdict>> {
+    gate::check_length(sql).map_err(|e| engine_error(&e))?;
     let statements = parser
         .parse(sql)
         .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;

@@ -15,6 +15,12 @@ pub(super) fn error(severity: &str, code: &str, message: impl Into<String>) -> P
 
 /// The SQLSTATE of a DataFusion error.
 pub fn sqlstate(e: &DataFusionError) -> &'static str {
+    if crate::bounded::ValueTooLarge::find(e).is_some() {
+        return "54000";
+    }
+    if crate::memory::Pressure::find(e).is_some() {
+        return "53200";
+    }
     let root = e.find_root();
     let text = root.to_string().to_ascii_lowercase();
     match root {
@@ -57,7 +63,8 @@ pub(super) fn engine_error(e: &Error) -> PgWireError {
         Error::BadRequest(_) | Error::BadSql(_) => "42601",
         Error::NotAllowed(_) => "42501",
         Error::Timeout(_) => "57014",
-        Error::ResourcesExhausted(_) => "53200",
+        Error::ResourcesExhausted(_) | Error::MemoryPressure(..) => "53200",
+        Error::ValueTooLarge(_) | Error::AnswerTooLarge(_) | Error::StatementTooLong(..) => "54000",
         Error::Busy(_) => "53000",
         Error::NotReady => "57P03",
         Error::Internal(_) => "XX000",
@@ -78,6 +85,12 @@ pub(super) fn classify(e: PgWireError) -> PgWireError {
         other => return other,
     };
     if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+        if let Some(v) = crate::bounded::ValueTooLarge::find(df) {
+            return engine_error(&Error::ValueTooLarge(v.to_string()));
+        }
+        if let Some(p) = crate::memory::Pressure::find(df) {
+            return engine_error(&Error::MemoryPressure(p.used, p.limit));
+        }
         let message = lower_first(df.find_root().to_string().trim());
         let code = sqlstate(df);
         if code == "53200" {

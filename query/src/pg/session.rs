@@ -70,15 +70,16 @@ impl Ready {
     }
 
     /// The state of one statement's session: the shared state with a runtime whose memory pool
-    /// of `--query-memory-limit` bytes is the statement's own (the engine's object stores,
+    /// of `--query-memory-limit` bytes (inside the ceiling's, when there is one) is the statement's own (the engine's object stores,
     /// caches and spill directory otherwise). Made from a copy of the shared state, not from
     /// scratch: `pg_catalog`'s tables and the function registries are shared. `None` without a
     /// memory limit.
     pub(super) fn statement_state(&self) -> Result<Option<SessionState>, Error> {
-        let Some(limit) = self.engine.memory_limit() else {
+        let Some(pool) = self.engine.query_pool() else {
             return Ok(None);
         };
-        let runtime = crate::engine::own_pool(self.state.runtime_env(), limit)?;
+        self.engine.admit()?;
+        let runtime = crate::engine::own_pool(self.state.runtime_env(), pool)?;
         Ok(Some(
             SessionStateBuilder::new_from_existing(self.state.clone())
                 .with_runtime_env(runtime)
@@ -196,6 +197,7 @@ pub(super) fn build(engine: &QueryEngine) -> Result<Ready, String> {
     // The same time-series aggregates as over HTTP.
     ctx.register_udaf(crate::udf::increase());
     ctx.register_udaf(crate::udf::rate());
+    crate::bounded::register(&ctx, engine.max_value_bytes());
     setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| e.to_string())?;
     let state = ctx.state();
     let information_schema = PgInformationSchema::new(

@@ -78,7 +78,12 @@ fn schema() -> Arc<Schema> {
 /// buffer, equal values with equal views.
 fn labels(values: &[String], picks: &[Option<usize>]) -> ArrayRef {
     let dictionary = StringViewArray::from_iter_values(values);
-    let idx = UInt32Array::from(picks.iter().map(|p| p.map(|p| p as u32)).collect::<Vec<_>>());
+    let idx = UInt32Array::from(
+        picks
+            .iter()
+            .map(|p| p.map(|p| p as u32))
+            .collect::<Vec<_>>(),
+    );
     take(&dictionary, &idx, None).expect("take labels")
 }
 
@@ -106,7 +111,10 @@ fn batch(runs: &[Run], first_row: usize) -> RecordBatch {
             index.push(r.index);
             flag.push(r.flag);
             // A string column that is not a view: long values, built row by row.
-            plain.push(r.job.map(|j| format!("a label longer than twelve bytes {j}")));
+            plain.push(
+                r.job
+                    .map(|j| format!("a label longer than twelve bytes {j}")),
+            );
             v.push(value(row * 7 + r.gpu));
             // min and max of floats with NaN, or with both zeros, depend on the order rows
             // arrive in (DataFusion's own answer changes from run to run): they get a column
@@ -200,10 +208,7 @@ const LEFT: &[&str] = &[
 
 /// The rows of a query's answer as sorted text lines.
 async fn answer(ctx: &SessionContext, sql: &str) -> Vec<String> {
-    let df = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let batches = df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let text = arrow::util::pretty::pretty_format_batches(&batches)
         .expect("format")
@@ -288,7 +293,9 @@ fn takes_the_aggregations_it_can_and_leaves_the_others() {
         for sql in LEFT {
             assert_eq!(count_runs(&plan(&ctx, sql).await), 0, "{sql}");
         }
-        let explain = answer(&ctx, &format!("EXPLAIN {}", TAKEN[0])).await.join("\n");
+        let explain = answer(&ctx, &format!("EXPLAIN {}", TAKEN[0]))
+            .await
+            .join("\n");
         assert!(
             explain.contains("RunAggregateExec: mode=Partial, gby=[host@0 as host"),
             "{explain}"
@@ -425,7 +432,10 @@ fn passes_rows_on_when_nearly_every_row_is_a_group() {
         let batches = collect(Arc::clone(&plan), with.task_ctx())
             .await
             .expect("query");
-        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 3000);
+        assert_eq!(
+            batches.iter().map(RecordBatch::num_rows).sum::<usize>(),
+            3000
+        );
         // Past the probe (500 rows in each partition), rows passed on.
         let skipped = partial
             .metrics()

@@ -184,7 +184,10 @@ async fn integer_counters_and_bad_arguments() {
     assert_eq!(r, [("x".to_string(), None, None)]);
     for (sql, needle) in [
         ("SELECT increase(v) FROM c", "takes 2 arguments"),
-        ("SELECT increase(gpu, time) FROM c", "value must be a number"),
+        (
+            "SELECT increase(gpu, time) FROM c",
+            "value must be a number",
+        ),
         ("SELECT rate(v, v) FROM c", "time must be a timestamp"),
     ] {
         let err = match ctx.sql(sql).await {
@@ -201,8 +204,5 @@ fn counter_increase_by_hand() {
     assert_eq!(counter_increase(&[(0, 1.0)]), None);
     assert_eq!(counter_increase(&[(0, 1.0), (1, 4.0)]), Some(3.0));
     // Reset to exactly 0 adds nothing for that step.
-    assert_eq!(
-        counter_increase(&[(0, 5.0), (1, 0.0), (2, 2.0)]),
-        Some(2.0)
-    );
+    assert_eq!(counter_increase(&[(0, 5.0), (1, 0.0), (2, 2.0)]), Some(2.0));
 }
