@@ -282,6 +282,11 @@ impl TestServer {
         self.spawn();
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         self.child

@@ -44,24 +44,43 @@ pub struct ValueTooLarge {
     pub bytes: usize,
     /// The limit it passes, in bytes.
     pub limit: usize,
-    /// Whether `bytes` is the total of a batch rather than one value.
-    pub batch: bool,
+    /// What is too large.
+    pub kind: TooLarge,
 }
+
+/// What a [`ValueTooLarge`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TooLarge {
+    /// One value.
+    Value,
+    /// The values one call makes for a batch of rows.
+    Batch,
+    /// A regular expression (its text), which takes long to compile when large.
+    Pattern,
+}
+
+/// The longest regular expression the `regexp_*` functions take: compiling a large one (say
+/// `(a|b)` repeated 100,000 times) takes many seconds in one call that no time limit stops.
+pub const MAX_PATTERN_BYTES: usize = 16 * 1024;
 
 impl fmt::Display for ValueTooLarge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.batch {
-            write!(
+        match self.kind {
+            TooLarge::Batch => write!(
                 f,
                 "{}: the values of one batch would take {} bytes, more than {BATCH_FACTOR} x --max-value-bytes ({} bytes): build smaller values",
                 self.function, self.bytes, self.limit
-            )
-        } else {
-            write!(
+            ),
+            TooLarge::Value => write!(
                 f,
                 "{}: a value of {} bytes is larger than --max-value-bytes ({} bytes): build smaller values or raise the limit",
                 self.function, self.bytes, self.limit
-            )
+            ),
+            TooLarge::Pattern => write!(
+                f,
+                "{}: a regular expression of {} bytes is longer than {} bytes: use a shorter pattern",
+                self.function, self.bytes, self.limit
+            ),
         }
     }
 }
@@ -84,12 +103,12 @@ impl ValueTooLarge {
     }
 }
 
-fn too_large(function: &str, bytes: usize, limit: usize, batch: bool) -> DataFusionError {
+fn too_large(function: &str, bytes: usize, limit: usize, kind: TooLarge) -> DataFusionError {
     DataFusionError::External(Box::new(ValueTooLarge {
         function: function.to_string(),
         bytes,
         limit,
-        batch,
+        kind,
     }))
 }
 
@@ -119,6 +138,9 @@ enum Growth {
     Translate,
     /// Measured after the call only (`make_array`).
     Measured,
+    /// `regexp_like(s, pattern …)` and the other `regexp_*`: the output is small, the pattern
+    /// (second argument) is bounded by [`MAX_PATTERN_BYTES`].
+    Pattern,
 }
 
 /// The functions that are bounded, and how they grow.
@@ -139,6 +161,11 @@ const SCALARS: &[(&str, Growth)] = &[
     ("regexp_replace", Growth::RegexpReplace),
     ("translate", Growth::Translate),
     ("make_array", Growth::Measured),
+    ("regexp_like", Growth::Pattern),
+    ("regexp_match", Growth::Pattern),
+    ("regexp_count", Growth::Pattern),
+    ("regexp_instr", Growth::Pattern),
+    ("regexp_substr", Growth::Pattern),
 ];
 
 /// Aggregates whose one value grows with every row they take in.
@@ -218,6 +245,20 @@ impl ScalarUDFImpl for BoundedScalar {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let rows = args.number_rows;
+        if matches!(self.growth, Growth::Pattern | Growth::RegexpReplace) {
+            if let Some(pattern) = args.args.get(1) {
+                let sizes = Sizes::of(pattern);
+                let longest = (0..rows.max(1)).map(|i| sizes.at(i)).max().unwrap_or(0);
+                if longest > MAX_PATTERN_BYTES {
+                    return Err(too_large(
+                        self.name(),
+                        longest,
+                        MAX_PATTERN_BYTES,
+                        TooLarge::Pattern,
+                    ));
+                }
+            }
+        }
         if let Some((largest, total)) = estimate(self.growth, &args.args, rows) {
             self.check(largest, total)?;
         }
@@ -231,11 +272,11 @@ impl ScalarUDFImpl for BoundedScalar {
 impl BoundedScalar {
     fn check(&self, largest: usize, total: usize) -> DfResult<()> {
         if largest > self.max {
-            return Err(too_large(self.name(), largest, self.max, false));
+            return Err(too_large(self.name(), largest, self.max, TooLarge::Value));
         }
         let batch = self.max.saturating_mul(BATCH_FACTOR);
         if total > batch {
-            return Err(too_large(self.name(), total, batch, true));
+            return Err(too_large(self.name(), total, batch, TooLarge::Batch));
         }
         Ok(())
     }
@@ -353,7 +394,7 @@ impl BoundedAccumulator {
     fn check(&self) -> DfResult<()> {
         let size = self.inner.size();
         if size > self.max {
-            return Err(too_large(&self.function, size, self.max, false));
+            return Err(too_large(&self.function, size, self.max, TooLarge::Value));
         }
         Ok(())
     }
@@ -408,7 +449,7 @@ fn estimate(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usiz
     let size = |k: usize| args.get(k).map(Sizes::of);
     let count = |k: usize| args.get(k).map(Counts::of);
     match growth {
-        Growth::Measured => None,
+        Growth::Measured | Growth::Pattern => None,
         Growth::Repeat => {
             let (s, n) = (size(0)?, count(1)?);
             Some(each(&|i| {

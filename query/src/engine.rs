@@ -467,8 +467,17 @@ impl QueryEngine {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let df = self.session()?.sql_with_options(sql, options).await?;
-        Ok(df.execute_stream().await?)
+        let session = self.session()?;
+        let df = session.sql_with_options(sql, options).await?;
+        let plan = df.create_physical_plan().await?;
+        let plan = crate::deadline::wrap(
+            plan,
+            crate::deadline::Deadline::after(self.config.query_timeout),
+        )?;
+        Ok(datafusion::physical_plan::execute_stream(
+            plan,
+            session.task_ctx(),
+        )?)
     }
 
     /// Memory one query may hold (`--query-memory-limit`); `None`: unbounded.

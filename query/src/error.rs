@@ -133,6 +133,9 @@ impl From<DataFusionError> for Error {
         if let Some(v) = crate::bounded::ValueTooLarge::find(&e) {
             return Error::ValueTooLarge(v.to_string());
         }
+        if let Some(d) = crate::deadline::DeadlinePassed::find(&e) {
+            return Error::Timeout(d.0);
+        }
         if let Some(p) = crate::memory::Pressure::find(&e) {
             return Error::MemoryPressure(p.used, p.limit);
         }

@@ -22,6 +22,9 @@ use crate::format::{Encoder, Format};
 /// The engine, once the store is ready.
 pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
 
+/// How long after the time limit the handler gives up on a query task that has not answered.
+const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Largest SQL request body accepted.
 pub const MAX_SQL_BODY_BYTES: usize = 1 << 20;
 
@@ -136,14 +139,31 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
         body_tx,
     ));
     let task = AbortOnDrop(task);
-    match head_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return e.into_response(),
-        Err(_) => return Error::Internal("the query task ended early".into()).into_response(),
+    // The query task keeps the time limit itself; this side keeps it too (with a little grace
+    // for the task's own answer), in case the query's threads are too busy to notice.
+    let limit = engine.query_timeout();
+    let deadline = tokio::time::Instant::now() + limit + DEADLINE_GRACE;
+    match tokio::time::timeout_at(deadline, head_rx).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => return e.into_response(),
+        Ok(Err(_)) => {
+            return Error::Internal("the query task ended early".into()).into_response();
+        }
+        Err(_) => return Error::Timeout(limit).into_response(),
     }
-    let body = futures::stream::unfold((body_rx, task), |(mut rx, task)| async move {
-        let chunk = rx.recv().await?;
-        Some((chunk, (rx, task)))
+    let body = futures::stream::unfold((body_rx, Some(task)), move |(mut rx, task)| async move {
+        let task = task?;
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(chunk)) => Some((chunk, (rx, Some(task)))),
+            Ok(None) => None,
+            Err(_) => {
+                drop(task);
+                Some((
+                    Err(std::io::Error::other(Error::Timeout(limit))),
+                    (rx, None),
+                ))
+            }
+        }
     });
     let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
     resp.headers_mut().insert(

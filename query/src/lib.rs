@@ -7,6 +7,7 @@
 //! [`format`]. Time-series aggregates (`increase`, `rate`) live in [`udf`].
 
 pub mod bounded;
+pub mod deadline;
 pub mod engine;
 mod error;
 pub mod executor;

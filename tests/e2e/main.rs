@@ -16,6 +16,7 @@ mod crash_stress;
 mod durability;
 mod golden;
 mod grpc;
+mod hostile;
 mod object_store;
 mod otlp_partial;
 mod pipeline;
@@ -24,9 +25,9 @@ mod python_sdk;
 mod remote_write;
 mod sql_recipes;
 mod sql_refusals;
-mod tls;
 mod store_limits;
 mod streaming;
+mod tls;
 
 use std::time::{Duration, Instant};
 

@@ -127,7 +127,7 @@ async fn a_batch_of_values_is_bounded_as_a_whole() {
         "SELECT repeat('x', 900 + value % 2) FROM generate_series(1, 100)",
     )
     .await;
-    assert!(refused.batch, "{refused:?}");
+    assert_eq!(refused.kind, TooLarge::Batch, "{refused:?}");
     assert_eq!(refused.limit, 4000);
 }
 
@@ -150,6 +150,31 @@ async fn aggregates_that_concatenate_are_bounded() {
     ] {
         assert_eq!(refusal(&ctx, sql).await.function, function, "{sql}");
     }
+}
+
+#[tokio::test]
+async fn long_regular_expressions_are_refused() {
+    let ctx = session(1 << 20);
+    let pattern = "(a|b)".repeat(10_000);
+    for function in [
+        "regexp_like",
+        "regexp_match",
+        "regexp_count",
+        "regexp_replace",
+    ] {
+        let extra = if function == "regexp_replace" {
+            ", 'x'"
+        } else {
+            ""
+        };
+        let sql = format!("SELECT {function}('a', '{pattern}'{extra})");
+        let refused = refusal(&ctx, &sql).await;
+        assert_eq!(refused.function, function);
+        assert_eq!(refused.kind, TooLarge::Pattern);
+    }
+    run(&ctx, "SELECT regexp_like('GPU-12', '^GPU-[0-9]+$')")
+        .await
+        .expect("a short pattern");
 }
 
 #[tokio::test]
