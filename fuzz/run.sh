@@ -13,13 +13,13 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(otlp_protobuf otlp_json remote_write sql_gate)
+  targets=(otlp_protobuf otlp_json remote_write sql_gate sql_plan)
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 export RUSTC_BOOTSTRAP=1
-features() { if [ "$1" = sql_gate ]; then echo "--features gate"; fi; }
+features() { case "$1" in sql_gate | sql_plan) echo "--features gate" ;; esac; }
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2046
   cargo fuzz build --dev -s none $(features "$t") "$t"
@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
   # Seeds: the golden fixture's OTLP/JSON requests for the JSON decoder, the recipes for the gate.
   case "$t" in
     otlp_json) i=0; while IFS= read -r line; do i=$((i+1)); printf '%s' "$line" > "corpus/$t/fixture-$i"; done < ../tests/golden/fixture.jsonl ;;
-    sql_gate) for f in ../tests/golden/*.sql; do cp "$f" "corpus/$t/$(basename "$f")"; done ;;
+    sql_gate | sql_plan) for f in ../tests/golden/*.sql; do cp "$f" "corpus/$t/$(basename "$f")"; done ;;
   esac
   echo "== $t: ${secs}s"
   # shellcheck disable=SC2046
