@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 use gpuwatch_store::clock::Clock;
 use serde::{Deserialize, Serialize};
@@ -305,7 +306,10 @@ impl RuleEngine {
         let mut rows = Vec::new();
         for rule in &g.rules {
             let name = &rule.alert.0;
-            let result = source.instances(name, &rule.sql.0, now).await;
+            let result = source
+                .instances(name, &rule.sql.0, now)
+                .instrument(tracing::info_span!("rule_evaluation", rule = %name))
+                .await;
             self.evaluations
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let instances = match result {

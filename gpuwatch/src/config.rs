@@ -45,6 +45,10 @@ pub struct FileConfig {
     pub query_memory_limit: Option<usize>,
     /// `--max-concurrent-queries`
     pub max_concurrent_queries: Option<usize>,
+    /// `--self-telemetry-endpoint`: a base URL, or `"self"`
+    pub self_telemetry_endpoint: Option<String>,
+    /// `--self-telemetry-interval`, e.g. `"10s"`
+    pub self_telemetry_interval: Option<String>,
     /// `--memory-limit` (bytes; 0 for none)
     pub memory_limit: Option<usize>,
     /// `--max-value-bytes`

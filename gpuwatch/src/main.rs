@@ -7,6 +7,7 @@ mod demo;
 mod error;
 mod server;
 mod sql;
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -153,6 +154,13 @@ struct ServeArgs {
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     log_level: String,
+    /// Send the server's own traces and metrics over OTLP/HTTP to this base URL (`/v1/traces`,
+    /// `/v1/metrics`), or `self` for its own OTLP endpoint (metrics land in the `metrics` table).
+    #[arg(long, env = "GPUWATCH_SELF_TELEMETRY_ENDPOINT", value_name = "URL")]
+    self_telemetry_endpoint: Option<String>,
+    /// How often the server's own metrics are sent to --self-telemetry-endpoint.
+    #[arg(long, env = "GPUWATCH_SELF_TELEMETRY_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    self_telemetry_interval: Duration,
     /// Alert rules file (YAML; repeat for several; env: comma-separated). Receivers, routes and
     /// prices are the [alerting] and [cost] sections of --config (docs/alerts.md, docs/cost.md).
     #[arg(
@@ -409,15 +417,58 @@ fn demo_prices() -> gpuwatch_alerts::cost::CostConfig {
     }
 }
 
-fn init_tracing(level: &str) -> Result<()> {
+fn init_tracing(level: &str) -> Result<telemetry::OtelHandle> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .map_err(|e| Error::Config(format!("invalid --log-level {level:?}: {e}")))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    Ok(())
+    // The OpenTelemetry layer is empty until --self-telemetry-endpoint starts its exporter.
+    let (otel, handle) = tracing_subscriber::reload::Layer::new(None);
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .try_init()
+        .map_err(|e| Error::Other(format!("cannot set up logging: {e}")))?;
+    Ok(handle)
+}
+
+/// Starts self-telemetry (`--self-telemetry-endpoint`) once the store is open, in the
+/// background; the returned slot holds the exporters for their shutdown.
+fn self_telemetry(
+    endpoint: Option<&str>,
+    interval: Duration,
+    handle: telemetry::OtelHandle,
+    running: &server::Running,
+) -> std::sync::Arc<std::sync::Mutex<Option<telemetry::SelfTelemetry>>> {
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let Some(endpoint) = endpoint else {
+        return slot;
+    };
+    let base = telemetry::base_url(endpoint, running);
+    let sampler = running.sampler();
+    let ready = running.sampler();
+    let out = std::sync::Arc::clone(&slot);
+    tokio::spawn(async move {
+        // Instruments are made for the metrics there are once the store is open.
+        while !ready().iter().any(|s| s.name == "gpuwatch_writes_total") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match telemetry::start(&base, interval, &handle, sampler) {
+            Ok(t) => {
+                tracing::info!(endpoint = %base, "self-telemetry: traces and metrics over OTLP/HTTP");
+                if let Ok(mut s) = out.lock() {
+                    *s = Some(t);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "self-telemetry not started"),
+        }
+    });
+    slot
 }
 
 async fn shutdown_signal() {
@@ -455,11 +506,29 @@ async fn run() -> Result<()> {
                 Some(p) => FileConfig::load(p)?,
                 None => FileConfig::default(),
             };
+            apply(
+                m,
+                "self_telemetry_endpoint",
+                &mut args.self_telemetry_endpoint,
+                file.self_telemetry_endpoint.clone().map(Some),
+            );
+            apply_duration(
+                m,
+                "self_telemetry_interval",
+                &mut args.self_telemetry_interval,
+                file.self_telemetry_interval.clone(),
+            )?;
             let mut config = serve_config(&mut args, m, file, false)?;
-            init_tracing(&args.log_level)?;
+            let otel = init_tracing(&args.log_level)?;
             let queries = QueryRuntime::start()?;
             config.executor = queries.executor.clone();
             let running = server::start(config.clone()).await?;
+            let exporters = self_telemetry(
+                args.self_telemetry_endpoint.as_deref(),
+                args.self_telemetry_interval,
+                otel,
+                &running,
+            );
             let pg = running
                 .pg_addr
                 .map_or_else(|| "off".to_string(), |a| a.to_string());
@@ -467,6 +536,10 @@ async fn run() -> Result<()> {
             shutdown_signal().await;
             tracing::info!("shutting down: persisting buffered data");
             running.shutdown().await;
+            let exporters = exporters.lock().ok().and_then(|mut s| s.take());
+            if let Some(t) = exporters {
+                let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+            }
             Ok(())
         }
         Command::Demo(mut args) => {
@@ -492,7 +565,7 @@ async fn run() -> Result<()> {
             apply_duration(m, "interval", &mut args.interval, file.interval.clone())?;
             apply_duration(m, "backfill", &mut args.backfill, file.backfill.clone())?;
             let mut config = serve_config(&mut args.serve, m, file, true)?;
-            init_tracing(&args.serve.log_level)?;
+            let _otel = init_tracing(&args.serve.log_level)?;
             let queries = QueryRuntime::start()?;
             config.executor = queries.executor.clone();
             demo::run(

@@ -154,6 +154,7 @@ pub struct Running {
     /// The bound PostgreSQL wire protocol address, if on.
     pub pg_addr: Option<SocketAddr>,
     store: Arc<OnceLock<Arc<Store>>>,
+    app: App,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -432,7 +433,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                         _ = rx.changed() => return,
                     }
                     let s = Arc::clone(&s);
-                    match tokio::task::spawn_blocking(move || s.maintain()).await {
+                    match tokio::task::spawn_blocking(move || {
+                        tracing::info_span!("compaction").in_scope(|| s.maintain())
+                    })
+                    .await
+                    {
                         Ok(Ok(r)) if r != gpuwatch_store::MaintenanceReport::default() => {
                             tracing::info!(windows = r.windows_compacted, merged = r.files_merged,
                                 rollups = r.rollup_files, expired = r.files_expired,
@@ -463,7 +468,8 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         otlp_http_addr,
         otlp_grpc_addr,
         pg_addr,
-        store: app.store,
+        store: Arc::clone(&app.store),
+        app,
         shutdown,
         tasks,
     })
@@ -471,7 +477,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
 
 async fn persist(store: &Arc<Store>) {
     let s = Arc::clone(store);
-    match tokio::task::spawn_blocking(move || s.persist()).await {
+    match tokio::task::spawn_blocking(move || {
+        tracing::info_span!("persist").in_scope(|| s.persist())
+    })
+    .await
+    {
         Ok(Ok(Some(r))) => tracing::info!(
             files = r.files.len(),
             rows = r.rows,
@@ -508,6 +518,12 @@ where
 }
 
 impl Running {
+    /// Reads the server's own metrics, for as long as it is kept.
+    pub fn sampler(&self) -> crate::telemetry::Sampler {
+        let app = self.app.clone();
+        Arc::new(move || samples(&app))
+    }
+
     /// Stops the listeners, persists what is buffered, and waits for the tasks.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
@@ -592,14 +608,18 @@ async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) ->
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let now = app.clock.now_nanos();
+    let span = tracing::info_span!("ingest", protocol = "otlp_http", bytes = body.len());
     let work = tokio::task::spawn_blocking(move || {
-        let (batch, stats, format) = decode_request(
-            content_type.as_deref(),
-            encoding.as_deref(),
-            &body,
-            limit,
-            now,
-        )?;
+        let _ingest = span.enter();
+        let (batch, stats, format) = tracing::info_span!("decode").in_scope(|| {
+            decode_request(
+                content_type.as_deref(),
+                encoding.as_deref(),
+                &body,
+                limit,
+                now,
+            )
+        })?;
         store.write(&batch)?;
         Ok::<_, gpuwatch_store::Error>((stats, format))
     });
@@ -653,12 +673,54 @@ async fn read_body(body: Body, limit: usize) -> Option<axum::body::Bytes> {
     (seen <= limit).then(|| buf.into())
 }
 
+/// One of the server's own metrics, as `/metrics` and self-telemetry give it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Its name (Prometheus style).
+    pub name: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// What it counts.
+    pub help: &'static str,
+    /// Its value now.
+    pub value: u64,
+}
+
 async fn self_metrics(State(app): State<App>) -> Response {
     let mut out = String::new();
-    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
+    for Sample {
+        name,
+        kind,
+        help,
+        value,
+    } in samples(&app)
+    {
         out.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         ));
+    }
+    if let Some(a) = app.alerting.get() {
+        out.push_str(&gpuwatch_alerts::metrics::render(a));
+    }
+    app.remote_write.render(&mut out);
+    let mut resp = (StatusCode::OK, out).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+/// The server's own metrics now (those of the store, the query engine and the memory ceiling).
+fn samples(app: &App) -> Vec<Sample> {
+    let mut out = Vec::new();
+    let mut line = |name: &'static str, kind: &'static str, help: &'static str, value: u64| {
+        out.push(Sample {
+            name,
+            kind,
+            help,
+            value,
+        });
     };
     line(
         "gpuwatch_up",
@@ -832,16 +894,7 @@ async fn self_metrics(State(app): State<App>) -> Response {
             s.files_pruned.load(Ordering::Relaxed),
         );
     }
-    if let Some(a) = app.alerting.get() {
-        out.push_str(&gpuwatch_alerts::metrics::render(a));
-    }
-    app.remote_write.render(&mut out);
-    let mut resp = (StatusCode::OK, out).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    resp
+    out
 }
 
 #[cfg(test)]

@@ -157,13 +157,6 @@ impl ExecutionPlan for DeadlineExec {
             done: false,
         }))
     }
-
-    fn partition_statistics(
-        &self,
-        partition: Option<usize>,
-    ) -> DfResult<Arc<datafusion::common::Statistics>> {
-        self.input.partition_statistics(partition)
-    }
 }
 
 struct DeadlineStream {

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use tracing::Instrument;
 
 use crate::engine::QueryEngine;
 use crate::error::{Error, Status};
@@ -131,13 +132,17 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     };
     let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
     let (body_tx, body_rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
-    let task = engine.executor().spawn(answer(
-        engine.clone(),
-        sql.to_owned(),
-        format,
-        head_tx,
-        body_tx,
-    ));
+    let span = tracing::info_span!(
+        "query",
+        sql = %shorten(sql, 200),
+        format = ?format,
+        rows = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    let task = engine
+        .executor()
+        .spawn(answer(engine.clone(), sql.to_owned(), format, head_tx, body_tx).instrument(span));
     let task = AbortOnDrop(task);
     // The query task keeps the time limit itself; this side keeps it too (with a little grace
     // for the task's own answer), in case the query's threads are too busy to notice.
@@ -173,6 +178,15 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     resp
 }
 
+/// At most `max` bytes of `text`, on a character boundary.
+fn shorten(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// The query task: plans and runs `sql`, says through `head` whether the answer starts, then
 /// sends it encoded through `body`.
 async fn answer(
@@ -185,14 +199,24 @@ async fn answer(
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit;
     let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
-    let (_slot, mut stream) = match engine.start(&sql).await {
+    let (_slot, mut stream) = match engine
+        .start(&sql)
+        .instrument(tracing::info_span!("plan"))
+        .await
+    {
         Ok(s) => s,
         Err(e) => {
             let _ = head.send(Err(e));
             return;
         }
     };
-    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
+    let execute = tracing::info_span!("execute");
+    let encode = tracing::info_span!("encode");
+    let mut rows = 0usize;
+    let first = match tokio::time::timeout_at(deadline, stream.next())
+        .instrument(execute.clone())
+        .await
+    {
         Err(_) => {
             let _ = head.send(Err(Error::Timeout(limit)));
             return;
@@ -229,7 +253,8 @@ async fn answer(
         }
         return;
     };
-    let chunk = match encoder.write(&first) {
+    rows += first.num_rows();
+    let chunk = match encode.in_scope(|| encoder.write(&first)) {
         Ok(c) => c,
         Err(e) => {
             let _ = head.send(Err(e));
@@ -248,7 +273,10 @@ async fn answer(
         return;
     }
     let failure = loop {
-        let batch = match tokio::time::timeout_at(deadline, stream.next()).await {
+        let batch = match tokio::time::timeout_at(deadline, stream.next())
+            .instrument(execute.clone())
+            .await
+        {
             Err(_) => break Error::Timeout(limit),
             Ok(Some(Ok(b))) => b,
             Ok(Some(Err(e))) => break Error::from(e),
@@ -257,13 +285,17 @@ async fn answer(
                     if sent + tail.len() > max_bytes {
                         break Error::AnswerTooLarge(max_bytes);
                     }
+                    let span = tracing::Span::current();
+                    span.record("rows", rows);
+                    span.record("bytes", sent + tail.len());
                     let _ = body.send(Ok(Bytes::from(tail))).await;
                     return;
                 }
                 Err(e) => break e,
             },
         };
-        let chunk = match encoder.write(&batch) {
+        rows += batch.num_rows();
+        let chunk = match encode.in_scope(|| encoder.write(&batch)) {
             Ok(c) => c,
             Err(e) => break e,
         };
@@ -275,6 +307,10 @@ async fn answer(
             return;
         }
     };
+    let span = tracing::Span::current();
+    span.record("rows", rows);
+    span.record("bytes", sent);
+    span.record("error", tracing::field::display(&failure));
     tracing::warn!(error = %failure, "answer cut short");
     if format.is_text() {
         let line = format!(

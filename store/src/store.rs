@@ -408,7 +408,10 @@ impl Store {
             return Ok(());
         }
         self.check_fenced()?;
-        let payload = wal::encode_payload(write)?;
+        // Spans of the write (children of the caller's ingest span): the WAL record appended and
+        // made durable, and the rows added to the queryable buffer.
+        let wal_span = tracing::info_span!("wal_commit", rows = write.rows());
+        let payload = wal_span.in_scope(|| wal::encode_payload(write))?;
         let incoming: usize = write
             .batches
             .iter()
@@ -426,7 +429,7 @@ impl Store {
                     .fetch_add(1, Ordering::Relaxed);
                 return Err(Error::BufferFull { held, limit });
             }
-            let pos = match s.wal.append(&payload) {
+            let pos = match wal_span.in_scope(|| s.wal.append(&payload)) {
                 Ok(p) => p,
                 Err(e) => {
                     if s.wal.is_broken() {
@@ -442,7 +445,7 @@ impl Store {
             };
             // Cannot fail for a batch of the table's schema; if it did, the record would be
             // replayed at the next start although the write was refused (at least once).
-            s.active.push(write)?;
+            tracing::info_span!("buffer").in_scope(|| s.active.push(write))?;
             if s.active.bytes() >= limit / 2 {
                 self.persist_wanted.notify_one();
             }
@@ -454,6 +457,7 @@ impl Store {
             pos
         };
         if self.config.wal_sync {
+            let _durable = wal_span.enter();
             self.commit.wait_durable(
                 pos,
                 || lock(&self.state).wal.sync_target(),

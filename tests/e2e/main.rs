@@ -23,6 +23,7 @@ mod pipeline;
 mod postgres;
 mod python_sdk;
 mod remote_write;
+mod self_telemetry;
 mod sql_recipes;
 mod sql_refusals;
 mod store_limits;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -303,7 +304,8 @@ async fn attempt(client: &reqwest::Client, lane: &Lane, q: &Queued) -> Outcome {
     for (k, v) in &q.headers {
         req = req.header(k, v);
     }
-    match req.send().await {
+    let span = tracing::info_span!("notification", receiver = %lane.config.name);
+    match req.send().instrument(span).await {
         Ok(resp) => {
             let status = resp.status();
             if status.is_success() {

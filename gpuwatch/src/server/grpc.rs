@@ -54,8 +54,11 @@ impl MetricsService for Otlp {
             .map_err(|refused| tonic::Status::unavailable(refused.message()))?;
         let req = request.into_inner();
         let now = self.app.clock.now_nanos();
+        let span = tracing::info_span!("ingest", protocol = "otlp_grpc");
         let work = tokio::task::spawn_blocking(move || {
-            let (batch, stats) = gpuwatch_store::ingest::otlp::to_write_batch(&req, now)?;
+            let _ingest = span.enter();
+            let (batch, stats) = tracing::info_span!("decode")
+                .in_scope(|| gpuwatch_store::ingest::otlp::to_write_batch(&req, now))?;
             store.write(&batch)?;
             Ok::<_, gpuwatch_store::Error>(stats)
         });

@@ -94,14 +94,18 @@ pub async fn handle(State(app): State<App>, headers: HeaderMap, body: Body) -> R
     let content_type = text(header::CONTENT_TYPE);
     let encoding = text(header::CONTENT_ENCODING);
     let now = app.clock.now_nanos();
+    let span = tracing::info_span!("ingest", protocol = "remote_write", bytes = body.len());
     let work = tokio::task::spawn_blocking(move || {
-        let (batch, stats) = decode_request(
-            content_type.as_deref(),
-            encoding.as_deref(),
-            &body,
-            limit,
-            now,
-        )?;
+        let _ingest = span.enter();
+        let (batch, stats) = tracing::info_span!("decode").in_scope(|| {
+            decode_request(
+                content_type.as_deref(),
+                encoding.as_deref(),
+                &body,
+                limit,
+                now,
+            )
+        })?;
         store.write(&batch)?;
         Ok::<_, gpuwatch_store::Error>(stats)
     });

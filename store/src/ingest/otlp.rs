@@ -288,7 +288,8 @@ pub fn to_write_batch(
                             if let Some(pid) = pid {
                                 stats.points += 1;
                                 let row = procs.row(time, host(), gpu, pid, || {
-                                    let attr = |n: &str| find_attr(&p.attributes, resource_attrs, &[n]);
+                                    let attr =
+                                        |n: &str| find_attr(&p.attributes, resource_attrs, &[n]);
                                     (
                                         attr("process.executable.name"),
                                         attr("job.id"),
@@ -565,7 +566,10 @@ mod tests {
         assert_eq!((pid.value(0), pid.value(1)), (4242, 99));
         assert_eq!(col(&p, "host").as_string::<i32>().value(0), "node-1");
         assert_eq!(col(&p, "gpu_uuid").as_string::<i32>().value(0), "GPU-a");
-        assert_eq!(col(&p, "process_name").as_string::<i32>().value(0), "python3");
+        assert_eq!(
+            col(&p, "process_name").as_string::<i32>().value(0),
+            "python3"
+        );
         assert!(col(&p, "process_name").is_null(1));
         assert_eq!(col(&p, "job_id").as_string::<i32>().value(0), "77");
         assert_eq!(col(&p, "job_user").as_string::<i32>().value(0), "alice");

@@ -695,7 +695,12 @@ fn process_and_event_write(i: usize) -> WriteBatch {
 fn rows_of(s: &Store, table: Table) -> usize {
     let snap = s.snapshot(table);
     let buffered: usize = snap.batches.iter().map(|b| b.num_rows()).sum();
-    buffered + snap.files.iter().map(|(_, m)| m.rows as usize).sum::<usize>()
+    buffered
+        + snap
+            .files
+            .iter()
+            .map(|(_, m)| m.rows as usize)
+            .sum::<usize>()
 }
 
 #[test]
