@@ -206,6 +206,10 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
+            crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
+                .route_layer(guard(auth::Scope::Query)),
+        )
+        .merge(
             crate::alerts_wiring::router(Arc::clone(&alerting_slot))
                 .route_layer(guard(auth::Scope::Admin)),
         )
