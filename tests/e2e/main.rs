@@ -22,6 +22,7 @@ mod pipeline;
 mod postgres;
 mod python_sdk;
 mod remote_write;
+mod restart_config;
 mod sql_recipes;
 mod sql_refusals;
 mod tls;
