@@ -16,6 +16,7 @@ mod crash_stress;
 mod durability;
 mod golden;
 mod grpc;
+mod jobs;
 mod object_store;
 mod otlp_partial;
 mod pipeline;
