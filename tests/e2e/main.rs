@@ -12,6 +12,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod config;
+mod console;
 mod crash_stress;
 mod durability;
 mod golden;
