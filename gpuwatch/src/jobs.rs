@@ -36,9 +36,7 @@ pub fn router(engine: EngineSlot, cost: CostConfig) -> Router {
 }
 
 fn now_ns() -> i64 {
-    chrono::Utc::now()
-        .timestamp_nanos_opt()
-        .unwrap_or(i64::MAX)
+    chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX)
 }
 
 fn not_ready() -> Response {
@@ -50,12 +48,7 @@ fn not_ready() -> Response {
 
 fn json<T: serde::Serialize>(v: &T) -> Response {
     match serde_json::to_string(v) {
-        Ok(body) => (
-            StatusCode::OK,
-            [("content-type", "application/json")],
-            body,
-        )
-            .into_response(),
+        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body).into_response(),
         Err(e) => error_response(Status::Internal, &format!("cannot encode the answer: {e}")),
     }
 }
@@ -172,10 +165,9 @@ impl Client {
             ))
         })?;
         let status = resp.status().as_u16();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| Error::Remote(format!("the answer from {} broke off: {e}", self.server)))?;
+        let body = resp.bytes().await.map_err(|e| {
+            Error::Remote(format!("the answer from {} broke off: {e}", self.server))
+        })?;
         if !(200..300).contains(&status) {
             let msg = serde_json::from_slice::<serde_json::Value>(&body)
                 .ok()

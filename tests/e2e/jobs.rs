@@ -70,10 +70,38 @@ fn export(metrics: Vec<serde_json::Value>) -> Vec<u8> {
 /// per H100 GPU-hour, USD 0.12 per kWh, PUE 1.3.
 async fn send_job(server: &TestServer, end_ns: i64, token: Option<&str>) {
     let gpus = [
-        Gpu { index: 0, util: 0.9, sm: 0.8, mem: 60 * GIB, reasons: |_| 0, joules: 3000.0 },
-        Gpu { index: 1, util: 0.9, sm: 0.7, mem: 70 * GIB, reasons: |k| if k % 2 == 0 { 0x4 } else { 0x1 }, joules: 3000.0 },
-        Gpu { index: 2, util: 0.0, sm: 0.0, mem: GIB / 2, reasons: |_| 0x1, joules: 600.0 },
-        Gpu { index: 3, util: 0.95, sm: 0.1, mem: 4 * GIB, reasons: |_| 0, joules: 3000.0 },
+        Gpu {
+            index: 0,
+            util: 0.9,
+            sm: 0.8,
+            mem: 60 * GIB,
+            reasons: |_| 0,
+            joules: 3000.0,
+        },
+        Gpu {
+            index: 1,
+            util: 0.9,
+            sm: 0.7,
+            mem: 70 * GIB,
+            reasons: |k| if k % 2 == 0 { 0x4 } else { 0x1 },
+            joules: 3000.0,
+        },
+        Gpu {
+            index: 2,
+            util: 0.0,
+            sm: 0.0,
+            mem: GIB / 2,
+            reasons: |_| 0x1,
+            joules: 600.0,
+        },
+        Gpu {
+            index: 3,
+            util: 0.95,
+            sm: 0.1,
+            mem: 4 * GIB,
+            reasons: |_| 0,
+            joules: 3000.0,
+        },
     ];
     let start = end_ns - 600_000_000_000;
     let client = reqwest::Client::new();
@@ -175,7 +203,10 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
     assert!(close(f("idle_gpu_hours"), 600.0 / 3600.0));
     assert!(close(f("idle_share"), 0.25));
     assert!(close(f("energy_kwh"), joules / 3.6e6));
-    assert!(close(f("cost_usd"), 2400.0 * 2.5 / 3600.0 + joules * usd_per_j));
+    assert!(close(
+        f("cost_usd"),
+        2400.0 * 2.5 / 3600.0 + joules * usd_per_j
+    ));
     assert!(close(
         f("idle_cost_usd"),
         600.0 * 2.5 / 3600.0 + 36_000.0 * usd_per_j
@@ -205,7 +236,11 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
     assert_eq!(g[2]["gpu_index"], 2);
     assert!(close(gf(2, "idle_minutes"), 10.0));
     assert!(close(gf(1, "throttled_share"), 31.0 / 61.0));
-    assert_eq!(gf(2, "throttled_share"), 0.0, "0x1 (GPU idle) is not throttling");
+    assert_eq!(
+        gf(2, "throttled_share"),
+        0.0,
+        "0x1 (GPU idle) is not throttling"
+    );
     assert!(close(gf(3, "peak_memory_share"), 0.05));
     assert!(close(gf(0, "mean_sm_active"), 0.8));
     assert_eq!(g[0]["xid_events"], 1);
@@ -218,7 +253,13 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
         .collect();
     assert_eq!(
         rules,
-        ["idle_gpus", "throttled", "tiny_kernels", "low_memory", "xid"],
+        [
+            "idle_gpus",
+            "throttled",
+            "tiny_kernels",
+            "low_memory",
+            "xid"
+        ],
         "{r}"
     );
 
@@ -229,8 +270,15 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
         .output()
         .expect("gpuwatch job");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains(&format!("cost USD {:.2}", f("cost_usd"))), "{text}");
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("cost USD {:.2}", f("cost_usd"))),
+        "{text}"
+    );
     assert!(text.contains("[idle_gpus] 1 of 4 GPUs idle"), "{text}");
     assert!(text.contains("XID 79"), "{text}");
     let out = Command::new(&gpuwatch)
@@ -252,23 +300,41 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
         );
         let (status, body) = get(&server, &format!("/api/v1/jobs/{}", encode(id)), None).await;
         assert_eq!(status, 404, "{id}: {body}");
-        assert!(body["error"].as_str().is_some_and(|e| e.contains("no such job")));
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no such job"))
+        );
     }
 
     // The league table.
     let out = Command::new(&gpuwatch)
-        .args(["jobs", "--user", "alice", "--since", "1h", "--server", &server.url()])
+        .args([
+            "jobs",
+            "--user",
+            "alice",
+            "--since",
+            "1h",
+            "--server",
+            &server.url(),
+        ])
         .output()
         .expect("gpuwatch jobs");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("e2e-7'; DROP") && text.contains("(1 job)"), "{text}");
+    assert!(
+        text.contains("e2e-7'; DROP") && text.contains("(1 job)"),
+        "{text}"
+    );
     let (status, list) = get(&server, "/api/v1/jobs?user=bob&since=1h", None).await;
     assert_eq!(status, 200);
     assert_eq!(list, serde_json::json!([]));
     let (status, list) = get(&server, "/api/v1/jobs?since=1h", None).await;
     assert_eq!(status, 200);
-    assert!(close(list[0]["cost_usd"].as_f64().expect("cost"), f("cost_usd")));
+    assert!(close(
+        list[0]["cost_usd"].as_f64().expect("cost"),
+        f("cost_usd")
+    ));
     let (status, _) = get(&server, "/api/v1/jobs?since=soon", None).await;
     assert_eq!(status, 400);
 }
@@ -299,7 +365,10 @@ async fn job_routes_need_a_query_token() {
     let path = format!("/api/v1/jobs/{}", encode(JOB));
     assert_eq!(get(&server, &path, None).await.0, 401);
     assert_eq!(get(&server, "/api/v1/jobs", None).await.0, 401);
-    assert_eq!(get(&server, &path, Some("ingest-token-0123456789")).await.0, 403);
+    assert_eq!(
+        get(&server, &path, Some("ingest-token-0123456789")).await.0,
+        403
+    );
     let (status, r) = get(&server, &path, Some("query-token-0123456789")).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["state"], "running");
@@ -314,12 +383,92 @@ async fn job_routes_need_a_query_token() {
         .env("GPUWATCH_TOKEN", "query-token-0123456789")
         .output()
         .expect("gpuwatch job");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The console's files are served without a token; they hold no data.
-    let resp = reqwest::get(format!("{}/", server.url())).await.expect("console");
+    let resp = reqwest::get(format!("{}/", server.url()))
+        .await
+        .expect("console");
     assert_eq!(resp.status().as_u16(), 200);
     assert!(resp.text().await.expect("html").contains("/console/app.js"));
     // Writes without a token stay refused.
     let (status, _) = post_otlp(&server.url(), "application/json", None, b"{}".to_vec()).await;
     assert_eq!(status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slurm_epilog_appends_the_report_only_when_switched_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--config")
+        .arg(cfg.to_str().expect("path"))
+        .start();
+    send_job(&server, now_ns() - 300_000_000_000, None).await;
+    // A stand-in for Slurm's scontrol: the job's output file.
+    let out = dir.path().join("slurm-7.out");
+    std::fs::write(&out, "training done\n").expect("output");
+    let fake = dir.path().join("bin");
+    std::fs::create_dir_all(&fake).expect("bin");
+    let scontrol = fake.join("scontrol");
+    std::fs::write(
+        &scontrol,
+        format!(
+            "#!/bin/sh\necho \"JobId=7 JobName=train UserId=alice StdOut={} StdErr={}\"\n",
+            out.display(),
+            out.display()
+        ),
+    )
+    .expect("scontrol");
+    Command::new("chmod")
+        .args(["755", scontrol.to_str().expect("path")])
+        .status()
+        .expect("chmod");
+    let user = String::from_utf8(Command::new("id").arg("-un").output().expect("id").stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string();
+    let epilog = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/slurm/epilog.sh");
+    let run = |switch: Option<&str>| {
+        let mut cmd = Command::new("bash");
+        cmd.arg(epilog)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    fake.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("SLURM_JOB_ID", JOB)
+            .env("SLURM_JOB_USER", &user)
+            .env(
+                "GPUWATCH_JOB_MAPPING_DIR",
+                dir.path().join("no-mapping-dir"),
+            )
+            .env("GPUWATCH_SLURM_CONF", dir.path().join("no-conf"))
+            .env("GPUWATCH_SERVER", server.url())
+            .env("GPUWATCH_BIN", bin_dir().join("gpuwatch"));
+        if let Some(v) = switch {
+            cmd.env("GPUWATCH_JOB_REPORT", v);
+        }
+        let o = cmd.output().expect("epilog");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read_to_string(&out).expect("output")
+    };
+    assert_eq!(run(None), "training done\n", "off by default");
+    assert_eq!(run(Some("0")), "training done\n");
+    let text = run(Some("1"));
+    assert!(
+        text.starts_with("training done\n\n==== gpuwatch job report ===="),
+        "{text}"
+    );
+    assert!(
+        text.contains("cost USD") && text.contains("[idle_gpus]"),
+        "{text}"
+    );
 }

@@ -399,7 +399,9 @@ pub async fn job_report(
     let interval = per_gpu
         .iter()
         .filter_map(|g| g.sample_interval_s)
-        .fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))));
+        .fold(None, |acc: Option<f64>, v| {
+            Some(acc.map_or(v, |a| a.max(v)))
+        });
 
     // Events of the job's GPUs from its first sample to one interval after its last.
     let mut events = Vec::new();
@@ -534,7 +536,11 @@ pub fn advise(r: &JobReport, t: &Thresholds) -> Vec<Advice> {
             format!(
                 "request {} GPU{} instead of {}, or make the code use every GPU it asks for",
                 r.per_gpu.len() - idle.len(),
-                if r.per_gpu.len() - idle.len() == 1 { "" } else { "s" },
+                if r.per_gpu.len() - idle.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
                 r.per_gpu.len()
             )
         };
@@ -810,7 +816,11 @@ pub fn render_list(jobs: &[JobSummary]) -> String {
             j.last_seen
         ));
     }
-    o.push_str(&format!("({} job{})\n", jobs.len(), if jobs.len() == 1 { "" } else { "s" }));
+    o.push_str(&format!(
+        "({} job{})\n",
+        jobs.len(),
+        if jobs.len() == 1 { "" } else { "s" }
+    ));
     o
 }
 

@@ -117,7 +117,10 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     let joules = 3.0 * 180_000.0 + 36_000.0;
     assert!(close(r.energy_joules, joules));
     let usd_per_j = 0.12 * 1.3 / 3.6e6;
-    assert!(close(r.cost_usd, 2400.0 * 2.5 / 3600.0 + joules * usd_per_j));
+    assert!(close(
+        r.cost_usd,
+        2400.0 * 2.5 / 3600.0 + joules * usd_per_j
+    ));
     assert!(close(
         r.idle_cost_usd,
         600.0 * 2.5 / 3600.0 + 36_000.0 * usd_per_j
@@ -155,7 +158,11 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     assert_eq!(r.events.len(), 1);
     assert!(close(g[1].throttled_share.expect("reasons"), 31.0 / 61.0));
     assert_eq!(g[0].throttled_share, Some(0.0));
-    assert_eq!(g[2].throttled_share, Some(0.0), "0x1 (GPU idle) is not throttling");
+    assert_eq!(
+        g[2].throttled_share,
+        Some(0.0),
+        "0x1 (GPU idle) is not throttling"
+    );
     assert!(close(g[3].peak_memory_share.expect("memory"), 0.05));
     assert!(close(g[0].mean_sm_active.expect("sm"), 0.8));
     assert!(close(g[0].mean_tensor_active.expect("tensor"), 0.4));
@@ -164,11 +171,21 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     let rules: Vec<&str> = r.advice.iter().map(|a| a.rule.as_str()).collect();
     assert_eq!(
         rules,
-        ["idle_gpus", "throttled", "tiny_kernels", "low_memory", "xid"],
+        [
+            "idle_gpus",
+            "throttled",
+            "tiny_kernels",
+            "low_memory",
+            "xid"
+        ],
         "{:#?}",
         r.advice
     );
-    assert!(r.advice[0].figure.contains("1 of 4 GPUs"), "{}", r.advice[0].figure);
+    assert!(
+        r.advice[0].figure.contains("1 of 4 GPUs"),
+        "{}",
+        r.advice[0].figure
+    );
     assert!(r.advice[0].advice.contains("request 3 GPUs"));
     assert!(r.advice[1].figure.contains("51%"), "{}", r.advice[1].figure);
     assert!(r.advice[4].figure.contains("XID 79"));
@@ -290,8 +307,16 @@ fn idle_gpus_rule_fires_at_its_threshold_only() {
     let a = advise(&r, &t);
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].rule, "idle_gpus");
-    assert!(a[0].figure.contains("GPU 0 on n1 idle 80%"), "{}", a[0].figure);
-    assert!(a[0].advice.contains("request 1 GPU instead of 2"), "{}", a[0].advice);
+    assert!(
+        a[0].figure.contains("GPU 0 on n1 idle 80%"),
+        "{}",
+        a[0].figure
+    );
+    assert!(
+        a[0].advice.contains("request 1 GPU instead of 2"),
+        "{}",
+        a[0].advice
+    );
     // Every GPU idle: a different advice.
     let all = advise(&report(vec![gpu(0, 1000.0, 1000.0)]), &t);
     assert!(all[0].advice.contains("did not use its GPUs"));
@@ -305,7 +330,11 @@ fn tiny_kernels_needs_busy_utilisation_and_low_sm_activity() {
     g.mean_sm_active = Some(0.2);
     assert_eq!(rules(&report(vec![g.clone()])), ["tiny_kernels"]);
     let a = advise(&report(vec![g.clone()]), &Thresholds::default());
-    assert!(a[0].figure.contains("utilisation 90% but SM activity 20%"), "{}", a[0].figure);
+    assert!(
+        a[0].figure.contains("utilisation 90% but SM activity 20%"),
+        "{}",
+        a[0].figure
+    );
     g.mean_utilization = Some(0.4);
     assert!(rules(&report(vec![g.clone()])).is_empty());
     // No GPM: no opinion.
@@ -335,8 +364,16 @@ fn low_memory_throttling_xid_and_ecc_rules() {
     }
     assert_eq!(rules(&r), ["low_memory", "throttled", "xid", "ecc"]);
     let a = advise(&r, &Thresholds::default());
-    assert!(a[0].figure.contains("8.0 GiB of 80.0 GiB (10%)"), "{}", a[0].figure);
-    assert!(a[2].figure.contains("2 XID events (XID 79, 48)"), "{}", a[2].figure);
+    assert!(
+        a[0].figure.contains("8.0 GiB of 80.0 GiB (10%)"),
+        "{}",
+        a[0].figure
+    );
+    assert!(
+        a[2].figure.contains("2 XID events (XID 79, 48)"),
+        "{}",
+        a[2].figure
+    );
     // Below the thresholds; an XID speaks even in a short job.
     g.peak_memory_share = Some(0.2);
     g.throttled_share = Some(0.09);
