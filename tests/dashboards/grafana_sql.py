@@ -315,7 +315,7 @@ def run_sql(conn, sql):
     return cols, rows
 
 
-def resolve_variables(conn, dashboard, from_s, to_s, errors, where):
+def resolve_variables(conn, dashboard, from_s, to_s, errors, where, pinned=None):
     """Runs each query variable in order (a later one may use an earlier one); picks All for
     multi/All variables, the first option otherwise. Returns (name -> (values, multi), and
     (name, sql, columns, rows) of each variable query that ran)."""
@@ -342,7 +342,13 @@ def resolve_variables(conn, dashboard, from_s, to_s, errors, where):
         opts = [str(o) for o in opts if o is not None]
         if not opts:
             errors.append(f"{where}: variable {name}: no options on this fleet")
-        if multi:
+        pin = (pinned or {}).get(name)
+        if pin is not None:
+            # A value chosen in the picker: it must be one of the options.
+            if pin not in opts:
+                errors.append(f"{where}: variable {name}: {pin!r} is not among its options")
+            values[name] = ([pin], multi)
+        elif multi:
             values[name] = (opts, True)
         else:
             values[name] = (opts[:1], False)
@@ -397,6 +403,7 @@ def parse_range(text, to_s):
 def cmd_check(args):
     to_s = parse_time(args.to) if args.to else time.time()
     allowed_empty = set(args.allow_empty or [])
+    pinned = dict(v.split("=", 1) for v in (args.var or []))
     conn = connect(args.dsn)
     errors = []
     ran = 0
@@ -405,7 +412,8 @@ def cmd_check(args):
         for rng in args.range:
             from_s, _ = parse_range(rng, to_s)
             where = f"{fname} [{rng}]"
-            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, where)
+            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, where,
+                                                 pinned)
             for name, text, cols, rows in vars_ran:
                 ran += 1
                 print(f"ok   {where} variable {name}: {len(rows)} options")
@@ -580,6 +588,8 @@ def main():
         if name == "check":
             s.add_argument("--allow-empty", action="append",
                            help="panel title that may answer no rows (repeatable)")
+            s.add_argument("--var", action="append",
+                           help="NAME=VALUE: pick VALUE for variable NAME, as in the picker (repeatable)")
         else:
             s.add_argument("--runs", type=int, default=3)
     s = sub.add_parser("list")
