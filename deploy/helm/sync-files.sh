@@ -3,8 +3,9 @@
 # deploy/helm/gpuwatch/files/ (Helm's .Files only sees files inside the chart):
 #   deploy/rules/*.yaml  -> files/rules/        (built-in alert rules)
 #   dashboards/*.json    -> files/dashboards/   (Grafana dashboards)
+#   deploy/grafana/datasource.yaml -> files/grafana/ (Grafana data source, address set by the chart)
 # `sync-files.sh --check` changes nothing and fails when a copy differs from its source, or a
-# copy has no tracked source any more (tests/deploy/check.sh runs it in CI).
+# copy has no committed source any more (tests/deploy/check.sh runs it in CI).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 chart="$root/deploy/helm/gpuwatch"
@@ -17,26 +18,32 @@ elif [[ $# -gt 0 ]]; then
 fi
 
 status=0
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 sync_dir() { # source-dir glob dest-dir
-  local src="$1" pattern="$2" dest="$3" f name
+  local src="$1" pattern="$2" dest="$3" f name rel
   mkdir -p "$dest"
   shopt -s nullglob
-  # Sources are the files git tracks (work in progress is not copied before it is committed).
-  while IFS= read -r f; do
-    f="$root/$f"
-    name="$(basename "$f")"
+  # Sources are the files as committed (HEAD): others' uncommitted edits are not copied.
+  local srcrel="${src#"$root"/}"
+  while IFS= read -r rel; do
+    name="$(basename "$rel")"
+    # shellcheck disable=SC2053 # $pattern is a glob on purpose
+    [[ "$(dirname "$rel")" == "$srcrel" && "$name" == $pattern ]] || continue
+    git -C "$root" show "HEAD:$rel" > "$work/$name"
     if $check; then
-      if ! cmp -s "$f" "$dest/$name"; then
-        echo "out of date: ${dest#"$root"/}/$name differs from ${f#"$root"/} (run deploy/helm/sync-files.sh)" >&2
+      if ! cmp -s "$work/$name" "$dest/$name"; then
+        echo "out of date: ${dest#"$root"/}/$name differs from $rel as committed (run deploy/helm/sync-files.sh)" >&2
         status=1
       fi
     else
-      cp "$f" "$dest/$name"
+      cp "$work/$name" "$dest/$name"
     fi
-  done < <(git -C "$root" ls-files -- "${src#"$root"/}/$pattern")
+  done < <(git -C "$root" ls-tree --name-only HEAD -- "$srcrel/")
   for f in "$dest"/$pattern; do
+    [[ -e "$f" ]] || continue
     name="$(basename "$f")"
-    if ! git -C "$root" ls-files --error-unmatch -- "${src#"$root"/}/$name" >/dev/null 2>&1; then
+    if ! git -C "$root" cat-file -e "HEAD:${src#"$root"/}/$name" 2>/dev/null; then
       if $check; then
         echo "stale: ${dest#"$root"/}/$name has no source ${src#"$root"/}/$name (run deploy/helm/sync-files.sh)" >&2
         status=1
@@ -50,7 +57,8 @@ sync_dir() { # source-dir glob dest-dir
 
 sync_dir "$root/deploy/rules" '*.yaml' "$chart/files/rules"
 sync_dir "$root/dashboards" '*.json' "$chart/files/dashboards"
+sync_dir "$root/deploy/grafana" 'datasource.yaml' "$chart/files/grafana"
 if $check && [[ $status -eq 0 ]]; then
-  echo "chart files: in sync with deploy/rules and dashboards"
+  echo "chart files: in sync with deploy/rules, dashboards and deploy/grafana"
 fi
 exit "$status"

@@ -91,6 +91,11 @@ for f in "$work/default.yaml" "$work/s3.yaml" deploy/kubernetes/gpuwatch.yaml de
   echo "kubernetes-validate: $f: $(grep -c '^kind:' "$f") objects valid"
 done
 
+step "the real binaries start with what the rendered pods get (args, env, ConfigMaps, Secrets)"
+python3 tests/deploy/run_rendered.py target/debug "$work/default.yaml"
+python3 tests/deploy/run_rendered.py target/debug deploy/kubernetes/gpuwatch.yaml
+python3 tests/deploy/run_rendered.py target/debug "$work/s3.yaml"
+
 step "plain manifests = chart rendering (deploy/kubernetes/render.sh --check)"
 bash deploy/kubernetes/render.sh --check
 

@@ -75,4 +75,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except helm_python.HelmError as e:
+        sys.exit(f"helm: {e}")
