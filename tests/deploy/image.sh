@@ -20,6 +20,8 @@ containers=()
 cleanup() {
   if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; fi
   for c in "${containers[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
+  # The base stays in local storage for the next run; the test images go.
+  podman rmi -f localhost/gpuwatch-server:test localhost/gpuwatch-agent:test >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
