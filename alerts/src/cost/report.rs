@@ -531,7 +531,7 @@ pub fn advise(r: &JobReport, t: &Thresholds) -> Vec<Advice> {
             })
             .collect();
         let advice = if idle.len() == r.per_gpu.len() {
-            "the job did not use its GPUs: check that the code runs on the GPU (e.g. the framework sees CUDA), or run it without a GPU".to_string()
+            "the GPUs sat idle most of the job: check that the code runs on the GPU (e.g. the framework sees CUDA), or run it without a GPU".to_string()
         } else {
             format!(
                 "request {} GPU{} instead of {}, or make the code use every GPU it asks for",

@@ -319,7 +319,7 @@ fn idle_gpus_rule_fires_at_its_threshold_only() {
     );
     // Every GPU idle: a different advice.
     let all = advise(&report(vec![gpu(0, 1000.0, 1000.0)]), &t);
-    assert!(all[0].advice.contains("did not use its GPUs"));
+    assert!(all[0].advice.contains("sat idle most of the job"));
     // Too short a job to judge.
     assert!(rules(&report(vec![gpu(0, 200.0, 200.0)])).is_empty());
 }
