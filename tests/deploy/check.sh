@@ -63,6 +63,47 @@ for u in "${units[@]}"; do
   systemd-analyze security --offline=yes --root="$sysroot" "$u" 2>/dev/null | tail -n 1
 done
 
+step "the agent unit's capabilities suffice for Slurm attribution, and each one is needed"
+# A job's process, run by another user (nobody) with SLURM_JOB_ID in its environment, holds a
+# fake GPU open; the agent (--source fake) runs as root with only the unit's
+# CapabilityBoundingSet and must label the GPU and the process with the job.
+caps="$(sed -n 's/^CapabilityBoundingSet=//p' deploy/systemd/gpuwatch-agent.service)"
+mkdir -p "$work/fakedev"
+: > "$work/fakedev/nvidia0"
+chmod 0755 "$work"
+chmod 0666 "$work/fakedev/nvidia0"
+# shellcheck disable=SC2016 # $1 is expanded by the inner bash
+setpriv --reuid=65534 --regid=65534 --clear-groups env SLURM_JOB_ID=4242 SLURM_JOB_USER=nobody \
+  bash -c 'exec 3<"$1"; exec sleep 60' _ "$work/fakedev/nvidia0" &
+job_pid=$!
+sleep 0.5
+attributed() { # bounding set for setpriv
+  setpriv --bounding-set="$1" --inh-caps=-all -- target/debug/gpuwatch-agent --source fake \
+    --synthetic-gpus 1 --fake-dev-dir "$work/fakedev" --job-mapping-dir "$work/nomap" --once 2>/dev/null \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); print(",".join(sorted({(p.get("job") or {}).get("id") or "-" for p in d["processes"]} | {(d["gpus"][0].get("job") or {}).get("id") or "-"})))'
+}
+set_caps="-all"
+for c in $caps; do set_caps+=",+$(tr '[:upper:]' '[:lower:]' <<< "${c#CAP_}")"; done
+got="$(attributed "$set_caps")"
+if [[ "$got" != 4242 ]]; then
+  kill "$job_pid"
+  echo "agent with CapabilityBoundingSet=$caps: job ids seen '$got', not 4242" >&2
+  exit 1
+fi
+echo "agent with CapabilityBoundingSet=$caps: GPU and process attributed to job 4242"
+for c in $caps; do
+  fewer="-all"
+  for o in $caps; do [[ "$o" == "$c" ]] || fewer+=",+$(tr '[:upper:]' '[:lower:]' <<< "${o#CAP_}")"; done
+  got="$(attributed "$fewer")"
+  if [[ "$got" == 4242 ]]; then
+    kill "$job_pid"
+    echo "the agent attributes the job without $c: drop it from the unit" >&2
+    exit 1
+  fi
+  echo "without $c: not attributed ($got), so the unit keeps it"
+done
+kill "$job_pid"
+
 step "chart file copies (deploy/helm/sync-files.sh --check)"
 bash deploy/helm/sync-files.sh --check
 
