@@ -156,3 +156,74 @@ async fn console_asks_for_a_token_and_shows_nothing_without_it() {
         &["auth", "--token", "console-token-0123456789"],
     );
 }
+
+/// Kills the demo when the test ends, even on failure.
+struct Demo(std::process::Child);
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_prints_the_console_address_first_and_serves_it() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = gpuwatch_e2e::free_addr();
+    let mut demo = Demo(
+        Command::new(gpuwatch_e2e::bin_dir().join("gpuwatch"))
+            .args([
+                "demo",
+                "--synthetic-hosts",
+                "2",
+                "--synthetic-gpus",
+                "4",
+                "--backfill",
+                "2m",
+                "--interval",
+                "2s",
+                "--pg-addr",
+                "off",
+            ])
+            .arg("--http-addr")
+            .arg(http.to_string())
+            .arg("--otlp-http-addr")
+            .arg(gpuwatch_e2e::free_addr().to_string())
+            .arg("--otlp-grpc-addr")
+            .arg(gpuwatch_e2e::free_addr().to_string())
+            .arg("--data-dir")
+            .arg(dir.path().join("demo"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start gpuwatch demo"),
+    );
+    let stdout = demo.0.stdout.take().expect("stdout");
+    let first = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_default()
+    })
+    .await
+    .expect("read the banner");
+    let url = format!("http://{http}");
+    assert_eq!(
+        first,
+        format!("gpuwatch console: {url}/   (open it in a browser: fleet, jobs, alerts, SQL)")
+    );
+    let page = reqwest::get(format!("{url}/"))
+        .await
+        .expect("console")
+        .text()
+        .await
+        .expect("html");
+    assert!(page.contains("<title>gpuwatch</title>"), "{page}");
+    // The pages against the demo's own simulated fleet.
+    check(&url, &["pages"]);
+}
