@@ -111,18 +111,22 @@ chart=deploy/helm/gpuwatch
 step "helm lint + template (Helm's Go library from helm-python-sdk)"
 python3 tests/deploy/helm_sdk.py lint "$chart"
 python3 tests/deploy/helm_sdk.py lint "$chart" tests/deploy/values-s3-monitoring.yaml
+python3 tests/deploy/helm_sdk.py lint "$chart" tests/deploy/values-noauth.yaml
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/default.yaml"
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/s3.yaml" tests/deploy/values-s3-monitoring.yaml
+python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/noauth.yaml" tests/deploy/values-noauth.yaml
 
 step "rendered objects: consistency (selectors, ports, mounts, rules, tokens)"
-python3 tests/deploy/objects.py "$work/default.yaml" "$work/s3.yaml" deploy/kubernetes/gpuwatch.yaml
+python3 tests/deploy/objects.py "$work/default.yaml" "$work/s3.yaml" "$work/noauth.yaml" deploy/kubernetes/gpuwatch.yaml
+# NOTES.txt warns about the agents' missing token while auth is on, and about auth being off.
 grep -q 'WARNING: gpuwatch-agent' "$work/default.yaml.NOTES.txt"
+grep -q 'WARNING: auth.enabled=false' "$work/noauth.yaml.NOTES.txt"
 
 step "kubernetes-validate --strict (Kubernetes $K8S_VERSION OpenAPI schemas, offline)"
 kubernetes-validate --version
 # ServiceMonitor and PodMonitor (monitoring.coreos.com/v1) have no schema in the package: they
 # are reported as skipped by kubernetes-validate and checked by objects.py instead.
-for f in "$work/default.yaml" "$work/s3.yaml" deploy/kubernetes/gpuwatch.yaml deploy/kubernetes/gpuwatch-agent.yaml; do
+for f in "$work/default.yaml" "$work/s3.yaml" "$work/noauth.yaml" deploy/kubernetes/gpuwatch.yaml deploy/kubernetes/gpuwatch-agent.yaml; do
   out="$(kubernetes-validate --strict --quiet -k "$K8S_VERSION" "$f" 2>&1)" || { echo "$out" >&2; exit 1; }
   bad="$(printf '%s\n' "$out" | grep -v "Couldn't find schema for kind \(ServiceMonitor\|PodMonitor\) with api version monitoring.coreos.com/v1" | grep -v '^$' || true)"
   if [[ -n "$bad" ]]; then
@@ -136,6 +140,7 @@ step "the real binaries start with what the rendered pods get (args, env, Config
 python3 tests/deploy/run_rendered.py target/debug "$work/default.yaml"
 python3 tests/deploy/run_rendered.py target/debug deploy/kubernetes/gpuwatch.yaml
 python3 tests/deploy/run_rendered.py target/debug "$work/s3.yaml"
+python3 tests/deploy/run_rendered.py target/debug "$work/noauth.yaml"
 
 step "plain manifests = chart rendering (deploy/kubernetes/render.sh --check)"
 bash deploy/kubernetes/render.sh --check
