@@ -62,6 +62,7 @@
   }
   function setStatus(text) { statusEl.textContent = text; }
   function fail(where, e) {
+    if (!where) return; // the page was left while the call ran
     where.innerHTML = '<p class="error">' + esc(e && e.message ? e.message : e) + "</p>";
   }
   function loaded(page) { main.dataset.loaded = page; }
