@@ -161,6 +161,13 @@ impl CostConfig {
 
     /// The `jobs` view's query.
     pub fn jobs_sql(&self) -> String {
+        self.jobs_sql_where("", "")
+    }
+
+    /// The `jobs` view's query over whole GPUs (`gpus`) and samples (`filter`) only, as
+    /// [`Self::sample_ctes`] takes them: for one job it gives the view's rows of that job while
+    /// running the window functions over that job's GPUs only.
+    pub(crate) fn jobs_sql_where(&self, gpus: &str, filter: &str) -> String {
         let energy_price = num(self.kwh_usd * self.pue / 3.6e6);
         format!(
             r#"{ctes}
@@ -172,7 +179,7 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd
 FROM d GROUP BY job_id, host"#,
-            ctes = self.sample_ctes("", "", ""),
+            ctes = self.sample_ctes("", gpus, filter),
         )
     }
 

@@ -1,8 +1,9 @@
 //! Job reports: how a job used its GPUs and what it cost, in the manner of Princeton's
 //! `jobstats` (rules in docs/jobs.md).
 //!
-//! Data flow: the job's totals come from the `jobs` view itself (one row per host, summed here),
-//! so the report's GPU-hours, idle GPU-hours, energy, cost and idle cost are the `jobs` table's.
+//! Data flow: the job's totals are the `jobs` view's rows of the job (its own query, run over the
+//! job's GPUs only; one row per host, summed here), so the report's GPU-hours, idle GPU-hours,
+//! energy, cost and idle cost are the `jobs` table's.
 //! The per-GPU figures come from the same per-sample CTE the view is built on
 //! ([`CostConfig::sample_ctes`]), grouped by GPU instead of by host, so the per-GPU seconds add up
 //! to the totals. Events come from `gpu_events` inside each GPU's time in the job. [`advise`]
@@ -319,13 +320,19 @@ FROM d GROUP BY host, gpu_uuid"#
     )
 }
 
-/// The job's totals from the `jobs` view, one row per host.
-pub fn totals_sql(job_id: &str) -> String {
+/// The job's rows of the `jobs` view, one per host: the view's own query, with its window
+/// functions run over the job's GPUs only (whole GPUs, so every figure is the view's; the tests
+/// compare with `SELECT ... FROM jobs WHERE job_id = ...`).
+pub fn totals_sql(cost: &CostConfig, job_id: &str) -> String {
+    let id = sql_str(job_id);
     format!(
         "SELECT job_id, scheduler, job_user, job_name, host, gpus, CAST(first_seen AS BIGINT) AS first_seen_ns, \
          CAST(last_seen AS BIGINT) AS last_seen_ns, gpu_seconds, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd \
-         FROM jobs WHERE job_id = {} ORDER BY host",
-        sql_str(job_id)
+         FROM ({}) AS j ORDER BY host",
+        cost.jobs_sql_where(
+            &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
+            &format!("job_id = {id}"),
+        )
     )
 }
 
@@ -336,7 +343,7 @@ pub async fn job_report(
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
-    let totals = rows(engine, &totals_sql(job_id)).await?;
+    let totals = rows(engine, &totals_sql(cost, job_id)).await?;
     if totals.is_empty() {
         return Ok(None);
     }

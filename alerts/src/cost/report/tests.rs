@@ -388,3 +388,85 @@ fn state_is_running_within_two_intervals() {
     assert_eq!(state(100 * S, 79 * S, Some(10.0)), "ended");
     assert_eq!(state(1000 * S, 0, None), "ended");
 }
+
+#[tokio::test]
+async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rows = Vec::new();
+    let mut push = |t: i64, gpu: &str, job: Option<&str>, util: f64, energy: f64| {
+        let mut r = GpuRow::new(T0 + t * S);
+        r.labels[0] = Some("n1".into());
+        r.labels[1] = Some(gpu.into());
+        r.labels[3] = Some("NVIDIA H100 80GB HBM3".into());
+        r.labels[5] = job.map(str::to_string);
+        set(&mut r, "hw.gpu.utilization", Cell::F(util));
+        set(&mut r, "hw.energy", Cell::F(energy));
+        rows.push(r);
+    };
+    // GPU a: free, then job A after a gap (capped), then job B; energy counter reset in job B.
+    for (t, job, util, e) in [
+        (0, None, 0.0, 100.0),
+        (500, Some("A"), 0.9, 9000.0),
+        (510, Some("A"), 0.0, 9500.0),
+        (520, Some("B"), 0.5, 9700.0),
+        (530, Some("B"), 0.5, 50.0),
+    ] {
+        push(t, "GPU-a", job, util, e);
+    }
+    // GPU b: job B only.
+    for (t, e) in [(515, 10.0), (525, 20.0), (535, 30.0)] {
+        push(t, "GPU-b", Some("B"), 1.0, e);
+    }
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path().to_path_buf())
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("store");
+    store
+        .write(&WriteBatch::from_rows(&rows, &[]).expect("batch"))
+        .expect("write");
+    let read: Arc<dyn ReadStore> = Arc::new(store);
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    cost().register(e.context()).await.expect("register");
+    for job in ["A", "B"] {
+        let r = job_report(&e, &cost(), job, T0)
+            .await
+            .expect("report")
+            .expect("job");
+        let j = super::rows(
+            &e,
+            &format!(
+                "SELECT sum(gpu_seconds) AS g, sum(idle_gpu_seconds) AS i, sum(energy_joules) AS e, \
+                 sum(cost_usd) AS c, sum(idle_cost_usd) AS ic FROM jobs WHERE job_id = '{job}'"
+            ),
+        )
+        .await
+        .expect("jobs");
+        for (k, v) in [
+            ("g", r.gpu_seconds),
+            ("i", r.idle_gpu_seconds),
+            ("e", r.energy_joules),
+            ("c", r.cost_usd),
+            ("ic", r.idle_cost_usd),
+        ] {
+            assert!(
+                close(f(&j[0], k).expect(k), v),
+                "job {job} {k}: {:?} vs {v}",
+                j[0][k]
+            );
+        }
+        let per: f64 = r.per_gpu.iter().map(|g| g.gpu_seconds).sum();
+        assert!(close(per, r.gpu_seconds), "job {job}");
+    }
+    // Job A by hand: 60 s (gap capped) + 10 s; 8900 J + 500 J.
+    let a = job_report(&e, &cost(), "A", T0)
+        .await
+        .expect("report")
+        .expect("job");
+    assert!(close(a.gpu_seconds, 70.0));
+    assert!(close(a.idle_gpu_seconds, 10.0));
+    assert!(close(a.energy_joules, 9400.0));
+}
