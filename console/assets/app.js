@@ -80,7 +80,7 @@
       h += link ? '<tr class="link" data-href="' + esc(link) + '">' : "<tr>";
       cols.forEach(function (c) {
         const v = r[c.key];
-        h += "<td" + (c.num ? ' class="num"' : "") + ">" + (c.fmt ? c.fmt(v, r) : esc(v)) + "</td>";
+        h += "<td" + (c.num ? ' class="num"' : c.wrap ? ' class="wrap"' : "") + ">" + (c.fmt ? c.fmt(v, r) : esc(v)) + "</td>";
       });
       h += "</tr>";
     });
@@ -421,8 +421,9 @@
 
   function labelsText(l) {
     if (!l) return "";
-    if (Array.isArray(l)) return l.map(function (kv) { return kv.key + "=" + kv.value; }).join(", ");
-    return Object.keys(l).map(function (k) { return k + "=" + l[k]; }).join(", ");
+    // alertname repeats the rule column.
+    if (Array.isArray(l)) return l.filter(function (kv) { return kv.key !== "alertname"; }).map(function (kv) { return kv.key + "=" + kv.value; }).join(", ");
+    return Object.keys(l).filter(function (k) { return k !== "alertname"; }).map(function (k) { return k + "=" + l[k]; }).join(", ");
   }
 
   async function loadAlertsNow() {
@@ -433,7 +434,7 @@
       const active = a.alerts.filter(function (x) { return x.state === "firing" || x.state === "pending"; });
       el.innerHTML = active.length ? table([
         { key: "state", label: "state" }, { key: "rule", label: "rule" },
-        { key: "labels", label: "labels", fmt: function (v) { return esc(labelsText(v)); } },
+        { key: "labels", label: "labels", wrap: true, fmt: function (v) { return esc(labelsText(v)); } },
         { key: "value", label: "value", num: true, fmt: function (v) { return num(v, 3); } },
         { key: "activeAt", label: "active since" }, { key: "silenced", label: "silenced", fmt: function (v) { return v ? "yes" : ""; } },
         { key: "annotations", label: "summary", fmt: function (v) { return esc(v && v.summary ? v.summary : ""); } },
@@ -507,7 +508,7 @@
       const rows = await sql("SELECT time, rule, state, labels, value FROM alerts ORDER BY time DESC LIMIT 200");
       el.innerHTML = rows.length ? table([
         { key: "time", label: "time" }, { key: "rule", label: "rule" }, { key: "state", label: "state" },
-        { key: "labels", label: "labels", fmt: function (v) { return esc(labelsText(v)); } },
+        { key: "labels", label: "labels", wrap: true, fmt: function (v) { return esc(labelsText(v)); } },
         { key: "value", label: "value", num: true, fmt: function (v) { return num(v, 3); } },
       ], rows) : '<p class="muted">No alert transitions recorded yet.</p>';
     } catch (e) {
