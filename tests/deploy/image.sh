@@ -70,9 +70,11 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 http_port="$(port)"; otlp_port="$(port)"; grpc_port="$(port)"; pg_port="$(port)"
 
 echo "== image: agent --source synthetic --once"
-agent=$(buildah from --pull-never "localhost/gpuwatch-agent:test"); containers+=("$agent")
+agent=$(buildah from --pull-never --name "gpuwatch-agent-test-$$" "localhost/gpuwatch-agent:test"); containers+=("$agent")
 buildah run --isolation chroot --user 10001:10001 "$agent" -- \
-  /usr/local/bin/gpuwatch-agent --source synthetic --synthetic-gpus 2 --once > "$work/once.json"
+  /usr/local/bin/gpuwatch-agent --source synthetic --synthetic-gpus 2 --once > "$work/once.json" 2> "$work/once.err" \
+  || { cat "$work/once.err" >&2; exit 1; }
+[[ -s "$work/once.json" ]] || { echo "agent image: --once printed nothing" >&2; cat "$work/once.err" >&2; exit 1; }
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d["gpus"]) == 2, d; print("agent image: --once printed", len(d["gpus"]), "GPUs")' "$work/once.json"
 # --source auto without NVML exits 2 and says why (never simulated data).
 set +e
@@ -91,7 +93,7 @@ token="image-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$work/etc"
 printf '[[tokens]]\nname = "admin"\ntoken = "%s"\nscopes = ["admin"]\n' "$token" > "$work/etc/tokens.toml"
 chmod 0644 "$work/etc/tokens.toml"
-server=$(buildah from --pull-never "localhost/gpuwatch-server:test"); containers+=("$server")
+server=$(buildah from --pull-never --name "gpuwatch-server-test-$$" "localhost/gpuwatch-server:test"); containers+=("$server")
 buildah run --isolation chroot --user 10001:10001 -v "$work/etc:/etc/gpuwatch:ro" \
   --env GPUWATCH_AUTH_TOKENS=/etc/gpuwatch/tokens.toml \
   --env GPUWATCH_HTTP_ADDR="127.0.0.1:$http_port" --env GPUWATCH_OTLP_HTTP_ADDR="127.0.0.1:$otlp_port" \
