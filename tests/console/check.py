@@ -314,6 +314,8 @@ async def fleet_timing(b, args):
         await loaded(b, "fleet", timeout=300)
         total = (time.time() - t0) * 1000
         tiles = await b.eval("document.querySelectorAll('#fleet-hosts .t').length")
+        if not await b.eval("document.getElementById('main').dataset.fetchMs"):
+            raise Failure("fleet: no data: " + await b.eval("document.getElementById('main').innerText"))
         fetch_ms = float(await b.eval("document.getElementById('main').dataset.fetchMs"))
         draw_ms = float(await b.eval("document.getElementById('main').dataset.drawMs"))
         runs.append((tiles, fetch_ms, draw_ms, total))
