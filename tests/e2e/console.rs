@@ -203,11 +203,16 @@ async fn demo_prints_the_console_address_first_and_serves_it() {
             .expect("start gpuwatch demo"),
     );
     let stdout = demo.0.stdout.take().expect("stdout");
+    // Keep reading the demo's output to its end (a closed pipe would stop the demo); the first
+    // line comes back through the channel.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
     let first = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .next()
-            .and_then(Result::ok)
+        rx.recv_timeout(Duration::from_secs(120))
             .unwrap_or_default()
     })
     .await
