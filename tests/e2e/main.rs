@@ -14,6 +14,7 @@ mod cli;
 mod config;
 mod console;
 mod crash_stress;
+mod dashboards;
 mod durability;
 mod golden;
 mod grpc;
