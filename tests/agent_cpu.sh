@@ -31,10 +31,10 @@ for i in "${!AGENTS[@]}"; do
   PIDS+=($!)
 done
 sleep 3
-cpu_ns() { cat /proc/$1/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
-C0=(); for p in "${PIDS[@]}"; do C0+=($(cpu_ns $p)); done; T0=$(date +%s%N)
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
+C0=(); for p in "${PIDS[@]}"; do C0+=("$(cpu_ns "$p")"); done; T0=$(date +%s%N)
 sleep "$SECS"
-C1=(); for p in "${PIDS[@]}"; do C1+=($(cpu_ns $p)); done; T1=$(date +%s%N)
+C1=(); for p in "${PIDS[@]}"; do C1+=("$(cpu_ns "$p")"); done; T1=$(date +%s%N)
 kill "${PIDS[@]}" "${SINKS[@]}" 2> /dev/null
 wait "${PIDS[@]}" "${SINKS[@]}" 2> /dev/null
 for i in "${!AGENTS[@]}"; do

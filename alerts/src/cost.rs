@@ -89,7 +89,8 @@ impl Default for CostConfig {
     }
 }
 
-fn sql_str(s: &str) -> String {
+/// `s` as a SQL string literal (quotes doubled): a value, never SQL.
+pub fn sql_str(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
@@ -160,23 +161,16 @@ impl CostConfig {
 
     /// The `jobs` view's query.
     pub fn jobs_sql(&self) -> String {
-        let gap = self.max_sample_gap().as_nanos();
-        let idle = num(self.idle_utilization);
+        self.jobs_sql_where("", "")
+    }
+
+    /// The `jobs` view's query over whole GPUs (`gpus`) and samples (`filter`) only, as
+    /// [`Self::sample_ctes`] takes them: for one job it gives the view's rows of that job while
+    /// running the window functions over that job's GPUs only.
+    pub(crate) fn jobs_sql_where(&self, gpus: &str, filter: &str) -> String {
         let energy_price = num(self.kwh_usd * self.pue / 3.6e6);
         format!(
-            r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules,
-    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
-    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
-  FROM gpu_metrics
-), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, time,
-    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
-    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
-    COALESCE(gpu_utilization < {idle}, false) AS idle,
-    {price} AS price
-  FROM s WHERE job_id IS NOT NULL
-)
+            r#"{ctes}
 SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
   count(DISTINCT gpu_uuid) AS gpus, min(time) AS first_seen, max(time) AS last_seen,
   sum(secs) AS gpu_seconds,
@@ -185,6 +179,47 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd
 FROM d GROUP BY job_id, host"#,
+            ctes = self.sample_ctes("", gpus, filter),
+        )
+    }
+
+    /// USD per joule of GPU energy (`kwh_usd × pue / 3.6e6`), as a SQL literal.
+    pub(crate) fn energy_price_sql(&self) -> String {
+        num(self.kwh_usd * self.pue / 3.6e6)
+    }
+
+    /// The `WITH s AS (..), d AS (..)` part shared by the `jobs` view and the job report: `d`
+    /// has one row per job sample with `secs`, `joules`, `idle` and `price` (formulas above).
+    /// `extra` adds `gpu_metrics` columns to both (", col1, col2"), `gpus` filters `s` by whole
+    /// GPUs (a condition on `host`/`gpu_uuid` only, so the window sums are unchanged) and
+    /// `filter` adds a condition on `d`'s rows.
+    pub(crate) fn sample_ctes(&self, extra: &str, gpus: &str, filter: &str) -> String {
+        let gap = self.max_sample_gap().as_nanos();
+        let idle = num(self.idle_utilization);
+        let gpus = if gpus.is_empty() {
+            String::new()
+        } else {
+            format!("\n  WHERE {gpus}")
+        };
+        let filter = if filter.is_empty() {
+            String::new()
+        } else {
+            format!(" AND ({filter})")
+        };
+        format!(
+            r#"WITH s AS (
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules{extra},
+    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
+    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
+  FROM gpu_metrics{gpus}
+), d AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization{extra},
+    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
+    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
+    COALESCE(gpu_utilization < {idle}, false) AS idle,
+    {price} AS price
+  FROM s WHERE job_id IS NOT NULL{filter}
+)"#,
             price = self.price_sql(),
         )
     }
@@ -231,6 +266,8 @@ FROM d GROUP BY job_id, host"#,
         Ok(())
     }
 }
+
+pub mod report;
 
 #[cfg(test)]
 mod tests;

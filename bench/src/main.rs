@@ -7,9 +7,12 @@
 //! - `query`: a day of the same fleet loaded into gpuwatch; three queries timed through the SQL
 //!   API and with DuckDB over the very Parquet files gpuwatch wrote; then ingest-to-query
 //!   freshness.
+//! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
+//!   over the Postgres wire protocol on the same day of the fleet, slowest first.
 //!
 //! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace.
 
+mod dashboards;
 mod fleet;
 mod ingest;
 mod peers;
@@ -35,6 +38,8 @@ enum Command {
     Ingest(ingest::IngestArgs),
     /// SQL queries: gpuwatch vs DuckDB on the same Parquet files; ingest-to-query freshness.
     Query(query::QueryArgs),
+    /// Grafana dashboards: every panel's SQL over 24 h and 30 d of the fleet, slowest first.
+    Dashboards(dashboards::DashboardsArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -101,6 +106,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Ingest(a) => ingest::run(a).await,
             Command::Query(a) => query::run(a).await,
+            Command::Dashboards(a) => dashboards::run(a).await,
         }
     });
     match result {

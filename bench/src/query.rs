@@ -50,18 +50,18 @@ pub struct QueryArgs {
 }
 
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
-struct LoadMarker {
-    hosts: usize,
-    gpus_per_host: usize,
-    interval_ms: i64,
-    seed: u64,
-    start_ms: i64,
-    rounds: u64,
-    samples: u64,
-    load_seconds: f64,
+pub(crate) struct LoadMarker {
+    pub(crate) hosts: usize,
+    pub(crate) gpus_per_host: usize,
+    pub(crate) interval_ms: i64,
+    pub(crate) seed: u64,
+    pub(crate) start_ms: i64,
+    pub(crate) rounds: u64,
+    pub(crate) samples: u64,
+    pub(crate) load_seconds: f64,
 }
 
-const MARKER: &str = "bench-load.json";
+pub(crate) const MARKER: &str = "bench-load.json";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -114,7 +114,7 @@ struct Catalog {
     files: Vec<CatalogFile>,
 }
 
-fn persisted_rows(data_dir: &Path) -> u64 {
+pub(crate) fn persisted_rows(data_dir: &Path) -> u64 {
     std::fs::read_to_string(data_dir.join("catalog.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Catalog>(&t).ok())
@@ -129,7 +129,7 @@ fn persisted_rows(data_dir: &Path) -> u64 {
 }
 
 /// Loads the history through remote write, generating while sending.
-async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker> {
+pub(crate) async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
     let rounds = (args.history.as_millis() as i64 / interval_ms).max(1) as u64;
     let end_ms = now_ms().div_euclid(interval_ms) * interval_ms;
@@ -275,7 +275,7 @@ GROUP BY 1, host ORDER BY 1, host",
     },
 ];
 
-fn iso(ms: i64) -> String {
+pub(crate) fn iso(ms: i64) -> String {
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let secs = ms.div_euclid(1000);
     let days = secs.div_euclid(86400);
@@ -639,7 +639,7 @@ mod tests {
 }
 
 /// Waits until `server` uses under 2% of a core over two seconds (at most `timeout`).
-async fn wait_idle(server: &Server, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_idle(server: &Server, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut before = server.cpu_seconds()?;
     loop {

@@ -169,7 +169,8 @@ fn print_banner(config: &ServeConfig, running: &server::Running, opts: &DemoOpti
         format!(" --server {url}")
     };
     println!(
-        r#"
+        r#"gpuwatch console: {url}/   (open it in a browser: fleet, jobs, alerts, SQL)
+
 gpuwatch demo: a SIMULATED fleet of {hosts} hosts x {gpus} GPUs (sim-node-01..{last:02}), sampled every {interval}, {backfill} of history backfilled.
 Simulated data carries gpuwatch.simulated=true and host names sim-node-NN.
 
@@ -184,6 +185,10 @@ Try:
   {exe} sql{server_flag} "SELECT host, gpu_index, job_id, job_user, job_name, max(gpu_utilization) AS max_util FROM gpu_metrics WHERE time > now() - interval '15 minutes' AND job_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5 HAVING max(gpu_utilization) < 0.01 ORDER BY 1, 2"
 
   curl -sG {url}/api/v1/sql --data-urlencode format=csv --data-urlencode "q=SELECT job_user, job_id, round(sum(d) / 3.6e6, 3) AS kwh FROM (SELECT job_user, job_id, energy_joules - lag(energy_joules) OVER (PARTITION BY gpu_uuid ORDER BY time) AS d FROM gpu_metrics) WHERE job_id IS NOT NULL GROUP BY 1, 2 ORDER BY kwh DESC LIMIT 10"
+
+Job reports (docs/jobs.md): how each job used its GPUs, what it cost, and advice:
+  {exe} jobs{server_flag} --since 1h
+  {exe} job{server_flag} <JOB_ID>
 
 Alerts: the built-in rule pack (deploy/rules/*.yaml) runs every minute; an idle GPU held by a
 simulated notebook fires GpuIdleInJob within about two minutes:

@@ -5,6 +5,7 @@ mod alerts_wiring;
 mod config;
 mod demo;
 mod error;
+mod jobs;
 mod server;
 mod sql;
 mod telemetry;
@@ -39,6 +40,52 @@ enum Command {
     Sql(SqlArgs),
     /// Alert rules files.
     Rules(RulesArgs),
+    /// Print a job's report: GPU use, cost, and notes (docs/jobs.md).
+    Job(JobArgs),
+    /// List jobs with their GPU-hours, idle share and cost (most recent first).
+    Jobs(JobsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct ClientArgs {
+    /// The server to ask.
+    #[arg(long, env = "GPUWATCH_SERVER", default_value = "http://127.0.0.1:9500")]
+    server: String,
+    /// Bearer token with the query scope, for a server started with --auth-tokens.
+    #[arg(long, env = "GPUWATCH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Output format.
+    #[arg(long, env = "GPUWATCH_FORMAT", value_enum, default_value = "table")]
+    format: jobs::ReportFormat,
+    /// Give up after this long.
+    #[arg(long, env = "GPUWATCH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+struct JobArgs {
+    /// The job id (Slurm job id, Kubernetes job, ...); exit 1 when no sample carries it.
+    job_id: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+struct JobsArgs {
+    /// Only this user's jobs.
+    #[arg(long, env = "GPUWATCH_USER")]
+    user: Option<String>,
+    /// Jobs seen within this long (e.g. 7d, 12h).
+    #[arg(long, env = "GPUWATCH_SINCE", default_value = "7d")]
+    since: String,
+    /// Only jobs still running.
+    #[arg(long)]
+    running: bool,
+    /// At most this many jobs.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -494,6 +541,14 @@ async fn shutdown_signal() {
     }
 }
 
+fn client(args: &ClientArgs) -> jobs::Client {
+    jobs::Client {
+        server: args.server.clone(),
+        token: args.token.clone().filter(|t| !t.is_empty()),
+        timeout: args.timeout,
+    }
+}
+
 async fn run() -> Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).map_err(|e| Error::Config(e.to_string()))?;
@@ -584,6 +639,24 @@ async fn run() -> Result<()> {
             command: RulesCommand::Check { files },
         }) => {
             let out = alerts_wiring::check(&files)?;
+            print!("{out}");
+            Ok(())
+        }
+        Command::Job(args) => {
+            let out = jobs::job(&client(&args.client), &args.job_id, args.client.format).await?;
+            print!("{out}");
+            Ok(())
+        }
+        Command::Jobs(args) => {
+            let out = jobs::jobs(
+                &client(&args.client),
+                args.user.as_deref(),
+                &args.since,
+                args.running,
+                args.limit,
+                args.client.format,
+            )
+            .await?;
             print!("{out}");
             Ok(())
         }

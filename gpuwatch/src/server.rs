@@ -263,9 +263,16 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
+            crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
+                .route_layer(guard(auth::Scope::Query)),
+        )
+        .merge(
             crate::alerts_wiring::router(Arc::clone(&alerting_slot))
                 .route_layer(guard(auth::Scope::Admin)),
         )
+        // The web console's static files (no data: every figure it shows comes from the APIs
+        // above, with the caller's token).
+        .merge(gpuwatch_console::router())
         .fallback(not_found);
     let http_alpn: &[&[u8]] = &[b"http/1.1"];
     match &config.tls {

@@ -16,9 +16,9 @@ python3 "$HERE_GPU/sink.py" 14318 &
 SINK=$!
 report() {
   local pid=$1
-  grep -E '^(VmRSS|VmHWM|RssAnon|RssFile|RssShmem|Threads)' /proc/$pid/status | tr -s ' \t' ' ' | paste -sd ' '
+  grep -E '^(VmRSS|VmHWM|RssAnon|RssFile|RssShmem|Threads)' "/proc/$pid/status" | tr -s ' \t' ' ' | paste -sd ' '
   awk '/^[0-9a-f]+-[0-9a-f]+ / {n = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {r[n] += $2} END {for (k in r) if (r[k] >= 200) printf "  %8d KiB  %s\n", r[k], k}' \
-    /proc/$pid/smaps | sort -rn | head -12
+    "/proc/$pid/smaps" | sort -rn | head -12
 }
 for variant in plain arena1; do
   echo "== agent ($variant)"

@@ -113,7 +113,7 @@ PY
 
 # Every thread's run time, ns (schedstat's first field), or the process's utime + stime ticks
 # if schedstat is missing.
-cpu_ns() { cat /proc/$1/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 python3 "$HERE_GPU/matmul.py" $((SECS * 5 + 60)) > "$W/job.log" 2>&1 &
@@ -143,7 +143,7 @@ run_agent() {
   if [[ $name == deployed ]]; then
     awk '/^[0-9a-f]+-[0-9a-f]+ / {n = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {r[n] += $2} END {for (k in r) if (r[k] >= 256) printf "  %8d KiB  %s\n", r[k], k}' \
       "/proc/$pid/smaps" | sort -rn | head -10 > "$W/smaps.txt"
-    ls /proc/$pid/task | wc -l > "$W/threads.txt"
+    find "/proc/$pid/task" -mindepth 1 -maxdepth 1 | wc -l > "$W/threads.txt"
   fi
   kill $pid; wait $pid 2>/dev/null
   echo "$name $(( (c1 - c0) / ((t1 - t0) / 1000000) )) $hwm" >> "$W/results.txt"
@@ -207,4 +207,4 @@ sys.exit(1 if fails else 0)
 PY
 rc=${PIPESTATUS[0]}
 rm -rf "$W"
-exit $rc
+exit "$rc"

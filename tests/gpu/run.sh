@@ -278,4 +278,4 @@ sys.exit(1 if fails else 0)
 PY
 rc=${PIPESTATUS[0]}
 rm -rf "$W"
-exit $rc
+exit "$rc"

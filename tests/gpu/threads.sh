@@ -21,7 +21,7 @@ sleep 4
   --log-level error "$@" &
 PID=$!
 sleep 4
-snap() { for t in /proc/$PID/task/*; do echo "$(basename $t) $(cat $t/comm | tr ' ' _) $(awk '{print $1, $3}' $t/schedstat)"; done; }
+snap() { for t in /proc/"$PID"/task/*; do echo "$(basename "$t") $(tr ' ' _ < "$t/comm") $(awk '{print $1, $3}' "$t/schedstat")"; done; }
 snap > "$W/a"; T0=$(date +%s%N)
 sleep "$SECS"
 snap > "$W/b"; T1=$(date +%s%N)

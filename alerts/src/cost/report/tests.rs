@@ -1,0 +1,472 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use gpuwatch_query::{EngineConfig, QueryEngine};
+use gpuwatch_store::clock::ManualClock;
+use gpuwatch_store::ingest::{Cell, EventRow, GpuRow, WriteBatch};
+use gpuwatch_store::schema::value_index;
+use gpuwatch_store::{ReadStore, Store, StoreConfig};
+
+use super::*;
+
+const T0: i64 = 1_800_000_000_000_000_000;
+const S: i64 = 1_000_000_000;
+const GIB: i64 = 1 << 30;
+/// A job id with SQL metacharacters: it must be a value.
+const JOB: &str = "42'; DROP TABLE jobs; --";
+
+fn set(r: &mut GpuRow, name: &str, c: Cell) {
+    r.values[value_index(name).unwrap_or_else(|| panic!("{name}"))] = Some(c);
+}
+
+/// GPU `idx` of host n1 at `t` seconds, in job `JOB`.
+fn sample(t: i64, idx: usize, util: f64, sm: f64, mem: i64, reasons: i64, energy: f64) -> GpuRow {
+    let mut r = GpuRow::new(T0 + t * S);
+    r.labels[0] = Some("n1".into());
+    r.labels[1] = Some(format!("GPU-{idx}"));
+    r.labels[2] = Some(idx.to_string());
+    r.labels[3] = Some("NVIDIA H100 80GB HBM3".into());
+    r.labels[5] = Some(JOB.into());
+    r.labels[6] = Some("alice".into());
+    r.labels[7] = Some("train".into());
+    r.labels[8] = Some("slurm".into());
+    set(&mut r, "hw.gpu.utilization", Cell::F(util));
+    set(&mut r, "gpu.sm.active", Cell::F(sm));
+    set(&mut r, "gpu.tensor.active", Cell::F(sm / 2.0));
+    set(&mut r, "gpu.dram.active", Cell::F(0.3));
+    set(&mut r, "hw.gpu.memory.usage", Cell::I(mem));
+    set(&mut r, "hw.gpu.memory.limit", Cell::I(80 * GIB));
+    set(&mut r, "gpu.clock.event_reasons", Cell::I(reasons));
+    set(&mut r, "hw.energy", Cell::F(energy));
+    r
+}
+
+fn cost() -> CostConfig {
+    CostConfig {
+        gpu_hour_usd: vec![crate::cost::ModelPrice {
+            model: "*H100*".into(),
+            usd: 2.5,
+        }],
+        kwh_usd: 0.12,
+        pue: 1.3,
+        ..CostConfig::default()
+    }
+}
+
+/// A 4-GPU job, samples every 10 s for 600 s: GPU 0 busy (XID 79 at 300 s), GPU 1 busy and
+/// power-capped in every other sample, GPU 2 idle, GPU 3 busy by utilisation with low SM
+/// activity and 4 GiB of 80 used.
+async fn crafted(dir: &Path) -> QueryEngine {
+    let mut rows = Vec::new();
+    for k in 0..=60i64 {
+        let t = k * 10;
+        let busy_e = 3000.0 * k as f64;
+        let idle_e = 600.0 * k as f64;
+        rows.push(sample(t, 0, 0.9, 0.8, 60 * GIB, 0, busy_e));
+        let reasons = if k % 2 == 0 { 0x4 } else { 0x1 };
+        rows.push(sample(t, 1, 0.9, 0.7, 70 * GIB, reasons, busy_e));
+        rows.push(sample(t, 2, 0.0, 0.0, GIB / 2, 0x1, idle_e));
+        rows.push(sample(t, 3, 0.95, 0.1, 4 * GIB, 0, busy_e));
+    }
+    let mut batch = WriteBatch::from_rows(&rows, &[]).expect("batch");
+    let event = |t: i64, gpu: &str| EventRow {
+        time: T0 + t * S,
+        host: "n1".into(),
+        gpu_uuid: gpu.into(),
+        kind: "xid".into(),
+        code: Some(79),
+        detail: Some("xid 79".into()),
+    };
+    // One XID inside the job, one long after it (not counted).
+    batch
+        .add_processes_and_events(&[], &[event(300, "GPU-0"), event(5000, "GPU-0")])
+        .expect("events");
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.to_path_buf())
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("store");
+    store.write(&batch).expect("write");
+    let read: Arc<dyn ReadStore> = Arc::new(store);
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    cost().register(e.context()).await.expect("register");
+    e
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+#[tokio::test]
+async fn report_equals_the_jobs_table_and_a_hand_computation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = crafted(dir.path()).await;
+    let r = job_report(&e, &cost(), JOB, T0 + 605 * S)
+        .await
+        .expect("report")
+        .expect("known job");
+
+    // By hand: 4 GPUs x 600 s; GPU 2 idle for all of it; 3 busy GPUs x 60 x 3000 J + 60 x 600 J.
+    assert_eq!(r.gpus, 4);
+    assert!(close(r.gpu_seconds, 2400.0), "{}", r.gpu_seconds);
+    assert!(close(r.idle_gpu_seconds, 600.0));
+    assert!(close(r.idle_share, 0.25));
+    let joules = 3.0 * 180_000.0 + 36_000.0;
+    assert!(close(r.energy_joules, joules));
+    let usd_per_j = 0.12 * 1.3 / 3.6e6;
+    assert!(close(
+        r.cost_usd,
+        2400.0 * 2.5 / 3600.0 + joules * usd_per_j
+    ));
+    assert!(close(
+        r.idle_cost_usd,
+        600.0 * 2.5 / 3600.0 + 36_000.0 * usd_per_j
+    ));
+    assert_eq!(r.state, "running");
+    assert_eq!(r.sample_interval_s, Some(10.0));
+    assert_eq!(r.user.as_deref(), Some("alice"));
+
+    // The same numbers as the jobs table.
+    let q = format!(
+        "SELECT sum(gpu_seconds) AS g, sum(idle_gpu_seconds) AS i, sum(energy_joules) AS e, sum(cost_usd) AS c, sum(idle_cost_usd) AS ic FROM jobs WHERE job_id = {}",
+        sql_str(JOB)
+    );
+    let j = rows(&e, &q).await.expect("jobs");
+    assert_eq!(j.len(), 1);
+    for (k, v) in [
+        ("g", r.gpu_seconds),
+        ("i", r.idle_gpu_seconds),
+        ("e", r.energy_joules),
+        ("c", r.cost_usd),
+        ("ic", r.idle_cost_usd),
+    ] {
+        assert!(close(f(&j[0], k).expect(k), v), "{k}: {:?} vs {v}", j[0][k]);
+    }
+    // Per-GPU seconds add up to the totals.
+    let per: f64 = r.per_gpu.iter().map(|g| g.gpu_seconds).sum();
+    assert!(close(per, r.gpu_seconds));
+
+    let g = &r.per_gpu;
+    assert_eq!(g.len(), 4);
+    assert_eq!(g[2].gpu_index, Some(2));
+    assert!(close(g[2].idle_minutes, 10.0));
+    assert_eq!(g[0].idle_minutes, 0.0);
+    assert_eq!(g[0].xid_events, 1, "only the XID inside the job counts");
+    assert_eq!(r.events.len(), 1);
+    assert!(close(g[1].throttled_share.expect("reasons"), 31.0 / 61.0));
+    assert_eq!(g[0].throttled_share, Some(0.0));
+    assert_eq!(
+        g[2].throttled_share,
+        Some(0.0),
+        "0x1 (GPU idle) is not throttling"
+    );
+    assert!(close(g[3].peak_memory_share.expect("memory"), 0.05));
+    assert!(close(g[0].mean_sm_active.expect("sm"), 0.8));
+    assert!(close(g[0].mean_tensor_active.expect("tensor"), 0.4));
+    assert!(close(g[3].max_utilization.expect("util"), 0.95));
+
+    let rules: Vec<&str> = r.advice.iter().map(|a| a.rule.as_str()).collect();
+    assert_eq!(
+        rules,
+        [
+            "idle_gpus",
+            "throttled",
+            "tiny_kernels",
+            "low_memory",
+            "xid"
+        ],
+        "{:#?}",
+        r.advice
+    );
+    assert!(
+        r.advice[0].figure.contains("1 of 4 GPUs"),
+        "{}",
+        r.advice[0].figure
+    );
+    assert!(r.advice[0].advice.contains("request 3 GPUs"));
+    assert!(r.advice[1].figure.contains("51%"), "{}", r.advice[1].figure);
+    assert!(r.advice[4].figure.contains("XID 79"));
+
+    // Ended once two intervals pass without a sample.
+    let later = job_report(&e, &cost(), JOB, T0 + 700 * S)
+        .await
+        .expect("report")
+        .expect("job");
+    assert_eq!(later.state, "ended");
+    assert!(render_text(&later).contains("request 3 GPUs"));
+}
+
+#[tokio::test]
+async fn unknown_and_hostile_job_ids_are_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = crafted(dir.path()).await;
+    for id in ["nope", "' OR '1'='1", "x\\' OR 1=1 --", "42"] {
+        let r = job_report(&e, &cost(), id, T0).await.expect("no sql error");
+        assert!(r.is_none(), "{id}");
+    }
+    let list = list_jobs(
+        &e,
+        &ListFilter {
+            user: Some("alice' OR 'a'='a".into()),
+            since_ns: 0,
+            running_only: false,
+            limit: 10,
+        },
+        T0,
+    )
+    .await
+    .expect("list");
+    assert!(list.is_empty());
+    let list = list_jobs(
+        &e,
+        &ListFilter {
+            user: Some("alice".into()),
+            since_ns: 0,
+            running_only: false,
+            limit: 10,
+        },
+        T0 + 605 * S,
+    )
+    .await
+    .expect("list");
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].job_id, JOB);
+    assert_eq!(list[0].state, "running");
+    assert!(close(list[0].gpu_hours, 2400.0 / 3600.0));
+    assert!(close(list[0].idle_share, 0.25));
+}
+
+fn gpu(idx: i64, secs: f64, idle: f64) -> GpuReport {
+    GpuReport {
+        host: "n1".into(),
+        gpu_uuid: format!("GPU-{idx}"),
+        gpu_index: Some(idx),
+        gpu_seconds: secs,
+        idle_gpu_seconds: idle,
+        mean_utilization: Some(0.9),
+        mean_sm_active: Some(0.6),
+        peak_memory_used_bytes: Some(40 * GIB),
+        memory_total_bytes: Some(80 * GIB),
+        peak_memory_share: Some(0.5),
+        throttled_share: Some(0.0),
+        ..GpuReport::default()
+    }
+}
+
+fn report(per_gpu: Vec<GpuReport>) -> JobReport {
+    JobReport {
+        job_id: "1".into(),
+        scheduler: None,
+        user: None,
+        name: None,
+        hosts: vec!["n1".into()],
+        gpus: per_gpu.len() as i64,
+        first_seen: String::new(),
+        last_seen: String::new(),
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        state: "ended".into(),
+        sample_interval_s: None,
+        gpu_seconds: 0.0,
+        idle_gpu_seconds: 0.0,
+        gpu_hours: 0.0,
+        idle_gpu_hours: 0.0,
+        idle_share: 0.0,
+        energy_joules: 0.0,
+        energy_kwh: 0.0,
+        cost_usd: 0.0,
+        idle_cost_usd: 0.0,
+        mean_utilization: None,
+        per_gpu,
+        events: Vec::new(),
+        advice: Vec::new(),
+    }
+}
+
+fn rules(r: &JobReport) -> Vec<String> {
+    advise(r, &Thresholds::default())
+        .into_iter()
+        .map(|a| a.rule)
+        .collect()
+}
+
+#[test]
+fn a_healthy_job_gets_no_notes() {
+    assert!(rules(&report(vec![gpu(0, 3600.0, 60.0), gpu(1, 3600.0, 0.0)])).is_empty());
+}
+
+#[test]
+fn idle_gpus_rule_fires_at_its_threshold_only() {
+    let t = Thresholds::default();
+    // 79% idle: below the 80% threshold.
+    assert!(rules(&report(vec![gpu(0, 1000.0, 790.0), gpu(1, 1000.0, 0.0)])).is_empty());
+    let r = report(vec![gpu(0, 1000.0, 800.0), gpu(1, 1000.0, 0.0)]);
+    let a = advise(&r, &t);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].rule, "idle_gpus");
+    assert!(
+        a[0].figure.contains("GPU 0 on n1 idle 80%"),
+        "{}",
+        a[0].figure
+    );
+    assert!(
+        a[0].advice.contains("request 1 GPU instead of 2"),
+        "{}",
+        a[0].advice
+    );
+    // Every GPU idle: a different advice.
+    let all = advise(&report(vec![gpu(0, 1000.0, 1000.0)]), &t);
+    assert!(all[0].advice.contains("sat idle most of the job"));
+    // Too short a job to judge.
+    assert!(rules(&report(vec![gpu(0, 200.0, 200.0)])).is_empty());
+}
+
+#[test]
+fn tiny_kernels_needs_busy_utilisation_and_low_sm_activity() {
+    let mut g = gpu(0, 1000.0, 0.0);
+    g.mean_sm_active = Some(0.2);
+    assert_eq!(rules(&report(vec![g.clone()])), ["tiny_kernels"]);
+    let a = advise(&report(vec![g.clone()]), &Thresholds::default());
+    assert!(
+        a[0].figure.contains("utilisation 90% but SM activity 20%"),
+        "{}",
+        a[0].figure
+    );
+    g.mean_utilization = Some(0.4);
+    assert!(rules(&report(vec![g.clone()])).is_empty());
+    // No GPM: no opinion.
+    g.mean_utilization = Some(0.9);
+    g.mean_sm_active = None;
+    assert!(rules(&report(vec![g])).is_empty());
+}
+
+#[test]
+fn low_memory_throttling_xid_and_ecc_rules() {
+    let mut g = gpu(0, 1000.0, 0.0);
+    g.peak_memory_used_bytes = Some(8 * GIB);
+    g.peak_memory_share = Some(0.1);
+    g.throttled_share = Some(0.1);
+    g.xid_events = 2;
+    g.ecc_events = 1;
+    let mut r = report(vec![g.clone()]);
+    for code in [79, 48] {
+        r.events.push(JobEvent {
+            time: String::new(),
+            host: "n1".into(),
+            gpu_uuid: "GPU-0".into(),
+            kind: "xid".into(),
+            code: Some(code),
+            detail: None,
+        });
+    }
+    assert_eq!(rules(&r), ["low_memory", "throttled", "xid", "ecc"]);
+    let a = advise(&r, &Thresholds::default());
+    assert!(
+        a[0].figure.contains("8.0 GiB of 80.0 GiB (10%)"),
+        "{}",
+        a[0].figure
+    );
+    assert!(
+        a[2].figure.contains("2 XID events (XID 79, 48)"),
+        "{}",
+        a[2].figure
+    );
+    // Below the thresholds; an XID speaks even in a short job.
+    g.peak_memory_share = Some(0.2);
+    g.throttled_share = Some(0.09);
+    g.gpu_seconds = 10.0;
+    g.ecc_events = 0;
+    assert_eq!(rules(&report(vec![g])), ["xid"]);
+}
+
+#[test]
+fn state_is_running_within_two_intervals() {
+    assert_eq!(state(100 * S, 81 * S, Some(10.0)), "running");
+    assert_eq!(state(100 * S, 79 * S, Some(10.0)), "ended");
+    assert_eq!(state(1000 * S, 0, None), "ended");
+}
+
+#[tokio::test]
+async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rows = Vec::new();
+    let mut push = |t: i64, gpu: &str, job: Option<&str>, util: f64, energy: f64| {
+        let mut r = GpuRow::new(T0 + t * S);
+        r.labels[0] = Some("n1".into());
+        r.labels[1] = Some(gpu.into());
+        r.labels[3] = Some("NVIDIA H100 80GB HBM3".into());
+        r.labels[5] = job.map(str::to_string);
+        set(&mut r, "hw.gpu.utilization", Cell::F(util));
+        set(&mut r, "hw.energy", Cell::F(energy));
+        rows.push(r);
+    };
+    // GPU a: free, then job A after a gap (capped), then job B; energy counter reset in job B.
+    for (t, job, util, e) in [
+        (0, None, 0.0, 100.0),
+        (500, Some("A"), 0.9, 9000.0),
+        (510, Some("A"), 0.0, 9500.0),
+        (520, Some("B"), 0.5, 9700.0),
+        (530, Some("B"), 0.5, 50.0),
+    ] {
+        push(t, "GPU-a", job, util, e);
+    }
+    // GPU b: job B only.
+    for (t, e) in [(515, 10.0), (525, 20.0), (535, 30.0)] {
+        push(t, "GPU-b", Some("B"), 1.0, e);
+    }
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path().to_path_buf())
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("store");
+    store
+        .write(&WriteBatch::from_rows(&rows, &[]).expect("batch"))
+        .expect("write");
+    let read: Arc<dyn ReadStore> = Arc::new(store);
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    cost().register(e.context()).await.expect("register");
+    for job in ["A", "B"] {
+        let r = job_report(&e, &cost(), job, T0)
+            .await
+            .expect("report")
+            .expect("job");
+        let j = super::rows(
+            &e,
+            &format!(
+                "SELECT sum(gpu_seconds) AS g, sum(idle_gpu_seconds) AS i, sum(energy_joules) AS e, \
+                 sum(cost_usd) AS c, sum(idle_cost_usd) AS ic FROM jobs WHERE job_id = '{job}'"
+            ),
+        )
+        .await
+        .expect("jobs");
+        for (k, v) in [
+            ("g", r.gpu_seconds),
+            ("i", r.idle_gpu_seconds),
+            ("e", r.energy_joules),
+            ("c", r.cost_usd),
+            ("ic", r.idle_cost_usd),
+        ] {
+            assert!(
+                close(f(&j[0], k).expect(k), v),
+                "job {job} {k}: {:?} vs {v}",
+                j[0][k]
+            );
+        }
+        let per: f64 = r.per_gpu.iter().map(|g| g.gpu_seconds).sum();
+        assert!(close(per, r.gpu_seconds), "job {job}");
+    }
+    // Job A by hand: 60 s (gap capped) + 10 s; 8900 J + 500 J.
+    let a = job_report(&e, &cost(), "A", T0)
+        .await
+        .expect("report")
+        .expect("job");
+    assert!(close(a.gpu_seconds, 70.0));
+    assert!(close(a.idle_gpu_seconds, 10.0));
+    assert!(close(a.energy_joules, 9400.0));
+}

@@ -1,0 +1,254 @@
+//! Job reports over HTTP (`GET /api/v1/jobs`, `GET /api/v1/jobs/{job_id}`, query scope) and on
+//! the command line (`gpuwatch job JOBID`, `gpuwatch jobs --user U --since 7d`). The figures and
+//! the advice rules live in `gpuwatch_alerts::cost::report` (docs/jobs.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use gpuwatch_alerts::cost::CostConfig;
+use gpuwatch_alerts::cost::report::{self, JobReport, JobSummary, ListFilter};
+use gpuwatch_query::Status;
+use gpuwatch_query::http::{EngineSlot, error_response};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+#[derive(Clone)]
+struct JobsState {
+    engine: EngineSlot,
+    cost: Arc<CostConfig>,
+}
+
+/// The job routes (mounted behind the query scope).
+pub fn router(engine: EngineSlot, cost: CostConfig) -> Router {
+    Router::new()
+        .route("/api/v1/jobs", get(list))
+        .route("/api/v1/jobs/{job_id}", get(one))
+        .with_state(JobsState {
+            engine,
+            cost: Arc::new(cost),
+        })
+}
+
+fn now_ns() -> i64 {
+    chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
+fn not_ready() -> Response {
+    error_response(
+        Status::Unavailable,
+        "not ready: write-ahead log replay in progress",
+    )
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response {
+    match serde_json::to_string(v) {
+        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body).into_response(),
+        Err(e) => error_response(Status::Internal, &format!("cannot encode the answer: {e}")),
+    }
+}
+
+#[tracing::instrument(skip(state))]
+async fn one(State(state): State<JobsState>, Path(job_id): Path<String>) -> Response {
+    let Some(engine) = state.engine.get() else {
+        return not_ready();
+    };
+    if job_id.is_empty() || job_id.len() > 1024 {
+        return error_response(
+            Status::BadRequest,
+            "job id must be 1 to 1024 bytes: GET /api/v1/jobs/<job_id>",
+        );
+    }
+    match report::job_report(engine, &state.cost, &job_id, now_ns()).await {
+        Ok(Some(r)) => json(&r),
+        Ok(None) => {
+            let mut resp = error_response(
+                Status::BadRequest,
+                &format!(
+                    "no such job {job_id:?}: no gpu_metrics sample carries that job_id (list jobs with GET /api/v1/jobs)"
+                ),
+            );
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            resp
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    user: Option<String>,
+    since: Option<String>,
+    running: Option<bool>,
+    limit: Option<usize>,
+}
+
+/// Parses `7d`, `12h`, `30m` (humantime) into a duration.
+fn parse_since(text: &str) -> std::result::Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("since {text:?}: {e} (write e.g. 7d, 12h, 30m)"))
+}
+
+#[tracing::instrument(skip(state))]
+async fn list(
+    State(state): State<JobsState>,
+    params: std::result::Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Some(engine) = state.engine.get() else {
+        return not_ready();
+    };
+    let Ok(Query(p)) = params else {
+        return error_response(
+            Status::BadRequest,
+            "malformed query string: use ?user=<user>&since=7d&running=true&limit=100",
+        );
+    };
+    let since = match parse_since(p.since.as_deref().unwrap_or("7d")) {
+        Ok(d) => d,
+        Err(e) => return error_response(Status::BadRequest, &e),
+    };
+    let now = now_ns();
+    let since_ns = now.saturating_sub(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX));
+    let filter = ListFilter {
+        user: p.user.filter(|u| !u.is_empty()),
+        since_ns: since_ns.max(0),
+        running_only: p.running.unwrap_or(false),
+        limit: p.limit.unwrap_or(500),
+    };
+    match report::list_jobs(engine, &filter, now).await {
+        Ok(jobs) => json(&jobs),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Output of `gpuwatch job` and `gpuwatch jobs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// Text for people.
+    Table,
+    /// The API's JSON.
+    Json,
+}
+
+/// Where and how the command line asks.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// Server base URL.
+    pub server: String,
+    /// Bearer token (query scope), if the server wants one.
+    pub token: Option<String>,
+    /// Time limit.
+    pub timeout: Duration,
+}
+
+impl Client {
+    async fn get(&self, path_and_query: &str) -> Result<(u16, Vec<u8>)> {
+        let url = format!("{}{}", self.server.trim_end_matches('/'), path_and_query);
+        let client = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .build()
+            .map_err(|e| Error::Other(format!("cannot build an http client: {e}")))?;
+        let mut req = client.get(&url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| {
+            Error::Remote(format!(
+                "cannot reach gpuwatch at {} ({e}): is `gpuwatch serve` running there? set --server",
+                self.server
+            ))
+        })?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|e| {
+            Error::Remote(format!("the answer from {} broke off: {e}", self.server))
+        })?;
+        if !(200..300).contains(&status) {
+            let msg = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+            let hint = if status == 401 {
+                " (pass a query token with --token or GPUWATCH_TOKEN)"
+            } else {
+                ""
+            };
+            return Err(Error::Remote(format!("{msg} ({status}){hint}")));
+        }
+        Ok((status, body.to_vec()))
+    }
+}
+
+/// Percent-encodes `s` for a URL path segment or query value.
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `gpuwatch job JOBID`: what to print.
+pub async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<String> {
+    let (_, body) = client
+        .get(&format!("/api/v1/jobs/{}", encode(job_id)))
+        .await?;
+    match format {
+        ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
+        ReportFormat::Table => {
+            let r: JobReport = serde_json::from_slice(&body)
+                .map_err(|e| Error::Remote(format!("malformed job report: {e}")))?;
+            Ok(report::render_text(&r))
+        }
+    }
+}
+
+/// `gpuwatch jobs`: what to print.
+pub async fn jobs(
+    client: &Client,
+    user: Option<&str>,
+    since: &str,
+    running: bool,
+    limit: usize,
+    format: ReportFormat,
+) -> Result<String> {
+    parse_since(since).map_err(|e| Error::Config(format!("--{e}")))?;
+    let mut q = format!("/api/v1/jobs?since={}&limit={limit}", encode(since));
+    if let Some(u) = user {
+        q.push_str(&format!("&user={}", encode(u)));
+    }
+    if running {
+        q.push_str("&running=true");
+    }
+    let (_, body) = client.get(&q).await?;
+    match format {
+        ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
+        ReportFormat::Table => {
+            let list: Vec<JobSummary> = serde_json::from_slice(&body)
+                .map_err(|e| Error::Remote(format!("malformed job list: {e}")))?;
+            Ok(report::render_list(&list))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_encoded_as_one_path_segment() {
+        assert_eq!(encode("1234_5.0"), "1234_5.0");
+        assert_eq!(encode("a/b'; --"), "a%2Fb%27%3B%20--");
+        assert!(parse_since("7d").is_ok());
+        assert!(parse_since("soon").is_err());
+    }
+}

@@ -1,0 +1,605 @@
+#!/usr/bin/env python3
+"""Runs the SQL of gpuwatch's Grafana dashboards (dashboards/*.json) the way Grafana runs it.
+
+Grafana's PostgreSQL data source turns a panel's raw SQL into the statement it sends in two
+steps, and this script does both the same way:
+
+1. The browser replaces template variables (public/app/features/templating/template_srv.ts with
+   the SQL data sources' interpolateVariable, public/app/features/plugins/sql/datasource/
+   SqlDatasource.ts): `$var`, `${var}`, `[[var]]`, `${var:format}` and the built-ins
+   `$__interval`, `$__interval_ms`, `$__from`, `$__to`, `$__range_s`, `$__range_ms`.
+   A multi-value (or include-All) variable's plain form is each value quoted as a SQL
+   literal, joined by commas; a single-value variable's plain form is the value with its
+   quotes doubled. "All" without a custom all value means every option of the variable.
+   `$__interval` is Grafana's `rangeUtil.calculateInterval(range, maxDataPoints, min interval)`:
+   the range over the panel's data points, rounded by `roundInterval`, at least the panel's
+   `interval`.
+2. The server expands the macros (pkg/tsdb/grafana-postgresql-datasource/macros.go, and
+   sqleng's Interpolate for `$__interval`, `$__interval_ms`, `$__unixEpochFrom()`,
+   `$__unixEpochTo()`), TimescaleDB off. The fill argument of `$__timeGroup` changes only what
+   Grafana does with the answer, never the SQL.
+
+The statements then go over the Postgres wire protocol with psycopg 3 in binary mode with
+server-side prepared statements (the extended protocol, as Grafana's pgx driver).
+
+Subcommands:
+  selftest FIXTURE      expand every `-- grafana:` query of tests/fixtures/grafana_postgres_macros.sql
+                        and compare with the SQL the fixture holds (Grafana's own expansion)
+  check --dsn DSN ...   run every variable query and panel target over each --range and check
+                        the answers (exit 1 with a list of failures)
+  bench --dsn DSN ...   time every variable query and panel target; JSON on stdout
+  list                  print every panel and variable found (what check runs)
+"""
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+
+UTC = dt.timezone.utc
+
+# ---------------------------------------------------------------------------------------------
+# Time ranges and intervals
+
+
+def parse_duration(text):
+    """Grafana's duration text (`5m`, `1h`, `30d`, `500ms`, `2w`, `1y`) to seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|M|y)?\s*", text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r}")
+    n = float(m.group(1))
+    unit = m.group(2) or "s"
+    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
+                "M": 2592000, "y": 31536000}[unit]
+
+
+def round_interval(ms):
+    """Grafana's roundInterval (packages/grafana-data/src/datetime/rangeutil.ts)."""
+    table = [
+        (10, 1), (15, 10), (35, 20), (75, 50), (150, 100), (350, 200), (750, 500),
+        (1500, 1000), (3500, 2000), (7500, 5000), (12500, 10000), (17500, 15000),
+        (25000, 20000), (45000, 30000), (90000, 60000), (210000, 120000), (450000, 300000),
+        (1050000, 600000), (1800000, 900000), (3600000, 1200000), (5400000, 1800000),
+        (9000000, 3600000), (16200000, 7200000), (108000000, 10800000),
+        (172800000, 43200000), (604800000, 86400000), (1814400000, 604800000),
+        (3628800000, 2592000000),
+    ]
+    for limit, value in table:
+        if ms < limit:
+            return value
+    return 31536000000
+
+
+def seconds_to_hms(seconds):
+    """Grafana's secondsToHms: the largest unit only (`1m`, `5m`, `1h`, `1d`, `500ms`)."""
+    years = math.floor(seconds / 31536000)
+    if years:
+        return f"{years}y"
+    days = math.floor((seconds % 31536000) / 86400)
+    if days:
+        return f"{days}d"
+    hours = math.floor(((seconds % 31536000) % 86400) / 3600)
+    if hours:
+        return f"{hours}h"
+    minutes = math.floor((((seconds % 31536000) % 86400) % 3600) / 60)
+    if minutes:
+        return f"{minutes}m"
+    secs = math.floor((((seconds % 31536000) % 86400) % 3600) % 60)
+    if secs:
+        return f"{secs}s"
+    ms = math.floor(seconds * 1000)
+    if ms:
+        return f"{ms}ms"
+    return "less than a millisecond"
+
+
+def calculate_interval(from_s, to_s, max_data_points, min_interval):
+    """rangeUtil.calculateInterval: (interval text, interval ms)."""
+    low = 1
+    if min_interval:
+        low = parse_duration(min_interval) * 1000
+    ms = round_interval((to_s - from_s) * 1000 / max_data_points)
+    if low > ms:
+        ms = low
+    ms = int(ms)
+    return seconds_to_hms(ms / 1000), ms
+
+
+def rfc3339(t):
+    """Go's time.RFC3339Nano of a UTC instant: fractional seconds without trailing zeros."""
+    whole = math.floor(t)
+    frac = round((t - whole) * 1e9)
+    if frac >= 1_000_000_000:
+        whole, frac = whole + 1, 0
+    base = dt.datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac:
+        base += "." + f"{frac:09d}".rstrip("0")
+    return base + "Z"
+
+
+def go_float(x):
+    """Go's %v of a float64 (shortest repr, no trailing .0)."""
+    s = repr(float(x))
+    if s.endswith(".0"):
+        s = s[:-2]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 1: template variables (the browser)
+
+VARIABLE_RE = re.compile(
+    r"\$(\w+)|\[\[(\w+?)(?::(\w+))?\]\]|\$\{(\w+)(?:\.([^:^\}]+))?(?::([^\}]+))?\}")
+
+
+def quote_literal(value):
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def format_value(values, fmt, multi):
+    """One variable's text. `values` is a list; `multi` says the variable is multi-value or has
+    All (then the SQL data sources quote the plain form)."""
+    if fmt in (None, ""):
+        if multi or len(values) != 1:
+            return ",".join(quote_literal(v) for v in values)
+        return str(values[0]).replace("'", "''")
+    if fmt == "sqlstring":
+        return ",".join(quote_literal(v) for v in values)
+    if fmt == "csv":
+        return ",".join(str(v) for v in values)
+    if fmt == "raw":
+        return ",".join(str(v) for v in values)
+    if fmt == "singlequote":
+        return ",".join("'" + str(v).replace("'", "\\'") + "'" for v in values)
+    if fmt == "doublequote":
+        return ",".join('"' + str(v).replace('"', '\\"') + '"' for v in values)
+    if fmt == "pipe":
+        return "|".join(str(v) for v in values)
+    raise ValueError(f"variable format {fmt!r} is not handled by this expander")
+
+
+def replace_variables(sql, variables, builtins):
+    """`variables`: name -> (list of values, multi). `builtins`: name -> text."""
+
+    def sub(m):
+        name = m.group(1) or m.group(2) or m.group(4)
+        fmt = m.group(3) or m.group(6)
+        if name in builtins:
+            return builtins[name]
+        if name in variables:
+            values, multi = variables[name]
+            return format_value(values, fmt, multi)
+        # Unknown names (the macros: $__timeFilter, ...) stay for the server.
+        return m.group(0)
+
+    return VARIABLE_RE.sub(sub, sql)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 2: macros (the server)
+
+MACRO_RE = re.compile(r"\$([_a-zA-Z0-9]+)\(([^\)]*)\)")
+
+
+def expand_macros(sql, from_s, to_s, interval_text, interval_ms):
+    # sqleng.Interpolate runs first.
+    sql = sql.replace("$__interval_ms", str(interval_ms))
+    sql = sql.replace("$__interval", interval_text)
+    sql = sql.replace("$__unixEpochFrom()", str(math.floor(from_s)))
+    sql = sql.replace("$__unixEpochTo()", str(math.floor(to_s)))
+    f, t = rfc3339(from_s), rfc3339(to_s)
+
+    def args_of(text):
+        return [a.strip() for a in text.split(",")] if text.strip() else []
+
+    def group_seconds(args, name):
+        if len(args) < 2:
+            raise ValueError(f"macro {name} needs time column and interval")
+        return parse_duration(args[1].strip("'\""))
+
+    def sub(m):
+        name, args = m.group(1), args_of(m.group(2))
+        # macros.go: "$__timeGroup" directly followed by a comma is the pre-5.3 spelling of
+        # "$__timeGroupAlias" (used in the SELECT list); it gets the alias too.
+        if name == "__timeGroup" and m.string[m.end():m.end() + 1] == ",":
+            name = "__timeGroupAlias"
+        if name == "__time":
+            return f'{args[0]} AS "time"'
+        if name == "__timeEpoch":
+            return f'extract(epoch from {args[0]}) as "time"'
+        if name == "__timeFilter":
+            return f"{args[0]} BETWEEN '{f}' AND '{t}'"
+        if name == "__timeFrom":
+            return f"'{f}'"
+        if name == "__timeTo":
+            return f"'{t}'"
+        if name in ("__timeGroup", "__timeGroupAlias"):
+            s = go_float(group_seconds(args, name))
+            out = f"floor(extract(epoch from {args[0]})/{s})*{s}"
+            return out + (' AS "time"' if name == "__timeGroupAlias" else "")
+        if name == "__unixEpochFilter":
+            return f"{args[0]} >= {math.floor(from_s)} AND {args[0]} <= {math.floor(to_s)}"
+        if name == "__unixEpochNanoFilter":
+            return f"{args[0]} >= {int(from_s * 1e9)} AND {args[0]} <= {int(to_s * 1e9)}"
+        if name == "__unixEpochNanoFrom":
+            return str(int(from_s * 1e9))
+        if name == "__unixEpochNanoTo":
+            return str(int(to_s * 1e9))
+        if name in ("__unixEpochGroup", "__unixEpochGroupAlias"):
+            s = go_float(group_seconds(args, name))
+            out = f"floor(({args[0]})/{s})*{s}"
+            return out + (' AS "time"' if name == "__unixEpochGroupAlias" else "")
+        if name.startswith("__"):
+            raise ValueError(f"macro ${name} is not one Grafana's PostgreSQL data source has")
+        return m.group(0)
+
+    return MACRO_RE.sub(sub, sql)
+
+
+def expand(sql, from_s, to_s, variables, max_data_points=1000, min_interval=None):
+    interval_text, interval_ms = calculate_interval(from_s, to_s, max_data_points, min_interval)
+    builtins = {
+        "__interval": interval_text,
+        "__interval_ms": str(interval_ms),
+        "__from": str(int(from_s * 1000)),
+        "__to": str(int(to_s * 1000)),
+        "__range_s": str(int(to_s - from_s)),
+        "__range_ms": str(int((to_s - from_s) * 1000)),
+    }
+    return expand_macros(replace_variables(sql, variables, builtins), from_s, to_s,
+                         interval_text, interval_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dashboards
+
+
+def load_dashboards(folder):
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                out.append((name, json.load(f)))
+    if not out:
+        raise SystemExit(f"no dashboard JSON in {folder}")
+    return out
+
+
+def panels_of(dashboard):
+    """Every panel, rows' nested panels included (collapsed rows keep theirs in `panels`)."""
+    for p in dashboard.get("panels", []):
+        yield p
+        for inner in p.get("panels", []) or []:
+            yield inner
+
+
+def query_variables(dashboard):
+    return [v for v in dashboard.get("templating", {}).get("list", []) if v.get("type") == "query"]
+
+
+def variable_sql(v):
+    q = v.get("query")
+    if isinstance(q, dict):
+        q = q.get("rawSql") or q.get("query")
+    return q
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+TIMESTAMP_OIDS = {1114, 1184}
+NUMERIC_OIDS = {20, 21, 23, 700, 701, 1700}
+TEXT_OIDS = {25, 1043, 19, 18}
+
+TIME_PANELS = {"timeseries", "heatmap", "state-timeline", "status-history"}
+VALUE_PANELS = {"stat", "gauge", "bargauge", "piechart"}
+
+
+def connect(dsn):
+    import psycopg  # noqa: imported here so that selftest runs without it
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def run_sql(conn, sql):
+    """Extended protocol, binary results, server-side prepared (as pgx)."""
+    cur = conn.cursor(binary=True)
+    cur.execute(sql, prepare=True)
+    cols = [(d.name, d.type_code) for d in cur.description or []]
+    rows = cur.fetchall() if cur.description else []
+    return cols, rows
+
+
+def resolve_variables(conn, dashboard, from_s, to_s, errors, where, pinned=None):
+    """Runs each query variable in order (a later one may use an earlier one); picks All for
+    multi/All variables, the first option otherwise. Returns (name -> (values, multi), and
+    (name, sql, columns, rows) of each variable query that ran)."""
+    values = {}
+    ran = []
+    for v in query_variables(dashboard):
+        name = v["name"]
+        sql = variable_sql(v)
+        multi = bool(v.get("multi") or v.get("includeAll"))
+        try:
+            text = expand(sql, from_s, to_s, values)
+            cols, rows = run_sql(conn, text)
+        except Exception as e:  # noqa: reported, not raised
+            errors.append(f"{where}: variable {name}: {type(e).__name__}: {e}")
+            values[name] = ([], multi)
+            continue
+        if not cols:
+            errors.append(f"{where}: variable {name}: no columns")
+        names = [c[0] for c in cols]
+        if "__value" in names:
+            opts = [r[names.index("__value")] for r in rows]
+        else:
+            opts = [r[0] for r in rows]
+        opts = [str(o) for o in opts if o is not None]
+        if not opts:
+            errors.append(f"{where}: variable {name}: no options on this fleet")
+        pin = (pinned or {}).get(name)
+        if pin is not None:
+            # A value chosen in the picker: it must be one of the options.
+            if pin not in opts:
+                errors.append(f"{where}: variable {name}: {pin!r} is not among its options")
+            values[name] = ([pin], multi)
+        elif multi:
+            values[name] = (opts, True)
+        else:
+            values[name] = (opts[:1], False)
+        ran.append((name, text, cols, rows))
+    return values, ran
+
+
+def check_answer(panel, target, cols, rows):
+    """What the panel needs from the answer; returns a list of problems."""
+    problems = []
+    ptype = panel.get("type")
+    fmt = target.get("format", "time_series")
+    if not cols:
+        return ["no columns"]
+    if fmt == "time_series" or ptype in TIME_PANELS:
+        name, oid = cols[0]
+        if name != "time":
+            problems.append(f"first column is {name!r}, not 'time'")
+        if oid not in TIMESTAMP_OIDS:
+            problems.append(f"first column has type oid {oid}, not a timestamp")
+        values = [c for c in cols[1:] if c[1] in NUMERIC_OIDS]
+        if not values:
+            problems.append("no numeric value column")
+        for c in cols[1:]:
+            if c[1] not in NUMERIC_OIDS and c[1] not in TEXT_OIDS:
+                problems.append(f"column {c[0]!r} is neither a number nor a label (oid {c[1]})")
+        times = [r[0] for r in rows]
+        if any(a > b for a, b in zip(times, times[1:])):
+            problems.append("rows are not sorted by time")
+    if ptype in VALUE_PANELS:
+        if not [c for c in cols if c[1] in NUMERIC_OIDS]:
+            problems.append("no numeric column for the value")
+    if ptype == "barchart":
+        if not [c for c in cols if c[1] in NUMERIC_OIDS]:
+            problems.append("no numeric column for the bars")
+    if not rows:
+        problems.append("no rows")
+    elif ptype in VALUE_PANELS and all(
+            r[i] is None for r in rows for i, c in enumerate(cols) if c[1] in NUMERIC_OIDS):
+        problems.append("every value is null")
+    return problems
+
+
+def targets_of(panel):
+    return [t for t in panel.get("targets", []) or [] if t.get("rawSql")]
+
+
+def parse_range(text, to_s):
+    return to_s - parse_duration(text), to_s
+
+
+def cmd_check(args):
+    to_s = parse_time(args.to) if args.to else time.time()
+    allowed_empty = set(args.allow_empty or [])
+    pinned = dict(v.split("=", 1) for v in (args.var or []))
+    conn = connect(args.dsn)
+    errors = []
+    ran = 0
+    seen_panels = 0
+    for fname, dash in load_dashboards(args.dashboards):
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            where = f"{fname} [{rng}]"
+            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, where,
+                                                 pinned)
+            for name, text, cols, rows in vars_ran:
+                ran += 1
+                print(f"ok   {where} variable {name}: {len(rows)} options")
+            for p in panels_of(dash):
+                if p.get("type") == "row":
+                    continue
+                if rng == args.range[0]:
+                    seen_panels += 1
+                targets = targets_of(p)
+                if not targets:
+                    errors.append(f"{where}: panel {p.get('title')!r} has no SQL target")
+                    continue
+                for t in targets:
+                    label = f"{where} panel {p.get('title')!r} {t.get('refId')}"
+                    try:
+                        sql = expand(t["rawSql"], from_s, to_s, values,
+                                     p.get("maxDataPoints") or 1000, p.get("interval"))
+                        cols, rows = run_sql(conn, sql)
+                    except Exception as e:  # noqa: reported
+                        errors.append(f"{label}: {type(e).__name__}: {e}")
+                        continue
+                    ran += 1
+                    problems = check_answer(p, t, cols, rows)
+                    if problems == ["no rows"] and p.get("title") in allowed_empty:
+                        problems = []
+                    if problems:
+                        errors.append(f"{label}: " + "; ".join(problems))
+                    else:
+                        print(f"ok   {label}: {len(rows)} rows, columns "
+                              + ", ".join(f"{c[0]}:{c[1]}" for c in cols))
+    print(f"{ran} queries run, {seen_panels} panels, {len(errors)} failures")
+    for e in errors:
+        print(f"FAIL {e}")
+    return 1 if errors else 0
+
+
+def cmd_bench(args):
+    to_s = parse_time(args.to)
+    conn = connect(args.dsn)
+    out = []
+
+    def timed(sql):
+        run_sql(conn, sql)
+        times = []
+        rows = 0
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            _, r = run_sql(conn, sql)
+            times.append(time.perf_counter() - t)
+            rows = len(r)
+        return statistics.median(times), max(times), rows
+
+    for fname, dash in load_dashboards(args.dashboards):
+        title = dash.get("title", fname)
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            errors = []
+            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, fname)
+            for name, text, cols, rows in vars_ran:
+                med, mx, n = timed(text)
+                out.append({"dashboard": title, "panel": f"variable {name}", "ref": "-",
+                            "range": rng, "median_s": med, "max_s": mx, "rows": n})
+            for e in errors:
+                out.append({"dashboard": title, "panel": "variables", "ref": "-", "range": rng,
+                            "median_s": 0, "max_s": 0, "rows": 0, "error": e})
+            for p in panels_of(dash):
+                for t in targets_of(p):
+                    entry = {"dashboard": title, "panel": p.get("title"), "ref": t.get("refId"),
+                             "range": rng, "median_s": 0.0, "max_s": 0.0, "rows": 0}
+                    try:
+                        sql = expand(t["rawSql"], from_s, to_s, values,
+                                     p.get("maxDataPoints") or 1000, p.get("interval"))
+                        entry["median_s"], entry["max_s"], entry["rows"] = timed(sql)
+                    except Exception as e:  # noqa: reported
+                        entry["error"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+                    out.append(entry)
+                    print(f"{entry['median_s']:.3f}s {title} / {p.get('title')} [{rng}]",
+                          file=sys.stderr)
+    json.dump(out, sys.stdout, indent=1)
+    return 0
+
+
+def cmd_list(args):
+    for fname, dash in load_dashboards(args.dashboards):
+        for v in query_variables(dash):
+            print(f"{fname}\tvariable\t{v['name']}")
+        for p in panels_of(dash):
+            if p.get("type") != "row":
+                print(f"{fname}\tpanel\t{p.get('type')}\t{p.get('title')}\t{len(targets_of(p))}")
+    return 0
+
+
+def cmd_selftest(args):
+    """Each fixture case: its `-- grafana:` text, expanded here, must equal the SQL Grafana sent."""
+    text = open(args.fixture).read()
+    cases = []
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("-- case: "):
+            cur = {"name": line[9:].strip(), "grafana": None, "expect": None, "sql": []}
+        elif cur is not None and line.startswith("-- grafana: "):
+            cur["grafana"] = line[12:]
+        elif cur is not None and line.startswith("-- expect: "):
+            cur["expect"] = line[11:].split()
+        elif line.strip() == ";" and cur is not None:
+            cases.append(cur)
+            cur = None
+        elif line.startswith("--"):
+            continue
+        elif cur is not None:
+            cur["sql"].append(line)
+    failures = 0
+    for c in cases:
+        if not c["grafana"]:
+            print(f"FAIL {c['name']}: no -- grafana: line")
+            failures += 1
+            continue
+        # The fixture's range: the FROM and TO of its expectation.
+        from_s, to_s = float(c["expect"][1]), float(c["expect"][2])
+        got = expand(c["grafana"], from_s, to_s, {})
+        want = "\n".join(c["sql"]).strip()
+        if got.strip() != want:
+            print(f"FAIL {c['name']}:\n  got  {got}\n  want {want}")
+            failures += 1
+        else:
+            print(f"ok   {c['name']}")
+    # Variables and intervals: Grafana's documented behaviour.
+    checks = [
+        (replace_variables("h IN (${h:sqlstring})", {"h": (["a", "b'c"], True)}, {}),
+         "h IN ('a','b''c')"),
+        (replace_variables("h IN ($h)", {"h": (["a", "b"], True)}, {}), "h IN ('a','b')"),
+        (replace_variables("j = '$j'", {"j": (["x'y"], False)}, {}), "j = 'x''y'"),
+        (replace_variables("[[j]] ${j} ${j:csv}", {"j": (["1", "2"], True)}, {}),
+         "'1','2' '1','2' 1,2"),
+        (replace_variables("$__timeFilter(time)", {}, {}), "$__timeFilter(time)"),
+        (calculate_interval(0, 86400, 1000, None), ("1m", 60000)),
+        (calculate_interval(0, 3600, 1000, None), ("5s", 5000)),
+        (calculate_interval(0, 30 * 86400, 1000, None), ("20m", 1200000)),
+        (calculate_interval(0, 3600, 1000, "1m"), ("1m", 60000)),
+        (expand("$__timeGroupAlias(time, $__interval, 0)", 0, 86400, {}),
+         'floor(extract(epoch from time)/60)*60 AS "time"'),
+        (expand("$__unixEpochFilter(t) $__unixEpochFrom() $__interval_ms", 10.5, 20.5, {}),
+         "t >= 10 AND t <= 20 10 10"),
+    ]
+    for got, want in checks:
+        if got != want:
+            print(f"FAIL expected {want!r}, got {got!r}")
+            failures += 1
+    print(f"{len(cases)} fixture cases, {len(checks)} variable and interval checks, {failures} failures")
+    return 1 if failures or len(cases) < 10 else 0
+
+
+def parse_time(text):
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("selftest")
+    s.add_argument("fixture")
+    for name in ("check", "bench"):
+        s = sub.add_parser(name)
+        s.add_argument("--dsn", required=True)
+        s.add_argument("--dashboards", default="dashboards")
+        s.add_argument("--to", help="end of the range (ISO 8601 or unix seconds; default now)")
+        s.add_argument("--range", action="append", default=None,
+                       help="range length ending at --to (repeatable), e.g. 1h, 24h, 30d")
+        if name == "check":
+            s.add_argument("--allow-empty", action="append",
+                           help="panel title that may answer no rows (repeatable)")
+            s.add_argument("--var", action="append",
+                           help="NAME=VALUE: pick VALUE for variable NAME, as in the picker (repeatable)")
+        else:
+            s.add_argument("--runs", type=int, default=3)
+    s = sub.add_parser("list")
+    s.add_argument("--dashboards", default="dashboards")
+    args = ap.parse_args()
+    if getattr(args, "range", None) is None and args.cmd in ("check", "bench"):
+        args.range = ["6h"]
+    return {"selftest": cmd_selftest, "check": cmd_check, "bench": cmd_bench,
+            "list": cmd_list}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Cross-object checks of rendered Kubernetes manifests, which schema validation cannot see:
+selectors that match their pods, Service and probe ports that exist, ConfigMaps and Secrets
+that mounts name, rules files that GPUWATCH_RULES names, the tokens file's format, the
+ServiceMonitor/PodMonitor (no OpenAPI schema offline) against their targets, and the server's
+PodSecurity "restricted" settings. Usage: objects.py MANIFEST.yaml...
+"""
+import sys
+import tomllib
+
+import yaml
+
+errors = []
+
+
+def err(where, msg):
+    errors.append(f"{where}: {msg}")
+
+
+def pod_spec(obj):
+    return obj["spec"]["template"]["spec"], obj["spec"]["template"]["metadata"].get("labels", {})
+
+
+def matches(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def check(path):
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    workloads = {**by_kind.get("StatefulSet", {}), **by_kind.get("DaemonSet", {})}
+    configmaps = by_kind.get("ConfigMap", {})
+    secrets = by_kind.get("Secret", {})
+
+    for name, w in workloads.items():
+        where = f"{path}: {w['kind']}/{name}"
+        spec, labels = pod_spec(w)
+        if not matches(w["spec"]["selector"]["matchLabels"], labels):
+            err(where, "selector does not match the pod template's labels")
+        for c in spec["containers"]:
+            ports = {p["name"] for p in c.get("ports", [])}
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                port = c.get(probe, {}).get("httpGet", {}).get("port")
+                if port is not None and port not in ports:
+                    err(where, f"{probe} port {port} is not a container port")
+            vols = {v["name"]: v for v in spec.get("volumes", [])}
+            claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+            mounts = {}
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in vols and m["name"] not in claims:
+                    err(where, f"mount {m['name']} has no volume")
+                mounts[m["mountPath"]] = vols.get(m["name"])
+            for v in vols.values():
+                if "configMap" in v and v["configMap"]["name"] not in configmaps:
+                    err(where, f"ConfigMap {v['configMap']['name']} is not in the manifests")
+                if "secret" in v and v["secret"]["secretName"] not in secrets:
+                    print(f"{where}: Secret {v['secret']['secretName']} is expected to exist already")
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            for rule in filter(None, (env.get("GPUWATCH_RULES") or "").split(",")):
+                directory, _, key = rule.rpartition("/")
+                vol = mounts.get(directory)
+                if not vol or "configMap" not in vol:
+                    err(where, f"rules file {rule}: no ConfigMap mounted at {directory}")
+                    continue
+                cm = configmaps.get(vol["configMap"]["name"], {})
+                if key not in cm.get("data", {}):
+                    err(where, f"rules file {rule}: ConfigMap {vol['configMap']['name']} has no key {key}")
+                else:
+                    yaml.safe_load(cm["data"][key])
+            if w["kind"] == "StatefulSet":
+                sc, psc = c.get("securityContext", {}), spec.get("securityContext", {})
+                if not (psc.get("runAsNonRoot") and sc.get("readOnlyRootFilesystem")
+                        and sc.get("allowPrivilegeEscalation") is False
+                        and sc.get("capabilities", {}).get("drop") == ["ALL"]
+                        and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault"):
+                    err(where, "server pod is not PodSecurity 'restricted'")
+                if not ("GPUWATCH_AUTH_TOKENS" in env or env.get("GPUWATCH_INSECURE_NO_AUTH") == "true"):
+                    err(where, "binds 0.0.0.0 without GPUWATCH_AUTH_TOKENS: the server would refuse to start")
+                if "/etc/gpuwatch/gpuwatch.toml" in mounts:
+                    cm = configmaps[mounts["/etc/gpuwatch/gpuwatch.toml"]["configMap"]["name"]]
+                    tomllib.loads(cm["data"]["gpuwatch.toml"])
+            if w["kind"] == "DaemonSet":
+                m = next((m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources"), None)
+                if not m or not m.get("readOnly"):
+                    err(where, "pod-resources must be mounted read-only")
+
+    for name, svc in by_kind.get("Service", {}).items():
+        where = f"{path}: Service/{name}"
+        targets = [w for w in workloads.values() if matches(svc["spec"]["selector"], pod_spec(w)[1])]
+        if len(targets) != 1:
+            err(where, f"selector matches {len(targets)} workloads")
+            continue
+        ports = {p["name"] for c in pod_spec(targets[0])[0]["containers"] for p in c.get("ports", [])}
+        for p in svc["spec"]["ports"]:
+            if isinstance(p["targetPort"], str) and p["targetPort"] not in ports:
+                err(where, f"targetPort {p['targetPort']} is not a container port")
+
+    for name, s in secrets.items():
+        data = s.get("stringData", {})
+        if "tokens.toml" in data:
+            tokens = tomllib.loads(data["tokens.toml"]).get("tokens", [])
+            if not tokens:
+                err(f"{path}: Secret/{name}", "tokens.toml has no [[tokens]]")
+            for t in tokens:
+                if len(t.get("token", "")) < 16 or not t.get("scopes") or \
+                        not set(t["scopes"]) <= {"ingest", "query", "admin"}:
+                    err(f"{path}: Secret/{name}", f"token {t.get('name')}: short or bad scopes")
+
+    for name, sm in by_kind.get("ServiceMonitor", {}).items():
+        sel = sm["spec"]["selector"]["matchLabels"]
+        hits = [s for s in by_kind.get("Service", {}).values() if matches(sel, s["metadata"].get("labels", {}))]
+        if len(hits) != 1:
+            err(f"{path}: ServiceMonitor/{name}", f"selects {len(hits)} Services, not 1")
+        else:
+            names = {p["name"] for p in hits[0]["spec"]["ports"]}
+            for e in sm["spec"]["endpoints"]:
+                if e["port"] not in names:
+                    err(f"{path}: ServiceMonitor/{name}", f"port {e['port']} is not a port of the Service")
+    for name, pm in by_kind.get("PodMonitor", {}).items():
+        sel = pm["spec"]["selector"]["matchLabels"]
+        hits = [w for w in workloads.values() if matches(sel, pod_spec(w)[1])]
+        if len(hits) != 1:
+            err(f"{path}: PodMonitor/{name}", f"selects {len(hits)} workloads, not 1")
+        else:
+            names = {p["name"] for c in pod_spec(hits[0])[0]["containers"] for p in c.get("ports", [])}
+            for e in pm["spec"]["podMetricsEndpoints"]:
+                if e["port"] not in names:
+                    err(f"{path}: PodMonitor/{name}", f"port {e['port']} is not a container port")
+    print(f"{path}: {len(docs)} objects consistent" if not errors else f"{path}: checked")
+
+
+for p in sys.argv[1:]:
+    check(p)
+if errors:
+    print("\n".join(errors), file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Starts the real binaries with what the rendered chart gives their pods.
+
+For the server StatefulSet: the container's args and env, its ConfigMap and Secret volumes
+written out as files, the pod paths (/etc/gpuwatch/..., /var/lib/gpuwatch, /tmp) mapped into a
+temp dir and the 0.0.0.0 listeners moved to free loopback ports. Then: /readyz answers, the rules
+files named by GPUWATCH_RULES are loaded, SQL without a token gets 401 and with the rendered
+admin token (when the Secret is in the manifest) gets 200.
+For the agent DaemonSet: its env, with --source synthetic --once (no NVML here), must parse.
+
+Usage: run_rendered.py BIN_DIR MANIFEST.yaml
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+
+import yaml
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def get(url, token=None):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def main(bin_dir, manifest):
+    docs = [d for d in yaml.safe_load_all(open(manifest)) if d]
+    objs = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    tmp = tempfile.mkdtemp(prefix="gpuwatch-rendered-")
+    ran = 0
+    for d in docs:
+        if d["kind"] == "StatefulSet":
+            run_server(bin_dir, d, objs, tmp)
+            ran += 1
+        if d["kind"] == "DaemonSet":
+            run_agent(bin_dir, d, tmp)
+            ran += 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not ran:
+        sys.exit(f"{manifest}: no StatefulSet or DaemonSet")
+
+
+def mount_files(spec, container, objs, tmp):
+    """Writes ConfigMap/Secret volumes under tmp; returns (pod path -> host path) mappings."""
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    mapping = {}
+    token = None
+    for m in container.get("volumeMounts", []):
+        host = os.path.join(tmp, m["mountPath"].strip("/").replace("/", "_"))
+        v = vols.get(m["name"], {})
+        data = None
+        if "configMap" in v:
+            data = objs[("ConfigMap", v["configMap"]["name"])]["data"]
+        elif "secret" in v:
+            secret = objs.get(("Secret", v["secret"]["secretName"]))
+            if secret is None:
+                print(f"Secret {v['secret']['secretName']} is not in the manifest: "
+                      "a test tokens file stands in for it")
+                token = "rendered-test-token-0123456789"
+                data = {"tokens.toml": f'[[tokens]]\nname = "admin"\ntoken = "{token}"\nscopes = ["admin"]\n'}
+            else:
+                data = secret["stringData"]
+                items = v["secret"].get("items")
+                if items:
+                    data = {i["path"]: data[i["key"]] for i in items}
+        if data is not None:
+            if "subPath" in m:
+                os.makedirs(os.path.dirname(host), exist_ok=True)
+                with open(host, "w") as f:
+                    f.write(data[m["subPath"]])
+            else:
+                os.makedirs(host, exist_ok=True)
+                for k, text in data.items():
+                    with open(os.path.join(host, k), "w") as f:
+                        f.write(text)
+        else:
+            os.makedirs(host, exist_ok=True)
+        mapping[m["mountPath"]] = host
+    return mapping, token
+
+
+def remap(value, mapping):
+    """A pod path (or a comma list of them, or --flag=path) as the path on this machine."""
+    if "," in value:
+        return ",".join(remap(v, mapping) for v in value.split(","))
+    if value.startswith("--") and "=" in value:
+        flag, _, rest = value.partition("=")
+        return f"{flag}={remap(rest, mapping)}"
+    # Longest pod path first, so /etc/gpuwatch/rules/builtin wins over /etc/gpuwatch.
+    for pod in sorted(mapping, key=len, reverse=True):
+        if value == pod or value.startswith(pod + "/"):
+            return mapping[pod] + value[len(pod):]
+    return value
+
+
+def run_server(bin_dir, sts, objs, tmp):
+    spec = sts["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    mapping, token = mount_files(spec, c, objs, tmp)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    ports = {}
+    for e in c["env"]:
+        if "value" not in e:
+            continue
+        value = remap(e["value"], mapping)
+        if value.startswith("0.0.0.0:"):
+            ports[e["name"]] = free_port()
+            value = f"127.0.0.1:{ports[e['name']]}"
+        env[e["name"]] = value
+    if not token:
+        secret = next((d for (k, _), d in objs.items() if k == "Secret" and "tokens.toml" in d.get("stringData", {})), None)
+        if secret:
+            toks = tomllib.loads(secret["stringData"]["tokens.toml"])["tokens"]
+            token = next(t["token"] for t in toks if "admin" in t["scopes"])
+    args = [remap(a, mapping) for a in c.get("args", [])]
+    moto = None
+    if "GPUWATCH_OBJECT_STORE" in env:
+        # The AWS_* variables of the chart's Secret (envFrom), with the endpoint moved to a local
+        # S3 server (moto, as the object-store e2e tests use) holding the URL's bucket.
+        for ref in c.get("envFrom", []):
+            env.update(objs[("Secret", ref["secretRef"]["name"])]["stringData"])
+        s3 = free_port()
+        moto = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(s3)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bucket = env["GPUWATCH_OBJECT_STORE"].removeprefix("s3://").split("/")[0]
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{s3}/{bucket}", method="PUT"), timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            sys.exit("moto_server did not start")
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{s3}"
+        env["AWS_ALLOW_HTTP"] = "true"
+    log = open(os.path.join(tmp, "server.log"), "w")
+    p = subprocess.Popen([os.path.join(bin_dir, "gpuwatch")] + args, env=env, stdout=log, stderr=log)
+    http = f"http://127.0.0.1:{ports['GPUWATCH_HTTP_ADDR']}"
+    try:
+        for _ in range(300):
+            if p.poll() is not None:
+                sys.exit(f"server exited {p.returncode}:\n{open(log.name).read()}")
+            if get(f"{http}/readyz")[0] == 200:
+                break
+            time.sleep(0.1)
+        else:
+            sys.exit(f"server not ready:\n{open(log.name).read()}")
+        rules = [r for r in env.get("GPUWATCH_RULES", "").split(",") if r]
+        status, _ = get(f"{http}/api/v1/sql?q=SELECT+1")
+        if "GPUWATCH_AUTH_TOKENS" in env:
+            if status != 401:
+                sys.exit(f"server: SQL without a token answered {status}, not 401")
+            status, body = get(f"{http}/api/v1/sql?q=SELECT+1+AS+one", token)
+        if status != 200:
+            sys.exit(f"server: SQL answered {status}")
+        text = open(log.name).read()
+        for r in rules:
+            if not os.path.exists(r):
+                sys.exit(f"server: rules file {r} missing")
+        expected = sum(len(g.get("rules") or []) for r in rules
+                       for g in (yaml.safe_load(open(r)) or {}).get("groups", []))
+        if rules and f"rules={expected}" not in text:
+            sys.exit(f"server: log does not say rules={expected} were loaded:\n{text}")
+        errors = [line for line in text.splitlines() if " ERROR " in line]
+        if errors:
+            sys.exit("server log has errors:\n" + "\n".join(errors))
+        print(f"server: started with the rendered args, env and files; /readyz 200, "
+              f"{len(rules)} rules files with {expected} rules loaded, "
+              f"auth {'on' if 'GPUWATCH_AUTH_TOKENS' in env else 'off'}"
+              + (f", object store {env['GPUWATCH_OBJECT_STORE']} (moto)" if moto else ""))
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        if moto:
+            moto.terminate()
+            moto.wait()
+
+
+def run_agent(bin_dir, ds, tmp):
+    c = ds["spec"]["template"]["spec"]["containers"][0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            env[e["name"]] = "rendered-node"
+    env["GPUWATCH_BUFFER_DIR"] = os.path.join(tmp, "spool")
+    env["GPUWATCH_SOURCE"] = "synthetic"
+    out = subprocess.run([os.path.join(bin_dir, "gpuwatch-agent"), "--once", "--synthetic-gpus", "2"]
+                         + c.get("args", []), env=env, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        sys.exit(f"agent with the rendered env exited {out.returncode}: {out.stderr}")
+    gpus = json.loads(out.stdout)["gpus"]
+    print(f"agent: the rendered env parses; --once gave {len(gpus)} GPUs")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
