@@ -65,6 +65,15 @@ impl Deadline {
 /// Wraps the operators of `plan` that can run long without yielding (joins, aggregations,
 /// sorts, windows, recursive queries, generators, unnest, unions) in [`DeadlineExec`]s.
 pub fn wrap(plan: Arc<dyn ExecutionPlan>, deadline: Deadline) -> DfResult<Arc<dyn ExecutionPlan>> {
+    wrap_with(plan, Some(deadline))
+}
+
+/// As [`wrap`]; with `None`, each [`DeadlineExec`] takes the [`Deadline`] of the session it is
+/// executed in (a session config extension), and has none when the session has none.
+fn wrap_with(
+    plan: Arc<dyn ExecutionPlan>,
+    deadline: Option<Deadline>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let name = node.name();
         let long = [
@@ -91,16 +100,43 @@ pub fn wrap(plan: Arc<dyn ExecutionPlan>, deadline: Deadline) -> DfResult<Arc<dy
     .map(|t| t.data)
 }
 
+/// The physical optimizer rule that wraps plans in [`DeadlineExec`]s taking the deadline of the
+/// session they run in (the Postgres front end: set for each statement, none for a cursor, whose
+/// `FETCH`es are not bound by the time limit).
+#[derive(Debug, Default)]
+pub struct DeadlineRule;
+
+impl datafusion::physical_optimizer::PhysicalOptimizerRule for DeadlineRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &datafusion::config::ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        wrap_with(plan, None)
+    }
+
+    fn name(&self) -> &str {
+        "deadline"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
 /// Passes its input's batches on until the deadline.
 #[derive(Debug)]
 pub struct DeadlineExec {
     input: Arc<dyn ExecutionPlan>,
-    deadline: Deadline,
+    deadline: Option<Deadline>,
 }
 
 impl DisplayAs for DeadlineExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DeadlineExec: limit={:?}", self.deadline.limit)
+        match self.deadline {
+            Some(d) => write!(f, "DeadlineExec: limit={:?}", d.limit),
+            None => write!(f, "DeadlineExec: the session's"),
+        }
     }
 }
 
@@ -151,9 +187,19 @@ impl ExecutionPlan for DeadlineExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
+        let deadline = self.deadline.or_else(|| {
+            context
+                .session_config()
+                .get_extension::<Deadline>()
+                .map(|d| *d)
+        });
+        let input = self.input.execute(partition, context)?;
+        let Some(deadline) = deadline else {
+            return Ok(input);
+        };
         Ok(Box::pin(DeadlineStream {
-            input: self.input.execute(partition, context)?,
-            deadline: self.deadline,
+            input,
+            deadline,
             done: false,
         }))
     }

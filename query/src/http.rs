@@ -26,6 +26,9 @@ pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
 /// How long after the time limit the handler gives up on a query task that has not answered.
 const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a cut answer waits for what was sent before the cut to leave.
+const FLUSH_BEFORE_CUT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Largest SQL request body accepted.
 pub const MAX_SQL_BODY_BYTES: usize = 1 << 20;
 
@@ -159,6 +162,12 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     let body = futures::stream::unfold((body_rx, Some(task)), move |(mut rx, task)| async move {
         let task = task?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Err(e))) => {
+                // Let the connection send what it holds (the error line of a text answer)
+                // before the body is cut: it flushes while the body is pending.
+                tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                Some((Err(e), (rx, Some(task))))
+            }
             Ok(Some(chunk)) => Some((chunk, (rx, Some(task)))),
             Ok(None) => None,
             Err(_) => {

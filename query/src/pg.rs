@@ -325,8 +325,9 @@ impl SimpleQueryHandler for Front {
         } else {
             None
         };
-        let service = ready.session(client.session_extensions())?;
         let limit = time_limit(client, &ready.engine);
+        // Cursors are not bound by the time limit once declared: no deadline in their plans.
+        let service = ready.session(client.session_extensions(), (!cursors).then_some(limit))?;
         let deadline = tokio::time::Instant::now() + limit;
         let max_bytes = ready.engine.max_answer_bytes().unwrap_or(usize::MAX);
         let responses = if !one_at_a_time {
@@ -497,7 +498,10 @@ impl ExtendedQueryHandler for Front {
             }
             Some((statement, _)) => admit(statement).map_err(|e| engine_error(&e))?,
         };
-        let service = ready.session(client.session_extensions())?;
+        let service = ready.session(
+            client.session_extensions(),
+            (verdict == Verdict::Query).then(|| time_limit(client, &ready.engine)),
+        )?;
         sweep_cursors(client);
         match verdict {
             Verdict::Query => {}

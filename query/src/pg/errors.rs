@@ -21,6 +21,9 @@ pub fn sqlstate(e: &DataFusionError) -> &'static str {
     if crate::memory::Pressure::find(e).is_some() {
         return "53200";
     }
+    if crate::deadline::DeadlinePassed::find(e).is_some() {
+        return "57014";
+    }
     let root = e.find_root();
     let text = root.to_string().to_ascii_lowercase();
     match root {
@@ -90,6 +93,9 @@ pub(super) fn classify(e: PgWireError) -> PgWireError {
         }
         if let Some(p) = crate::memory::Pressure::find(df) {
             return engine_error(&Error::MemoryPressure(p.used, p.limit));
+        }
+        if let Some(d) = crate::deadline::DeadlinePassed::find(df) {
+            return engine_error(&Error::Timeout(d.0));
         }
         let message = lower_first(df.find_root().to_string().trim());
         let code = sqlstate(df);

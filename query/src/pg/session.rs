@@ -46,11 +46,14 @@ impl Ready {
     /// session. Costs (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms
     /// at a connection's first statement for its service; a session made from scratch (with
     /// its own `pg_catalog`) would cost about 60 ms.
+    /// `limit`: the statement's time limit, kept inside its plan ([`crate::deadline`]); `None`
+    /// for cursors.
     pub(super) fn session(
         &self,
         extensions: &SessionExtensions,
+        limit: Option<std::time::Duration>,
     ) -> PgWireResult<Arc<DfSessionService>> {
-        let Some(state) = self.statement_state().map_err(|e| engine_error(&e))? else {
+        let Some(state) = self.statement_state(limit).map_err(|e| engine_error(&e))? else {
             return Ok(Arc::clone(&self.service));
         };
         if let Some(own) = extensions.get::<ConnectionSession>() {
@@ -74,15 +77,23 @@ impl Ready {
     /// caches and spill directory otherwise). Made from a copy of the shared state, not from
     /// scratch: `pg_catalog`'s tables and the function registries are shared. `None` without a
     /// memory limit.
-    pub(super) fn statement_state(&self) -> Result<Option<SessionState>, Error> {
+    pub(super) fn statement_state(
+        &self,
+        limit: Option<std::time::Duration>,
+    ) -> Result<Option<SessionState>, Error> {
         let Some(pool) = self.engine.query_pool() else {
             return Ok(None);
         };
         self.engine.admit()?;
         let runtime = crate::engine::own_pool(self.state.runtime_env(), pool)?;
+        let mut config = self.state.config().clone();
+        if let Some(limit) = limit {
+            config = config.with_extension(Arc::new(crate::deadline::Deadline::after(limit)));
+        }
         Ok(Some(
             SessionStateBuilder::new_from_existing(self.state.clone())
                 .with_runtime_env(runtime)
+                .with_config(config)
                 .build(),
         ))
     }
@@ -180,6 +191,8 @@ pub(super) fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .with_default_features()
         // The engine's own physical rules (the run aggregation among them), not a copy of them.
         .with_physical_optimizer_rules(base.state().physical_optimizers().to_vec())
+        // The statement's time limit inside its plan (set per statement, see `session`).
+        .with_physical_optimizer_rule(Arc::new(crate::deadline::DeadlineRule))
         .build();
     let ctx = SessionContext::new_with_state(state);
     let catalog = base
@@ -315,7 +328,7 @@ mod tests {
         let ready = ready(Some(limit));
         // The session of a connection's next statement.
         let next = |connection: &SessionExtensions| -> Arc<SessionContext> {
-            ready.session(connection).expect("session");
+            ready.session(connection, None).expect("session");
             Arc::clone(
                 &connection
                     .get::<ConnectionSession>()
@@ -344,8 +357,8 @@ mod tests {
 
         // A connection's service is made once.
         assert!(Arc::ptr_eq(
-            &ready.session(&one).expect("session"),
-            &ready.session(&one).expect("session")
+            &ready.session(&one, None).expect("session"),
+            &ready.session(&one, None).expect("session")
         ));
         let engine = ready.engine.context().runtime_env();
         let rt = next(&one).runtime_env();
@@ -370,7 +383,7 @@ mod tests {
         let unlimited = self::ready(None);
         let connection = SessionExtensions::new();
         assert!(Arc::ptr_eq(
-            &unlimited.session(&connection).expect("session"),
+            &unlimited.session(&connection, None).expect("session"),
             &unlimited.service
         ));
         assert!(connection.get::<ConnectionSession>().is_none());
@@ -510,6 +523,41 @@ mod tests {
         let pg = names(ready.state.physical_optimizers());
         let http = names(ready.engine.context().state().physical_optimizers());
         assert!(pg.iter().any(|n| n == "run_aggregate"), "{pg:?}");
-        assert_eq!(pg, http);
+        // The same rules, and the statement deadline's last.
+        assert_eq!(pg.last().map(String::as_str), Some("deadline"));
+        assert_eq!(pg[..pg.len() - 1], http[..]);
+    }
+
+    /// A statement's time limit is kept inside its plan: a join that never yields stops with
+    /// the deadline error; a statement without a limit (a cursor) has none.
+    #[tokio::test]
+    async fn statements_stop_at_their_deadline_inside_the_plan() {
+        let ready = ready(Some(64 << 20));
+        let limit = std::time::Duration::from_millis(300);
+        let state = ready
+            .statement_state(Some(limit))
+            .expect("state")
+            .expect("a state of its own");
+        let ctx = SessionContext::new_with_state(state);
+        let err = ctx
+            .sql("SELECT sum(a.value * b.value) FROM generate_series(1, 100000) a CROSS JOIN generate_series(1, 100000) b")
+            .await
+            .expect("plan")
+            .collect()
+            .await
+            .expect_err("stopped");
+        assert_eq!(
+            crate::deadline::DeadlinePassed::find(&err),
+            Some(crate::deadline::DeadlinePassed(limit)),
+            "{err}"
+        );
+        let state = ready.statement_state(None).expect("state").expect("own");
+        let ctx = SessionContext::new_with_state(state);
+        let n = texts(
+            &ctx,
+            "SELECT count(*) FROM generate_series(1, 1000) a CROSS JOIN generate_series(1, 10) b",
+        )
+        .await;
+        assert_eq!(n, vec![vec!["10000".to_string()]]);
     }
 }
