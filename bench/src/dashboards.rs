@@ -16,7 +16,7 @@ use clap::Args;
 
 use crate::ingest::sql_json;
 use crate::peers::{self, Result, Server, free_port};
-use crate::query::{self, LoadMarker, QueryArgs};
+use crate::query::{self, QueryArgs};
 use crate::send;
 use crate::{FleetArgs, parse_duration};
 
@@ -130,22 +130,18 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     let log = parent.join("dashboards-gpuwatch.log");
-    let rounds = (args.history.as_millis() as i64 / interval_ms).max(1) as u64;
-    let marker_path = args.data_dir.join(query::MARKER);
-    let existing: Option<LoadMarker> = std::fs::read_to_string(&marker_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let reusable = existing.as_ref().is_some_and(|m| {
-        m.hosts == args.fleet.hosts
-            && m.gpus_per_host == args.fleet.gpus_per_host
-            && m.interval_ms == interval_ms
-            && m.seed == args.fleet.seed
-            && m.rounds == rounds
-    });
-    if !reusable && args.data_dir.exists() {
-        std::fs::remove_dir_all(&args.data_dir)
-            .map_err(|e| format!("{}: {e}", args.data_dir.display()))?;
-    }
+    let load_args = QueryArgs {
+        fleet: args.fleet.clone(),
+        history: args.history,
+        gpuwatch: args.gpuwatch.clone(),
+        gpuwatch_args: Vec::new(),
+        data_dir: args.data_dir.clone(),
+        runs: args.runs,
+        python: args.python.clone(),
+        probes: 0,
+        settle_timeout: args.settle_timeout,
+    };
+    let earlier = query::earlier_load(&load_args, interval_ms)?;
     let (server, pg_port) = start_server(&args, log.clone())?;
     let version = peers::version_of(&args.gpuwatch, "--version");
     println!(
@@ -153,33 +149,7 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
         server.pid(),
         args.data_dir.display()
     );
-    let marker = match existing.filter(|_| reusable) {
-        Some(m) => {
-            println!(
-                "reusing the data loaded earlier ({} samples, loaded in {:.0}s)",
-                m.samples, m.load_seconds
-            );
-            m
-        }
-        None => {
-            let load_args = QueryArgs {
-                fleet: args.fleet.clone(),
-                history: args.history,
-                gpuwatch: args.gpuwatch.clone(),
-                gpuwatch_args: Vec::new(),
-                data_dir: args.data_dir.clone(),
-                runs: args.runs,
-                python: args.python.clone(),
-                probes: 0,
-                settle_timeout: args.settle_timeout,
-            };
-            let m = query::load(&load_args, &server).await?;
-            let text = serde_json::to_string_pretty(&m).map_err(|e| e.to_string())?;
-            std::fs::write(&marker_path, text)
-                .map_err(|e| format!("{}: {e}", marker_path.display()))?;
-            m
-        }
-    };
+    let marker = query::loaded(&load_args, &server, earlier).await?;
 
     // Persisted, then rolled up: every closed hour of the day in gpu_metrics_1m and _1h.
     let fleet_rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;

@@ -128,6 +128,47 @@ pub(crate) fn persisted_rows(data_dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// What an earlier run loaded into `args.data_dir`, when it is this fleet (sampled every
+/// `interval_ms`); otherwise the directory is cleared for a new load.
+pub(crate) fn earlier_load(args: &QueryArgs, interval_ms: i64) -> Result<Option<LoadMarker>> {
+    let existing: Option<LoadMarker> = std::fs::read_to_string(args.data_dir.join(MARKER))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let reusable = existing.as_ref().is_some_and(|m| {
+        m.hosts == args.fleet.hosts
+            && m.gpus_per_host == args.fleet.gpus_per_host
+            && m.interval_ms == interval_ms
+            && m.seed == args.fleet.seed
+            && m.rounds == (args.history.as_millis() as i64 / interval_ms).max(1) as u64
+    });
+    if !reusable && args.data_dir.exists() {
+        std::fs::remove_dir_all(&args.data_dir)
+            .map_err(|e| format!("{}: {e}", args.data_dir.display()))?;
+    }
+    Ok(existing.filter(|_| reusable))
+}
+
+/// The fleet's data on `server`: `earlier` (see [`earlier_load`]), or loaded now and marked
+/// for the next run.
+pub(crate) async fn loaded(
+    args: &QueryArgs,
+    server: &Server,
+    earlier: Option<LoadMarker>,
+) -> Result<LoadMarker> {
+    if let Some(m) = earlier {
+        println!(
+            "reusing the data loaded earlier ({} samples, loaded in {:.0}s)",
+            m.samples, m.load_seconds
+        );
+        return Ok(m);
+    }
+    let m = load(args, server).await?;
+    let text = serde_json::to_string_pretty(&m).map_err(|e| e.to_string())?;
+    let marker_path = args.data_dir.join(MARKER);
+    std::fs::write(&marker_path, text).map_err(|e| format!("{}: {e}", marker_path.display()))?;
+    Ok(m)
+}
+
 /// Loads the history through remote write, generating while sending.
 pub(crate) async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
@@ -416,40 +457,15 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     let log = parent.join("query-gpuwatch.log");
-    let marker_path = args.data_dir.join(MARKER);
-    let existing: Option<LoadMarker> = std::fs::read_to_string(&marker_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let reusable = existing.as_ref().is_some_and(|m| {
-        m.hosts == args.fleet.hosts
-            && m.gpus_per_host == args.fleet.gpus_per_host
-            && m.interval_ms == interval_ms
-            && m.seed == args.fleet.seed
-            && m.rounds == (args.history.as_millis() as i64 / interval_ms).max(1) as u64
-    });
-    if !reusable && args.data_dir.exists() {
-        std::fs::remove_dir_all(&args.data_dir)
-            .map_err(|e| format!("{}: {e}", args.data_dir.display()))?;
-    }
+    let earlier = earlier_load(&args, interval_ms)?;
     let mut server = start_server(&args, log.clone())?;
     let version = peers::version_of(&args.gpuwatch, "--version");
-    println!("gpuwatch ({version}), pid {}, data in {}", server.pid(), args.data_dir.display());
-    let marker = match existing.filter(|_| reusable) {
-        Some(m) => {
-            println!(
-                "reusing the data loaded earlier ({} samples, loaded in {:.0}s)",
-                m.samples, m.load_seconds
-            );
-            m
-        }
-        None => {
-            let m = load(&args, &server).await?;
-            let text = serde_json::to_string_pretty(&m).map_err(|e| e.to_string())?;
-            std::fs::write(&marker_path, text)
-                .map_err(|e| format!("{}: {e}", marker_path.display()))?;
-            m
-        }
-    };
+    println!(
+        "gpuwatch ({version}), pid {}, data in {}",
+        server.pid(),
+        args.data_dir.display()
+    );
+    let marker = loaded(&args, &server, earlier).await?;
     // Wait until every row is in Parquet (DuckDB reads only the files): the fleet's, and the
     // freshness probes of earlier runs, which the server replays from its WAL at its start.
     let fleet_rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;
@@ -507,7 +523,10 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     let t_iso = iso(t_ms);
     let t_ns = (t_ms as i128 * 1_000_000).to_string();
     let gw_t = format!("arrow_cast('{t_iso}', 'Timestamp(Nanosecond, Some(\"UTC\"))')");
-    let duck_t = format!("TIMESTAMPTZ '{}'", t_iso.replace('T', " ").replace('Z', "+00"));
+    let duck_t = format!(
+        "TIMESTAMPTZ '{}'",
+        t_iso.replace('T', " ").replace('Z', "+00")
+    );
     let gw_queries: Vec<String> = QUERIES
         .iter()
         .map(|q| q.gpuwatch.replace("{T_NS}", &t_ns).replace("{T}", &gw_t))
@@ -557,7 +576,10 @@ pub async fn run(args: QueryArgs) -> Result<()> {
             d.rows
         );
         if *gw_rows != d.rows {
-            println!("warning: the engines disagree on the row count of {}", q.name);
+            println!(
+                "warning: the engines disagree on the row count of {}",
+                q.name
+            );
         }
     }
 

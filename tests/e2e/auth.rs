@@ -5,18 +5,6 @@ use gpuwatch_e2e::TestServer;
 
 use crate::{now_ns, otlp_json};
 
-const TOKENS: &str = r#"
-[[tokens]]
-name = "fleet"
-token = "ingest-token-0123456789"
-scopes = ["ingest"]
-
-[[tokens]]
-name = "grafana"
-token = "query-token-0123456789"
-scopes = ["query"]
-"#;
-
 async fn sql(server: &TestServer, token: Option<&str>) -> (u16, serde_json::Value, bool) {
     let body = serde_json::json!({
         "sql": "SELECT count(*) AS n FROM metrics WHERE metric = 'auth.check'"
@@ -50,13 +38,7 @@ async fn otlp(server: &TestServer, token: Option<&str>) -> u16 {
 #[tokio::test(flavor = "multi_thread")]
 async fn bearer_tokens_and_scopes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TOKENS).expect("write tokens");
-    let server = TestServer::builder()
-        .data_dir(&dir.path().join("d"))
-        .arg("--auth-tokens")
-        .arg(tokens.to_str().expect("utf-8 path"))
-        .start();
+    let server = crate::with_tokens(dir.path()).start();
 
     let (status, body, challenge) = sql(&server, None).await;
     assert_eq!(status, 401, "{body}");

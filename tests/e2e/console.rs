@@ -110,28 +110,10 @@ async fn console_pages_in_headless_chromium() {
     );
 }
 
-const TOKENS: &str = r#"
-[[tokens]]
-name = "fleet"
-token = "ingest-token-0123456789"
-scopes = ["ingest"]
-
-[[tokens]]
-name = "console"
-token = "console-token-0123456789"
-scopes = ["admin"]
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn console_asks_for_a_token_and_shows_nothing_without_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TOKENS).expect("tokens");
-    let server = TestServer::builder()
-        .data_dir(&dir.path().join("d"))
-        .arg("--auth-tokens")
-        .arg(tokens.to_str().expect("path"))
-        .start();
+    let server = crate::with_tokens(dir.path()).start();
     // Two GPUs sampled just now (the agent has no token option, so the test sends them).
     let client = reqwest::Client::new();
     for gpu in ["GPU-auth-0", "GPU-auth-1"] {

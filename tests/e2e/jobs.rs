@@ -339,28 +339,10 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
     assert_eq!(status, 400);
 }
 
-const TOKENS: &str = r#"
-[[tokens]]
-name = "fleet"
-token = "ingest-token-0123456789"
-scopes = ["ingest"]
-
-[[tokens]]
-name = "grafana"
-token = "query-token-0123456789"
-scopes = ["query"]
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn job_routes_need_a_query_token() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TOKENS).expect("tokens");
-    let server = TestServer::builder()
-        .data_dir(&dir.path().join("d"))
-        .arg("--auth-tokens")
-        .arg(tokens.to_str().expect("path"))
-        .start();
+    let server = crate::with_tokens(dir.path()).start();
     send_job(&server, now_ns(), Some("ingest-token-0123456789")).await;
     let path = format!("/api/v1/jobs/{}", encode(JOB));
     assert_eq!(get(&server, &path, None).await.0, 401);

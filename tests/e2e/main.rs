@@ -38,6 +38,39 @@ use std::time::{Duration, Instant};
 
 use gpuwatch_e2e::TestServer;
 
+/// The bearer tokens the auth tests share (`--auth-tokens`): one per scope.
+pub const TOKENS: &str = r#"
+[[tokens]]
+name = "fleet"
+token = "ingest-token-0123456789"
+scopes = ["ingest"]
+
+[[tokens]]
+name = "grafana"
+token = "query-token-0123456789"
+scopes = ["query"]
+
+[[tokens]]
+name = "console"
+token = "console-token-0123456789"
+scopes = ["admin"]
+"#;
+
+/// Writes [`TOKENS`] into `dir` and returns the file's path.
+pub fn tokens_file(dir: &std::path::Path) -> String {
+    let tokens = dir.join("tokens.toml");
+    std::fs::write(&tokens, TOKENS).expect("write tokens");
+    tokens.to_str().expect("utf-8 path").to_string()
+}
+
+/// A server builder on a data directory in `dir` with [`TOKENS`] as its `--auth-tokens`.
+pub fn with_tokens(dir: &std::path::Path) -> gpuwatch_e2e::TestServerBuilder {
+    TestServer::builder()
+        .data_dir(&dir.join("d"))
+        .arg("--auth-tokens")
+        .arg(&tokens_file(dir))
+}
+
 /// Runs SQL over HTTP; returns the status and body.
 pub async fn sql(server: &TestServer, sql: &str, format: &str) -> (u16, Vec<u8>) {
     let body = serde_json::json!({ "sql": sql, "format": format }).to_string();

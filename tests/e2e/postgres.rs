@@ -494,27 +494,11 @@ with psycopg.connect(sys.argv[1], autocommit=True) as conn:
     print(cur.fetchone()[0])
 "#;
 
-const TOKENS: &str = r#"
-[[tokens]]
-name = "fleet"
-token = "ingest-token-0123456789"
-scopes = ["ingest"]
-
-[[tokens]]
-name = "grafana"
-token = "query-token-0123456789"
-scopes = ["query"]
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn logins_need_a_query_token() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TOKENS).expect("write tokens");
-    let server = start(
-        dir.path(),
-        &["--auth-tokens", tokens.to_str().expect("utf-8 path")],
-    );
+    let tokens = crate::tokens_file(dir.path());
+    let server = start(dir.path(), &["--auth-tokens", &tokens]);
 
     let good = server.psql(
         Some("query-token-0123456789"),
