@@ -2,11 +2,13 @@
 //!
 //! Dropping a query's stream stops it only where its operators yield to the runtime. Some do
 //! not for a long time: a nested-loop join feeding an aggregation produces and consumes
-//! millions of batches in one poll. So every operator of an HTTP query's (and alert rule's)
-//! physical plan that can run long is wrapped in a [`DeadlineExec`], whose stream checks the
-//! query's deadline before and after each batch it passes on: past it, the batch becomes a
-//! [`DeadlinePassed`] error (HTTP 504), and the operator above stops pulling. A check is one
-//! clock read per batch.
+//! millions of batches in one poll. So the engine's [`DeadlineRule`] wraps every operator of a
+//! physical plan that can run long in a [`DeadlineExec`], whose stream checks the query's
+//! deadline before and after each batch it passes on: past it, the batch becomes a
+//! [`DeadlinePassed`] error (HTTP 504, Postgres 57014), and the operator above stops pulling. A
+//! check is one clock read per batch. The deadline is the [`Deadline`] extension of the session
+//! the plan runs in, set per query over HTTP and for alert rules, per statement over Postgres,
+//! and left out for cursors; a session without one runs without.
 
 use std::fmt;
 use std::pin::Pin;

@@ -369,6 +369,8 @@ impl QueryEngine {
             .with_config(session)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(crate::run_aggregate::RunAggregateRule))
+            // The time limit inside running plans, from each query's session (see `session`).
+            .with_physical_optimizer_rule(Arc::new(crate::deadline::DeadlineRule))
             .build();
         let ctx = SessionContext::new_with_state(state);
         // Files in an object store are read through it: registered once, under `s3://bucket`.
@@ -443,13 +445,18 @@ impl QueryEngine {
     /// The session a query runs in: the shared one, or one with its own memory pool when
     /// a memory limit or ceiling is set (so one query cannot starve the others).
     fn session(&self) -> Result<SessionContext> {
-        let Some(pool) = self.query_pool() else {
-            return Ok(self.ctx.clone());
-        };
-        let runtime = own_pool(&self.ctx.runtime_env(), pool)?;
-        let state = datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state())
-            .with_runtime_env(runtime)
-            .build();
+        let mut state =
+            datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state());
+        if let Some(pool) = self.query_pool() {
+            state = state.with_runtime_env(own_pool(&self.ctx.runtime_env(), pool)?);
+        }
+        let mut state = state.build();
+        // The query's time limit, kept inside its plan by the deadline rule.
+        state
+            .config_mut()
+            .set_extension(Arc::new(crate::deadline::Deadline::after(
+                self.config.query_timeout,
+            )));
         Ok(SessionContext::new_with_state(state))
     }
 
@@ -467,17 +474,8 @@ impl QueryEngine {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let session = self.session()?;
-        let df = session.sql_with_options(sql, options).await?;
-        let plan = df.create_physical_plan().await?;
-        let plan = crate::deadline::wrap(
-            plan,
-            crate::deadline::Deadline::after(self.config.query_timeout),
-        )?;
-        Ok(datafusion::physical_plan::execute_stream(
-            plan,
-            session.task_ctx(),
-        )?)
+        let df = self.session()?.sql_with_options(sql, options).await?;
+        Ok(df.execute_stream().await?)
     }
 
     /// Memory one query may hold (`--query-memory-limit`); `None`: unbounded.

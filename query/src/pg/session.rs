@@ -86,16 +86,15 @@ impl Ready {
         };
         self.engine.admit()?;
         let runtime = crate::engine::own_pool(self.state.runtime_env(), pool)?;
-        let mut config = self.state.config().clone();
+        let mut state = SessionStateBuilder::new_from_existing(self.state.clone())
+            .with_runtime_env(runtime)
+            .build();
         if let Some(limit) = limit {
-            config = config.with_extension(Arc::new(crate::deadline::Deadline::after(limit)));
+            state
+                .config_mut()
+                .set_extension(Arc::new(crate::deadline::Deadline::after(limit)));
         }
-        Ok(Some(
-            SessionStateBuilder::new_from_existing(self.state.clone())
-                .with_runtime_env(runtime)
-                .with_config(config)
-                .build(),
-        ))
+        Ok(Some(state))
     }
 }
 
@@ -190,9 +189,9 @@ pub(super) fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .with_runtime_env(base.runtime_env())
         .with_default_features()
         // The engine's own physical rules (the run aggregation among them), not a copy of them.
+        // The engine's own rules: the run aggregation, and the deadline rule, whose limit each
+        // statement's session sets (see `session`).
         .with_physical_optimizer_rules(base.state().physical_optimizers().to_vec())
-        // The statement's time limit inside its plan (set per statement, see `session`).
-        .with_physical_optimizer_rule(Arc::new(crate::deadline::DeadlineRule))
         .build();
     let ctx = SessionContext::new_with_state(state);
     let catalog = base
@@ -523,9 +522,9 @@ mod tests {
         let pg = names(ready.state.physical_optimizers());
         let http = names(ready.engine.context().state().physical_optimizers());
         assert!(pg.iter().any(|n| n == "run_aggregate"), "{pg:?}");
-        // The same rules, and the statement deadline's last.
+        // The same rules, the statement deadline's last.
         assert_eq!(pg.last().map(String::as_str), Some("deadline"));
-        assert_eq!(pg[..pg.len() - 1], http[..]);
+        assert_eq!(pg, http);
     }
 
     /// A statement's time limit is kept inside its plan: a join that never yields stops with
