@@ -1,0 +1,139 @@
+//! The command line of `gpuwatch-agent` (clap) and its `--help` text.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::parse::{duration_arg, label_arg, metrics_addr_arg};
+use super::{
+    DEFAULT_BUFFER_MAX_BYTES, DEFAULT_ENDPOINT, DEFAULT_METRICS_ADDR, DEFAULT_SYNTHETIC_GPUS,
+};
+use super::{MetricsAddr, Protocol, SourceKind};
+
+const AFTER_HELP: &str = "\
+Every flag can also be set by an environment variable GPUWATCH_<FLAG> (e.g. GPUWATCH_ENDPOINT,
+GPUWATCH_SYNTHETIC_GPUS; GPUWATCH_LABEL takes a comma-separated list; GPUWATCH_ONCE=true) and
+by a key of the TOML file given by --config, named like the flag with underscores:
+
+    endpoint = \"http://gpuwatch.example:4318\"
+    interval = \"10s\"
+    synthetic_gpus = 4
+    label = [\"cluster=prod\", \"rack=r12\"]
+
+Precedence: flag > environment > config file > default. Unknown keys in the file are errors.
+Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 other failure.";
+
+/// The command line of `gpuwatch-agent`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "gpuwatch-agent",
+    version,
+    about = "gpuwatch host agent: reads the GPUs of this host (NVML) or a simulated node, \
+             and streams the samples to a gpuwatch server over OTLP",
+    after_help = AFTER_HELP
+)]
+pub struct Cli {
+    /// OTLP endpoint. With http, `/v1/metrics` is appended unless already there; with grpc it
+    /// is `http://host:port` and defaults to http://127.0.0.1:4317 [env: GPUWATCH_ENDPOINT]
+    #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
+    pub endpoint: String,
+
+    /// Wire protocol: `http` (OTLP/HTTP protobuf) or `grpc` (OTLP/gRPC), both gzip
+    /// [env: GPUWATCH_PROTOCOL]
+    #[arg(long, value_enum, default_value_t = Protocol::Http)]
+    pub protocol: Protocol,
+
+    /// Time between samples, e.g. 5s, 500ms, 1m [env: GPUWATCH_INTERVAL]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub interval: Duration,
+
+    /// Where samples come from. `auto` uses NVML when libnvidia-ml.so.1 loads and otherwise
+    /// exits saying so; it never falls back to simulated data [env: GPUWATCH_SOURCE]
+    #[arg(long, value_enum, default_value_t = SourceKind::Auto)]
+    pub source: SourceKind,
+
+    /// Number of simulated GPUs with --source synthetic [env: GPUWATCH_SYNTHETIC_GPUS]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SYNTHETIC_GPUS)]
+    pub synthetic_gpus: usize,
+
+    /// Host name sent as `host.name`; defaults to this machine's hostname, or to
+    /// `sim-<hostname>` with --source synthetic so simulated data is never mistaken for this
+    /// host's [env: GPUWATCH_HOST]
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+
+    /// Static label added to every sample as a resource attribute; repeatable
+    /// [env: GPUWATCH_LABEL, comma-separated]
+    #[arg(long, value_name = "KEY=VALUE", value_parser = label_arg)]
+    pub label: Vec<(String, String)>,
+
+    /// Seed of the simulated fleet; defaults to a hash of the host name, so each simulated
+    /// host gets its own GPUs and jobs [env: GPUWATCH_SEED]
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Collect once, print the samples as JSON to stdout, send nothing, exit
+    /// [env: GPUWATCH_ONCE]
+    #[arg(long)]
+    pub once: bool,
+
+    /// Directory of job mapping files written by the Slurm prolog/epilog (dcgm-exporter's
+    /// --hpc-job-mapping-dir layout: one file per GPU index, or `index.gi` for MIG, holding
+    /// job ids one per line) [env: GPUWATCH_JOB_MAPPING_DIR]
+    #[arg(long, value_name = "DIR", default_value = crate::attribute::DEFAULT_JOB_MAPPING_DIR)]
+    pub job_mapping_dir: PathBuf,
+
+    /// The kubelet's pod-resources socket (v1 PodResourcesLister); while it exists, each GPU
+    /// is labelled with the pod holding it, asked again at every collection
+    /// [env: GPUWATCH_POD_RESOURCES_SOCKET]
+    #[arg(long, value_name = "PATH", default_value = crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: PathBuf,
+
+    /// Where the Prometheus exposition (dcgm-exporter names, plus the agent's own metrics) is
+    /// served on /metrics; `off` disables it [env: GPUWATCH_METRICS_ADDR]
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = metrics_addr_arg)]
+    pub metrics_addr: MetricsAddr,
+
+    /// Directory of the disk spool that keeps samples while the endpoint is down (replayed in
+    /// order when it is back); without it they wait in memory [env: GPUWATCH_BUFFER_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub buffer_dir: Option<PathBuf>,
+
+    /// Most bytes the disk spool may hold; the oldest samples are dropped (and counted) beyond
+    /// [env: GPUWATCH_BUFFER_MAX_BYTES]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BUFFER_MAX_BYTES)]
+    pub buffer_max_bytes: u64,
+
+    /// Least time between two reads of the counters that cost milliseconds of CPU per call:
+    /// the energy counter (advanced by power × time in between) and per-process utilisation;
+    /// the GPU count and each GPU's MIG mode are read again this often too
+    /// [env: GPUWATCH_SLOW_INTERVAL]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
+    pub slow_interval: Duration,
+
+    /// Longest time a collection waits before it is sent: the collections of this span go in
+    /// one request (one request per collection when it is no longer than --interval, `0s`
+    /// included); shutdown sends what waits [env: GPUWATCH_FLUSH_INTERVAL]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub flush_interval: Duration,
+
+    /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)
+    /// [env: GPUWATCH_FAKE_DEV_DIR]
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub fake_dev_dir: PathBuf,
+
+    /// With --source fake: split every GPU into N MIG instances (0 to 7; 0: MIG off), each a
+    /// row of its own [env: GPUWATCH_FAKE_MIG]
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub fake_mig: u32,
+
+    /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Log filter for stderr: a level (error, warn, info, debug, trace) or tracing directives
+    /// such as `gpuwatch_agent=debug` [env: GPUWATCH_LOG_LEVEL]
+    #[arg(long, value_name = "FILTER", default_value = "info")]
+    pub log_level: String,
+}
