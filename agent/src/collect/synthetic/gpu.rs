@@ -1,0 +1,286 @@
+//! Per-GPU physics of the simulated node: what each GPU does in each phase (targets) and one
+//! noisy reading of it.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(super) struct Gpu {
+    pub(super) uuid: String,
+    /// Index into `Fleet::jobs` is unstable, so the job is found by id.
+    pub(super) job: Option<u64>,
+    pub(super) released_at: Option<u64>,
+    /// Board power, W (state, without measurement noise).
+    pub(super) power: f64,
+    /// Slow part of the core temperature, °C above the fast part.
+    pub(super) temp_slow: f64,
+    /// Slow part of the HBM temperature.
+    pub(super) memory_temp_slow: f64,
+    pub(super) energy_joules: f64,
+    /// Per-board differences: idle power and temperature offsets.
+    pub(super) power_offset: f64,
+    pub(super) temp_offset: f64,
+}
+
+/// What a GPU does right now, before noise.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Targets {
+    pub(super) util: f64,
+    pub(super) memory_util: f64,
+    pub(super) sm_active: f64,
+    pub(super) sm_occupancy: f64,
+    pub(super) tensor: f64,
+    pub(super) dram: f64,
+    fp64: f64,
+    fp32: f64,
+    fp16: f64,
+    pub(super) power: f64,
+    pub(super) sm_clock: SmClock,
+    pub(super) reasons: i64,
+    pub(super) pcie_tx_kib: f64,
+    pub(super) pcie_rx_kib: f64,
+    pub(super) nvlink_bytes: f64,
+    pub(super) memory_used: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum SmClock {
+    Fixed(i64),
+    /// Power-capped: the clock falls as the GPU heats up (1425 MHz at 60 °C in the trace).
+    PowerCapped,
+}
+
+impl Fleet {
+    /// What GPU `i` does at time `t`, before noise.
+    pub(super) fn targets(&self, i: usize, t: u64) -> Targets {
+        let gpu = &self.gpus[i];
+        let Some(job) = self.job_of(i) else {
+            let lingering = gpu
+                .released_at
+                .is_some_and(|r| t.saturating_sub(r) < LINGER_NS);
+            return free_targets(gpu, lingering, t);
+        };
+        let multi = job.gpus.len() > 1;
+        let power_base = CONTEXT_POWER_W + gpu.power_offset;
+        let mut tg = Targets {
+            util: 0.0,
+            memory_util: 0.0,
+            sm_active: 0.0,
+            sm_occupancy: 0.0,
+            tensor: 0.0,
+            dram: 0.0006,
+            fp64: 0.0,
+            fp32: 0.0,
+            fp16: 0.0,
+            power: power_base,
+            sm_clock: SmClock::Fixed(SM_CLOCK_MAX_MHZ),
+            reasons: 0,
+            pcie_tx_kib: 800.0,
+            pcie_rx_kib: 480.0,
+            nvlink_bytes: 0.0,
+            memory_used: job.memory_bytes,
+        };
+        let k = job.intensity;
+        match job.phase {
+            Phase::Hold => {}
+            Phase::Small => {
+                tg.util = 0.03;
+                tg.sm_active = 0.0187;
+                tg.sm_occupancy = 0.0011;
+                tg.fp32 = 0.0012;
+                tg.power = power_base + 1.0;
+                tg.pcie_tx_kib = 4200.0;
+                tg.pcie_rx_kib = 18_100.0;
+                tg.nvlink_bytes = if multi { 0.2e9 } else { 0.0 };
+            }
+            Phase::Copy => {
+                tg.util = 1.0;
+                tg.memory_util = 1.0;
+                tg.sm_active = 0.995;
+                tg.sm_occupancy = 0.80;
+                tg.dram = 0.90;
+                tg.power = power_base + 272.0;
+                tg.pcie_tx_kib = 15_500.0;
+                tg.pcie_rx_kib = 31_200.0;
+                tg.nvlink_bytes = if multi { 20e9 } else { 0.0 };
+            }
+            Phase::Compute => {
+                tg.util = (0.9 + 0.1 * k).min(1.0);
+                tg.pcie_tx_kib = 8500.0;
+                tg.pcie_rx_kib = 19_000.0;
+                match job.kind.mix() {
+                    Mix::Tensor => {
+                        tg.memory_util = 0.31 * k;
+                        tg.sm_active = 0.966 * k;
+                        tg.sm_occupancy = 0.143;
+                        tg.tensor = 0.938 * k;
+                        tg.dram = 0.238 * k;
+                        tg.fp32 = 0.002;
+                        // Demand above the cap is clipped by the power controller.
+                        let demand = power_base + 600.0 * k;
+                        if demand >= POWER_CAP_W {
+                            tg.power = POWER_CAP_W + gpu.power_offset * 0.3;
+                            tg.sm_clock = SmClock::PowerCapped;
+                            tg.reasons = REASON_SW_POWER_CAP;
+                        } else {
+                            tg.power = demand;
+                        }
+                        tg.nvlink_bytes = if multi { (25.0 + 50.0 * k) * 1e9 } else { 0.0 };
+                    }
+                    Mix::Fp32 => {
+                        tg.memory_util = 0.45 * k;
+                        tg.sm_active = 0.93 * k;
+                        tg.sm_occupancy = 0.45;
+                        tg.tensor = 0.02;
+                        tg.dram = 0.40 * k;
+                        tg.fp32 = 0.62 * k;
+                        tg.fp16 = 0.05 * k;
+                        tg.power = power_base + 380.0 * k;
+                        tg.nvlink_bytes = if multi { 2e9 } else { 0.0 };
+                    }
+                    Mix::Fp64 => {
+                        tg.memory_util = 0.25 * k;
+                        tg.sm_active = 0.90 * k;
+                        tg.sm_occupancy = 0.30;
+                        tg.dram = 0.20 * k;
+                        tg.fp64 = 0.55 * k;
+                        tg.fp32 = 0.05 * k;
+                        tg.power = power_base + 450.0 * k;
+                        tg.nvlink_bytes = if multi { 10e9 } else { 0.0 };
+                    }
+                }
+            }
+        }
+        tg
+    }
+
+    /// One noisy reading of GPU `i` at `t` (the state must already be at `t`).
+    pub(super) fn sample(&mut self, i: usize, t: u64) -> GpuSample {
+        let tg = self.targets(i, t);
+        let job = self.job_of(i).map(|j| JobLabels {
+            id: j.id.to_string(),
+            user: j.user.to_string(),
+            name: j.kind.name().to_string(),
+            scheduler: "slurm".to_string(),
+            k8s: None,
+        });
+        let gpu = &self.gpus[i];
+        let n = &mut self.noise;
+        let power = (gpu.power + n.normal() * (0.002 * gpu.power + 0.1)).max(0.0);
+        let temp = 39.0 + gpu.temp_offset + 0.028 * gpu.power + gpu.temp_slow;
+        let memory_temp =
+            43.5 + gpu.temp_offset + 0.006 * gpu.power + 12.0 * tg.dram + gpu.memory_temp_slow;
+        let sm_clock = match tg.sm_clock {
+            SmClock::Fixed(mhz) => mhz,
+            SmClock::PowerCapped => {
+                let mhz = 1425.0 - 12.0 * (temp - 60.0) + n.normal() * 15.0;
+                ((mhz / 15.0).round() * 15.0).clamp(1200.0, 1755.0) as i64
+            }
+        };
+        let mut s = GpuSample::empty(t, gpu.uuid.clone(), i as u32, MODEL.to_string());
+        s.job = job;
+        s.gpu_utilization = Some(percent(n, tg.util, 0.3));
+        s.memory_utilization = Some(percent(n, tg.memory_util, 0.4));
+        s.sm_active = Some(activity(n, tg.sm_active));
+        s.sm_occupancy = Some(activity(n, tg.sm_occupancy));
+        s.tensor_active = Some(activity(n, tg.tensor));
+        s.dram_active = Some(activity(n, tg.dram));
+        s.fp64_active = Some(activity(n, tg.fp64));
+        s.fp32_active = Some(activity(n, tg.fp32));
+        s.fp16_active = Some(activity(n, tg.fp16));
+        s.memory_used_bytes = Some(tg.memory_used);
+        s.memory_total_bytes = Some(MEMORY_TOTAL_BYTES);
+        s.power_watts = Some(round_to(power, 1000.0));
+        s.energy_joules = Some(round_to(gpu.energy_joules, 1000.0));
+        s.temperature_celsius = Some((temp + n.normal() * 0.25).round());
+        s.memory_temperature_celsius = Some((memory_temp + n.normal() * 0.25).round());
+        s.sm_clock_mhz = Some(sm_clock);
+        s.memory_clock_mhz = Some(MEMORY_CLOCK_MHZ);
+        s.clock_event_reasons = Some(tg.reasons);
+        s.pcie_tx_bytes_per_second = Some(pcie(n, tg.pcie_tx_kib));
+        s.pcie_rx_bytes_per_second = Some(pcie(n, tg.pcie_rx_kib));
+        s.nvlink_tx_bytes_per_second = Some(nvlink(n, tg.nvlink_bytes));
+        s.nvlink_rx_bytes_per_second = Some(nvlink(n, tg.nvlink_bytes));
+        s.ecc_sbe_volatile_total = Some(0);
+        s.ecc_dbe_volatile_total = Some(0);
+        s.remapped_rows_uncorrectable = Some(0);
+        s.remapped_rows_failure = Some(0);
+        s.xid_errors_total = Some(0);
+        s
+    }
+}
+
+/// A free GPU: no process, or the 2.5 s after one exited.
+pub(super) fn free_targets(gpu: &Gpu, lingering: bool, t: u64) -> Targets {
+    let since_release = gpu.released_at.map(|r| t.saturating_sub(r));
+    // Clocks step down after the context goes: 1980 → 690 → 435 → 345 MHz in the trace.
+    let sm_clock = match since_release {
+        Some(d) if d < LINGER_NS => SM_CLOCK_MAX_MHZ,
+        Some(d) if d < LINGER_NS + SEC => 690,
+        Some(d) if d < LINGER_NS + 2 * SEC => 435,
+        _ => SM_CLOCK_IDLE_MHZ,
+    };
+    Targets {
+        util: 0.0,
+        memory_util: 0.0,
+        sm_active: 0.0,
+        sm_occupancy: 0.0,
+        tensor: 0.0,
+        dram: 0.0006,
+        fp64: 0.0,
+        fp32: 0.0,
+        fp16: 0.0,
+        power: if lingering {
+            LINGER_POWER_W + gpu.power_offset
+        } else {
+            IDLE_POWER_W + gpu.power_offset
+        },
+        sm_clock: SmClock::Fixed(sm_clock),
+        reasons: if lingering { 0 } else { REASON_GPU_IDLE },
+        pcie_tx_kib: 710.0,
+        pcie_rx_kib: 640.0,
+        nvlink_bytes: 0.0,
+        memory_used: MEMORY_FREE_BYTES,
+    }
+}
+
+pub(super) fn temp_slow_target(power: f64) -> f64 {
+    0.016 * (power - IDLE_POWER_W).max(0.0)
+}
+
+pub(super) fn memory_temp_slow_target(power: f64) -> f64 {
+    0.019 * (power - IDLE_POWER_W).max(0.0)
+}
+
+/// NVML reports utilisation as whole percent: a ratio with two decimals. Exactly 0 stays 0.
+pub(super) fn percent(n: &mut Rng, target: f64, noise_pct: f64) -> f64 {
+    if target <= 0.0 {
+        return 0.0;
+    }
+    ((target * 100.0 + n.normal() * noise_pct).round() / 100.0).clamp(0.0, 1.0)
+}
+
+/// A GPM activity ratio with 0.5 % relative noise, clamped to 0..1. Exactly 0 stays 0.
+pub(super) fn activity(n: &mut Rng, target: f64) -> f64 {
+    if target <= 0.0 {
+        return 0.0;
+    }
+    round_to(
+        (target * (1.0 + 0.005 * n.normal())).clamp(0.0, 1.0),
+        10_000.0,
+    )
+}
+
+/// PCIe rate from a KiB/s figure: 5 % noise and an occasional doubling, as in the trace.
+pub(super) fn pcie(n: &mut Rng, kib: f64) -> f64 {
+    let spike = if n.chance(0.06) { 2.0 } else { 1.0 };
+    (kib * spike * (1.0 + 0.05 * n.normal()) * 1024.0)
+        .max(0.0)
+        .round()
+}
+
+pub(super) fn nvlink(n: &mut Rng, bytes: f64) -> f64 {
+    if bytes <= 0.0 {
+        return 0.0;
+    }
+    (bytes * (1.0 + 0.08 * n.normal())).max(0.0).round()
+}

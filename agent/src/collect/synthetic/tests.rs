@@ -1,0 +1,282 @@
+//! Tests of the simulated node.
+
+use super::*;
+use std::collections::{HashMap, HashSet};
+
+const T0: u64 = 1_795_331_484_576_304_098;
+
+/// Collect over `hours` with irregular steps of 1–30 s.
+fn run(fleet: &mut Fleet, hours: f64) -> Vec<GpuSample> {
+    let mut steps = Rng::new(99);
+    let mut t = T0;
+    let end = T0 + secs(hours * 3600.0);
+    let mut out = Vec::new();
+    while t < end {
+        out.extend(fleet.collect(t).unwrap());
+        t += secs(steps.range(1.0, 30.0));
+    }
+    out
+}
+
+fn ratios(s: &GpuSample) -> [Option<f64>; 9] {
+    [
+        s.gpu_utilization,
+        s.memory_utilization,
+        s.sm_active,
+        s.sm_occupancy,
+        s.tensor_active,
+        s.dram_active,
+        s.fp64_active,
+        s.fp32_active,
+        s.fp16_active,
+    ]
+}
+
+#[test]
+fn ratios_in_unit_interval_and_values_present() {
+    let mut fleet = Fleet::new(8, 1);
+    for s in run(&mut fleet, 3.0) {
+        for r in ratios(&s) {
+            let r = r.expect("synthetic fills every ratio");
+            assert!((0.0..=1.0).contains(&r), "{r} out of range in {s:?}");
+        }
+        assert_eq!(s.memory_total_bytes, Some(MEMORY_TOTAL_BYTES));
+        assert_eq!(s.memory_clock_mhz, Some(2619));
+        assert!(s.power_watts.unwrap() > 50.0 && s.power_watts.unwrap() < 720.0);
+        assert!(s.memory_used_bytes.unwrap() <= MEMORY_TOTAL_BYTES);
+        assert_eq!(s.gpu_model, MODEL);
+    }
+}
+
+#[test]
+fn energy_never_decreases() {
+    let mut fleet = Fleet::new(8, 7);
+    let mut last: HashMap<String, f64> = HashMap::new();
+    for s in run(&mut fleet, 4.0) {
+        let e = s.energy_joules.unwrap();
+        if let Some(prev) = last.insert(s.gpu_uuid.clone(), e) {
+            assert!(
+                e >= prev,
+                "energy went down on {}: {prev} -> {e}",
+                s.gpu_uuid
+            );
+        }
+    }
+}
+
+#[test]
+fn energy_matches_power() {
+    // A free GPU at ~73.5 W for 100 s gains ~7.35 kJ.
+    let mut fleet = Fleet::new(8, 3);
+    let first = fleet.collect(T0).unwrap();
+    let later = fleet.collect(T0 + 100 * SEC).unwrap();
+    for (a, b) in first.iter().zip(&later) {
+        let de = b.energy_joules.unwrap() - a.energy_joules.unwrap();
+        let p = (a.power_watts.unwrap() + b.power_watts.unwrap()) / 2.0;
+        if a.job.is_none() && b.job.is_none() {
+            assert!((de - p * 100.0).abs() < 0.05 * p * 100.0, "{de} vs {p}");
+        }
+        assert!(de > 0.0);
+    }
+}
+
+#[test]
+fn jobs_start_and_end() {
+    let mut fleet = Fleet::new(8, 11);
+    let samples = run(&mut fleet, 4.0);
+    let ids: HashSet<String> = samples
+        .iter()
+        .filter_map(|s| s.job.as_ref().map(|j| j.id.clone()))
+        .collect();
+    assert!(ids.len() >= 4, "only {} jobs in 4 h: {ids:?}", ids.len());
+    assert!(samples.iter().any(|s| s.job.is_none()), "no free gpu ever");
+    let mut numeric: Vec<u64> = ids.iter().map(|i| i.parse().unwrap()).collect();
+    numeric.sort_unstable();
+    assert!(numeric[0] >= 10_000 && numeric[0] < 20_000);
+    for s in samples.iter().filter(|s| s.job.is_some()) {
+        let job = s.job.as_ref().unwrap();
+        assert_eq!(job.scheduler, "slurm");
+        assert!(USERS.contains(&job.user.as_str()));
+    }
+}
+
+#[test]
+fn allocated_but_idle_stretch_occurs() {
+    for seed in 0..5 {
+        let mut fleet = Fleet::new(8, seed);
+        let samples = run(&mut fleet, 3.0);
+        // Longest run of idle-allocated samples per gpu, in simulated seconds.
+        let mut start: HashMap<String, u64> = HashMap::new();
+        let mut longest = 0u64;
+        for s in &samples {
+            let idle = s.job.is_some()
+                && s.gpu_utilization.unwrap() < 0.01
+                && s.memory_used_bytes.unwrap() > (1u64 << 30) as i64;
+            if idle {
+                let begun = *start.entry(s.gpu_uuid.clone()).or_insert(s.time_unix_nano);
+                longest = longest.max(s.time_unix_nano - begun);
+            } else {
+                start.remove(&s.gpu_uuid);
+            }
+        }
+        assert!(
+            longest >= 30 * MIN,
+            "seed {seed}: longest idle-allocated stretch {} s",
+            longest / SEC
+        );
+    }
+}
+
+#[test]
+fn phases_look_like_the_trace() {
+    let mut fleet = Fleet::new(8, 5);
+    let samples = run(&mut fleet, 4.0);
+    let busy: Vec<&GpuSample> = samples
+        .iter()
+        .filter(|s| s.tensor_active.unwrap() > 0.8)
+        .collect();
+    assert!(!busy.is_empty(), "no tensor-bound samples");
+    for s in &busy {
+        assert!(s.gpu_utilization.unwrap() >= 0.95);
+    }
+    // Power lags its target by ~1 s, so a sample just after a phase change may be lower.
+    let hot = busy
+        .iter()
+        .filter(|s| s.power_watts.unwrap() > 550.0)
+        .count();
+    assert!(
+        hot * 100 >= busy.len() * 95,
+        "{hot} of {} above 550 W",
+        busy.len()
+    );
+    assert!(
+        busy.iter()
+            .any(|s| s.clock_event_reasons == Some(REASON_SW_POWER_CAP))
+    );
+    let copy = samples.iter().find(|s| s.dram_active.unwrap() > 0.8);
+    let copy = copy.expect("no memory-bound samples");
+    assert_eq!(copy.tensor_active, Some(0.0));
+    let small = samples
+        .iter()
+        .find(|s| s.gpu_utilization == Some(0.03))
+        .expect("no small-kernel samples");
+    assert!(small.sm_active.unwrap() < 0.03);
+    let free: Vec<&GpuSample> = samples.iter().filter(|s| s.job.is_none()).collect();
+    let cool = free
+        .iter()
+        .filter(|s| s.power_watts.unwrap() < 140.0)
+        .count();
+    assert!(
+        cool * 100 >= free.len() * 98,
+        "{cool} of {} below 140 W",
+        free.len()
+    );
+    assert!(
+        free.iter()
+            .all(|s| s.memory_used_bytes == Some(MEMORY_FREE_BYTES))
+    );
+    let idle = samples
+        .iter()
+        .filter(|s| s.job.is_none() && s.sm_clock_mhz == Some(SM_CLOCK_IDLE_MHZ))
+        .count();
+    assert!(idle > 0);
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.sm_clock_mhz == Some(SM_CLOCK_IDLE_MHZ))
+            .all(|s| s.clock_event_reasons == Some(REASON_GPU_IDLE))
+    );
+}
+
+#[test]
+fn clock_stays_high_after_a_job_ends() {
+    let mut fleet = Fleet::new(8, 2);
+    let mut t = T0;
+    fleet.collect(t).unwrap();
+    // Step 1 s at a time until some gpu is released, then look at the next seconds.
+    let mut seen = false;
+    for _ in 0..(6 * 3600) {
+        t += SEC;
+        let samples = fleet.collect(t).unwrap();
+        for (i, s) in samples.iter().enumerate() {
+            if let Some(r) = fleet.gpus[i].released_at
+                && s.job.is_none()
+            {
+                let since = t - r;
+                if since < 2 * SEC {
+                    assert_eq!(s.sm_clock_mhz, Some(SM_CLOCK_MAX_MHZ));
+                    seen = true;
+                } else if since >= 5 * SEC {
+                    assert_eq!(s.sm_clock_mhz, Some(SM_CLOCK_IDLE_MHZ));
+                }
+            }
+        }
+        if seen && t > T0 + 3600 * SEC {
+            break;
+        }
+    }
+    assert!(seen, "no job ended in 6 h");
+}
+
+#[test]
+fn deterministic_by_seed() {
+    let a = run(&mut Fleet::new(4, 42), 1.0);
+    let b = run(&mut Fleet::new(4, 42), 1.0);
+    assert_eq!(a, b);
+    let c = run(&mut Fleet::new(4, 43), 1.0);
+    assert_ne!(a, c);
+    assert_ne!(Fleet::new(4, 42).uuids(), Fleet::new(4, 43).uuids());
+}
+
+#[test]
+fn schedule_does_not_depend_on_sampling_rate() {
+    // Same seed and start, sampled every 5 s or every 60 s: the same jobs at the same times.
+    let mut fine = Fleet::new(8, 9);
+    let mut coarse = Fleet::new(8, 9);
+    let mut t = T0;
+    while t <= T0 + 2 * 3600 * SEC {
+        let f = fine.collect(t).unwrap();
+        if (t - T0).is_multiple_of(60 * SEC) {
+            let c = coarse.collect(t).unwrap();
+            let jobs = |v: &[GpuSample]| v.iter().map(|s| s.job.clone()).collect::<Vec<_>>();
+            assert_eq!(jobs(&f), jobs(&c));
+            for (x, y) in f.iter().zip(&c) {
+                let (ex, ey) = (x.energy_joules.unwrap(), y.energy_joules.unwrap());
+                assert!((ex - ey).abs() < 1e-3 * ex, "{ex} vs {ey}");
+            }
+        }
+        t += 5 * SEC;
+    }
+}
+
+#[test]
+fn handles_time_going_backwards_and_big_jumps() {
+    let mut fleet = Fleet::new(2, 1);
+    let a = fleet.collect(T0).unwrap();
+    let b = fleet.collect(T0 - 10 * SEC).unwrap();
+    assert_eq!(a[0].energy_joules, b[0].energy_joules);
+    let c = fleet.collect(T0 + 3 * 24 * 3600 * SEC).unwrap();
+    assert!(c[0].energy_joules.unwrap() > a[0].energy_joules.unwrap());
+}
+
+#[test]
+fn uuid_format() {
+    let fleet = Fleet::new(3, 0);
+    let uuids = fleet.uuids();
+    assert_eq!(uuids.iter().collect::<HashSet<_>>().len(), 3);
+    for u in uuids {
+        assert_eq!(
+            u.len(),
+            "GPU-d853f77f-20d8-fea5-b52e-db4f7c0749c4".len(),
+            "{u}"
+        );
+        assert!(u.starts_with("GPU-"));
+    }
+}
+
+#[test]
+fn zero_and_one_gpu() {
+    assert!(Fleet::new(0, 1).collect(T0).unwrap().is_empty());
+    let samples = run(&mut Fleet::new(1, 1), 2.0);
+    assert!(samples.iter().all(|s| s.gpu_index == 0));
+}
