@@ -130,6 +130,33 @@ pub enum Error {
         body: String,
     },
 
+    /// The endpoint refused the bearer token (HTTP 401/403, gRPC `UNAUTHENTICATED` /
+    /// `PERMISSION_DENIED`): not the data's fault, so the requests stay queued and are retried.
+    #[error(
+        "export to {url} refused the bearer token ({status}): {body}; kept in the retry queue ({queued} queued); give the agent a token with the ingest scope in --auth-token-file (read again before each send, no restart needed)"
+    )]
+    ExportRefused {
+        /// Where the request went.
+        url: String,
+        /// The answer: `http 401`, `grpc Unauthenticated`, …
+        status: String,
+        /// The start of the response body.
+        body: String,
+        /// Requests now waiting in the queue.
+        queued: usize,
+    },
+
+    /// The file of `--auth-token-file` is unreadable, empty, or does not hold one token.
+    #[error(
+        "bearer token file {}: {reason}; write one token (e.g. an ingest-scope token of the server's --auth-tokens file) into it, or leave --auth-token-file out", path.display()
+    )]
+    AuthToken {
+        /// The `--auth-token-file`.
+        path: PathBuf,
+        /// What is wrong; never the token itself.
+        reason: String,
+    },
+
     /// Encoding the samples failed.
     #[error("cannot encode samples: {0}")]
     Encode(String),
@@ -172,11 +199,13 @@ impl Error {
             | Error::ConfigParse { .. }
             | Error::Invalid(_)
             | Error::BadEndpoint { .. }
+            | Error::AuthToken { .. }
             | Error::NvmlUnavailable { .. } => 2,
             Error::Nvml { .. }
             | Error::HttpClient(_)
             | Error::ExportRetry { .. }
             | Error::ExportRejected { .. }
+            | Error::ExportRefused { .. }
             | Error::Encode(_)
             | Error::Io(_)
             | Error::Spool { .. }
@@ -185,9 +214,12 @@ impl Error {
     }
 
     /// Whether the process should exit with this error's code (true for everything but a
-    /// transient export failure, which the run loop only logs).
+    /// transient export failure or a refused token, which the run loop only logs).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::ExportRetry { .. })
+        matches!(
+            self,
+            Error::ExportRetry { .. } | Error::ExportRefused { .. }
+        )
     }
 }
 

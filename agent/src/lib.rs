@@ -18,6 +18,7 @@
 //!                                                         │  → POST /v1/metrics (http) or      │
 //!                                                         │    MetricsService/Export (grpc)    │
 //!                                                         │  failures: retried with backoff    │
+//!                                                         │  bearer token: --auth-token-file   │
 //!                                                         └────────────────────────────────────┘
 //! ```
 //!
@@ -130,6 +131,11 @@ pub fn resource_attributes(opts: &AgentOptions, simulated: bool) -> Vec<(String,
 /// `opts.interval` collect, encode and export. With `opts.once`, collect once, print the samples
 /// as JSON to stdout and return without sending anything.
 pub async fn run(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    // A bad token file stops the agent before anything else, --once included (a dry run of the
+    // configuration).
+    if let Some(path) = &opts.auth_token_file {
+        export::TokenFile::load(path)?;
+    }
     if opts.once {
         // One look for debugging: every counter read fresh, none estimated.
         let opts = AgentOptions {
@@ -195,11 +201,15 @@ pub async fn run_with_source(
         None => Box::new(export::MemoryQueue::default()),
     };
     let mut exporter = Exporter::for_protocol(opts.protocol, &opts.endpoint, spool)?;
+    if let Some(path) = &opts.auth_token_file {
+        exporter.set_token_file(export::TokenFile::load(path)?);
+    }
     info!(
         source = source.name(),
         host = %opts.host,
         url = exporter.url(),
         protocol = ?opts.protocol,
+        auth_token_file = opts.auth_token_file.as_ref().map(|p| p.display().to_string()),
         interval = %humantime::format_duration(opts.interval),
         simulated = source.simulated(),
         "agent started"
@@ -328,8 +338,8 @@ async fn send(exporter: &mut Exporter, protobuf: &[u8]) {
     match exporter.send_protobuf(protobuf).await {
         Ok(()) => debug!(bytes = protobuf.len(), "sent"),
         Err(e @ Error::ExportRetry { .. }) => warn!(error = %e, "export failed"),
-        // Rejections are logged by the exporter with the response body.
-        Err(Error::ExportRejected { .. }) => {}
+        // Rejections and refused tokens are logged by the exporter with the response body.
+        Err(Error::ExportRejected { .. } | Error::ExportRefused { .. }) => {}
         Err(e) => warn!(error = %e, "export failed"),
     }
 }

@@ -14,6 +14,7 @@
 //! | `gpuwatch_agent_exported_requests_total` | counter | requests the endpoint accepted |
 //! | `gpuwatch_agent_export_failures_total` | counter | send attempts that failed and will be retried |
 //! | `gpuwatch_agent_export_rejected_total` | counter | requests the endpoint refused for good (4xx, or a gRPC code that will not change) |
+//! | `gpuwatch_agent_export_auth_refused_total` | counter | send attempts refused for the bearer token (401/403, gRPC `UNAUTHENTICATED`/`PERMISSION_DENIED`); the requests stay queued |
 //! | `gpuwatch_agent_export_rejected_points_total` | counter | data points refused in partial-success answers (the rest of those requests was stored) |
 //! | `gpuwatch_agent_spool_requests` | gauge | requests waiting in the spool |
 //! | `gpuwatch_agent_spool_bytes` | gauge | bytes waiting in the spool |
@@ -36,6 +37,7 @@ static GPU_PROCESSES: AtomicU64 = AtomicU64::new(0);
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
 static EXPORT_FAILURES: AtomicU64 = AtomicU64::new(0);
 static EXPORT_REJECTED: AtomicU64 = AtomicU64::new(0);
+static EXPORT_AUTH_REFUSED: AtomicU64 = AtomicU64::new(0);
 static EXPORT_REJECTED_POINTS: AtomicU64 = AtomicU64::new(0);
 static SPOOL_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static SPOOL_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -75,6 +77,11 @@ pub fn export_failed() {
 /// The endpoint refused a request for good.
 pub fn export_rejected() {
     EXPORT_REJECTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The endpoint refused the bearer token; the requests stay queued.
+pub fn export_auth_refused() {
+    EXPORT_AUTH_REFUSED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The endpoint accepted a request but refused `points` of its data points.
@@ -196,6 +203,13 @@ pub fn render(out: &mut String) {
         "counter",
         "requests the endpoint refused for good",
         load(&EXPORT_REJECTED),
+    );
+    one(
+        out,
+        "gpuwatch_agent_export_auth_refused_total",
+        "counter",
+        "send attempts refused for the bearer token; the requests stay queued",
+        load(&EXPORT_AUTH_REFUSED),
     );
     one(
         out,

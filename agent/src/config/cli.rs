@@ -22,6 +22,9 @@ by a key of the TOML file given by --config, named like the flag with underscore
     label = [\"cluster=prod\", \"rack=r12\"]
 
 Precedence: flag > environment > config file > default. Unknown keys in the file are errors.
+A server run with --auth-tokens wants a bearer token with the ingest scope: put it in a file
+readable only by the agent (e.g. /etc/gpuwatch/agent.token, mode 0600) and give
+--auth-token-file /etc/gpuwatch/agent.token; the file is read again when it changes.
 Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 other failure.";
 
 /// The command line of `gpuwatch-agent`.
@@ -127,6 +130,18 @@ pub struct Cli {
     /// row of its own [env: GPUWATCH_FAKE_MIG]
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub fake_mig: u32,
+
+    /// File holding the bearer token sent to the endpoint (`Authorization: Bearer <token>` over
+    /// http, `authorization` metadata over grpc): one token, surrounding whitespace ignored; a
+    /// gpuwatch server wants one with the `ingest` (or `admin`) scope when it runs with
+    /// --auth-tokens. The file is read at start (an empty or unreadable file stops the agent)
+    /// and read again before a send when its modification time, size or inode changed, and after
+    /// every 401/403, so a rotated token (a Kubernetes Secret update) is used without a restart.
+    /// Requests the endpoint refuses with 401/403 stay queued and are retried. There is no flag
+    /// or variable taking the token itself: command lines and environments are readable by
+    /// other processes [env: GPUWATCH_AUTH_TOKEN_FILE]
+    #[arg(long, value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
 
     /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
     #[arg(long, value_name = "FILE")]

@@ -64,5 +64,8 @@ pub(super) fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         })?,
         slow_interval: get(env, "GPUWATCH_SLOW_INTERVAL", duration_arg)?,
         flush_interval: get(env, "GPUWATCH_FLUSH_INTERVAL", duration_arg)?,
+        auth_token_file: get(env, "GPUWATCH_AUTH_TOKEN_FILE", |v| {
+            Ok(PathBuf::from(v.trim()))
+        })?,
     })
 }

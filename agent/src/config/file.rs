@@ -52,6 +52,8 @@ pub struct FileConfig {
     pub slow_interval: Option<String>,
     /// Humantime duration a collection may wait to be sent with the next ones.
     pub flush_interval: Option<String>,
+    /// File holding the bearer token sent to the endpoint.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 /// Read and parse the config file at `path`.
@@ -119,5 +121,6 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<Layer> {
             .flush_interval
             .map(|v| parse_duration(&v).map_err(|e| field("flush_interval", e.to_string())))
             .transpose()?,
+        auth_token_file: file.auth_token_file,
     })
 }

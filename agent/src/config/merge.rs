@@ -36,6 +36,7 @@ pub(super) struct Layer {
     pub(super) fake_mig: Option<u32>,
     pub(super) slow_interval: Option<Duration>,
     pub(super) flush_interval: Option<Duration>,
+    pub(super) auth_token_file: Option<PathBuf>,
 }
 
 /// Whether flag `id` was typed on the command line (not a default, not absent).
@@ -163,6 +164,21 @@ pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Resul
         env.flush_interval,
         file.flush_interval,
     );
+    let auth_token_file = pick_opt(
+        m,
+        "auth_token_file",
+        cli.auth_token_file.clone(),
+        env.auth_token_file,
+        file.auth_token_file,
+    );
+    if auth_token_file
+        .as_ref()
+        .is_some_and(|p| p.as_os_str().is_empty())
+    {
+        return Err(Error::Invalid(
+            "auth_token_file is empty: give the path of the token file or leave it out".to_string(),
+        ));
+    }
     if buffer_max_bytes < MIN_BUFFER_MAX_BYTES {
         return Err(Error::Invalid(format!(
             "buffer_max_bytes {buffer_max_bytes} is too small: use at least {MIN_BUFFER_MAX_BYTES}"
@@ -225,6 +241,7 @@ pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Resul
             fake_mig,
             slow_interval,
             flush_interval,
+            auth_token_file,
         },
         log_level,
     })

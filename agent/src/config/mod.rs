@@ -131,6 +131,8 @@ pub struct AgentOptions {
     pub slow_interval: Duration,
     /// Longest time a collection waits to be sent together with the next ones.
     pub flush_interval: Duration,
+    /// File holding the bearer token sent to the endpoint; `None`: no `Authorization`.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Default for AgentOptions {
@@ -159,6 +161,7 @@ impl Default for AgentOptions {
             fake_mig: 0,
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
+            auth_token_file: None,
         }
     }
 }

@@ -308,6 +308,38 @@ fn grpc_protocol_and_its_default_endpoint() {
 }
 
 #[test]
+fn auth_token_file_flag_env_file() {
+    assert_eq!(load_with(&[], &no_env).unwrap().agent.auth_token_file, None);
+    let file = TempFile::new("token", "auth_token_file = \"/from/file\"\n");
+    let a = load_with(&["--config", &file.arg()], &no_env)
+        .unwrap()
+        .agent;
+    assert_eq!(a.auth_token_file, Some(PathBuf::from("/from/file")));
+    let env = env_of(&[
+        ("GPUWATCH_CONFIG", &file.arg()),
+        ("GPUWATCH_AUTH_TOKEN_FILE", "/from/env"),
+    ]);
+    let a = load_with(&[], &env).unwrap().agent;
+    assert_eq!(a.auth_token_file, Some(PathBuf::from("/from/env")));
+    let a = load_with(&["--auth-token-file", "/from/flag"], &env)
+        .unwrap()
+        .agent;
+    assert_eq!(a.auth_token_file, Some(PathBuf::from("/from/flag")));
+    // An empty variable counts as unset; an empty path given on purpose is an error.
+    let env = env_of(&[("GPUWATCH_AUTH_TOKEN_FILE", " ")]);
+    assert_eq!(load_with(&[], &env).unwrap().agent.auth_token_file, None);
+    let e = load_with(&["--auth-token-file", ""], &no_env).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    let empty = TempFile::new("emptytoken", "auth_token_file = \"\"\n");
+    let e = load_with(&["--config", &empty.arg()], &no_env).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("auth_token_file"), "{e}");
+    // The token itself is never an option: no --auth-token flag.
+    let e = load_with(&["--auth-token", "x"], &no_env).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+}
+
+#[test]
 fn help_and_version_exit_zero() {
     let e = load_with(&["--help"], &no_env).unwrap_err();
     assert_eq!(e.exit_code(), 0);
@@ -324,6 +356,8 @@ fn help_and_version_exit_zero() {
         "--once",
         "--config",
         "--log-level",
+        "--auth-token-file",
+        "GPUWATCH_AUTH_TOKEN_FILE",
         "GPUWATCH_SYNTHETIC_GPUS",
         "grpc",
     ] {

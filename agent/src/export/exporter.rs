@@ -15,10 +15,17 @@
 //!   [`MAX_BACKOFF`] (±20 % jitter so that a fleet of agents does not come back at once); until
 //!   then new requests are only queued. The first success resets the delay. The shutdown
 //!   [`flush`](Exporter::flush) does not wait for the backoff.
-//! - **Rejections.** An answer that will never change (HTTP 4xx other than 429; gRPC
-//!   `INVALID_ARGUMENT`, `UNAUTHENTICATED`, …) drops the request, logged with the answer and
-//!   counted. A rejected batch of several requests is first split: its requests are sent one by
-//!   one, so only the bad one is dropped.
+//! - **Rejections.** An answer that will never change (HTTP 4xx other than 401, 403 and 429;
+//!   gRPC `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, …) drops the request, logged with the answer
+//!   and counted. A rejected batch of several requests is first split: its requests are sent one
+//!   by one, so only the bad one is dropped.
+//! - **A refused token.** HTTP 401/403 and gRPC `UNAUTHENTICATED`/`PERMISSION_DENIED` say the
+//!   bearer token ([`TokenFile`], `--auth-token-file`) is missing, wrong or lacks the `ingest`
+//!   scope: not the data's fault. The batch and everything behind it stay in the spool and are
+//!   retried with the backoff, each refusal logged as an error naming the fix and counted in
+//!   `gpuwatch_agent_export_auth_refused_total`. The token file is read again at once, and at
+//!   every later send when it changed; a new token is tried at the next send without waiting for
+//!   the backoff.
 //! - **Partial success.** An OTLP answer with `partial_success.rejected_data_points > 0` counts
 //!   as delivered; the rejected points are logged with the server's message and counted in
 //!   `gpuwatch_agent_export_rejected_points_total`.
@@ -36,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::export::grpc::GrpcTransport;
 use crate::export::http::{Gzip, HttpTransport, encode_body};
 use crate::export::queue::{Encoded, MemoryQueue, Spool};
+use crate::export::token::{Bearer, TokenFile};
 
 /// Most queued requests merged into one send.
 pub const MAX_BATCH_REQUESTS: usize = 64;
@@ -58,6 +66,9 @@ pub(crate) enum Outcome {
     /// Will never succeed: drop it. `status` names the answer (`http 400`, `grpc
     /// InvalidArgument`), `body` is the server's text.
     Rejected { status: String, body: String },
+    /// The bearer token was refused (`http 401`/`403`, `grpc Unauthenticated`/
+    /// `PermissionDenied`): keep it, the token is at fault, not the data.
+    Refused { status: String, body: String },
     /// May succeed later: keep it.
     Retry(String),
 }
@@ -75,16 +86,16 @@ impl Transport {
         }
     }
 
-    async fn deliver(&mut self, batch: &[Encoded]) -> Outcome {
+    async fn deliver(&mut self, batch: &[Encoded], bearer: Option<&Bearer>) -> Outcome {
         match self {
             // A single queued request goes out with the body it was spooled with.
-            Transport::Http(t) if batch.len() == 1 => t.post(batch[0].body.clone()).await,
+            Transport::Http(t) if batch.len() == 1 => t.post(batch[0].body.clone(), bearer).await,
             Transport::Http(t) => match merge(batch).and_then(|req| encode_body(&req)) {
-                Ok(body) => t.post(body).await,
+                Ok(body) => t.post(body, bearer).await,
                 Err(e) => undecodable(&e),
             },
             Transport::Grpc(t) => match merge(batch) {
-                Ok(req) => t.export(req).await,
+                Ok(req) => t.export(req, bearer).await,
                 Err(e) => undecodable(&e),
             },
         }
@@ -178,6 +189,12 @@ pub struct Exporter {
     gzip: Gzip,
     /// A request sent directly, not yet answered.
     in_flight: Option<Encoded>,
+    /// The bearer token sent with every request, if any.
+    token: Option<TokenFile>,
+    /// The last answer was a refused token.
+    refused: bool,
+    /// Send attempts refused for the token.
+    auth_refusals: u64,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -223,7 +240,71 @@ impl Exporter {
             solo_through: None,
             gzip: Gzip::new(),
             in_flight: None,
+            token: None,
+            refused: false,
+            auth_refusals: 0,
         })
+    }
+
+    /// Send the token of `token` with every request (`Authorization: Bearer` over HTTP, the
+    /// `authorization` metadata over gRPC), reading the file again when it changes.
+    pub fn set_token_file(&mut self, token: TokenFile) {
+        self.token = Some(token);
+    }
+
+    /// Send attempts the endpoint refused for the bearer token (the requests stayed queued).
+    pub fn auth_refusals(&self) -> u64 {
+        self.auth_refusals
+    }
+
+    /// Look at the token file; a new token after a refusal is tried without waiting for the
+    /// backoff.
+    fn refresh_token(&mut self, force: bool) {
+        let Some(token) = self.token.as_mut() else {
+            return;
+        };
+        if token.refresh(force) && self.refused {
+            self.backoff.succeeded();
+        }
+    }
+
+    /// Log, count and report a refused token; the batch stays queued.
+    fn token_refused(
+        &mut self,
+        url: String,
+        status: String,
+        body: String,
+        requests: usize,
+    ) -> Error {
+        self.refused = true;
+        self.auth_refusals += 1;
+        crate::metrics::export_auth_refused();
+        crate::metrics::export_failed();
+        self.backoff.failed(Instant::now());
+        let fix = match &self.token {
+            Some(t) => format!(
+                "the token in {} is wrong, or lacks the ingest scope: put a valid one there (it is read again before each send)",
+                t.path().display()
+            ),
+            None => {
+                "the endpoint wants a bearer token: give one with --auth-token-file".to_string()
+            }
+        };
+        error!(
+            url = %url,
+            status = %status,
+            body = %body,
+            requests,
+            queued = self.queued(),
+            "endpoint refused the bearer token; the requests stay queued and are retried: {fix}"
+        );
+        self.refresh_token(true);
+        Error::ExportRefused {
+            url,
+            status,
+            body,
+            queued: self.queued(),
+        }
     }
 
     /// Change the retry delays (first one, longest one). `Duration::ZERO` retries at every
@@ -277,6 +358,7 @@ impl Exporter {
     /// [`crate::export::otlp::encode_collection_to`]).
     pub async fn send_protobuf(&mut self, protobuf: &[u8]) -> Result<()> {
         let body = self.gzip.encode(protobuf)?;
+        self.refresh_token(false);
         let seq = self.next_seq;
         self.next_seq += 1;
         self.requeue_in_flight();
@@ -302,6 +384,7 @@ impl Exporter {
 
     /// Send whatever is queued, oldest first, without waiting for the backoff.
     pub async fn flush(&mut self) -> Result<()> {
+        self.refresh_token(false);
         self.requeue_in_flight();
         self.drain(None).await
     }
@@ -335,7 +418,8 @@ impl Exporter {
         let url = self.transport.url().to_string();
         let batch = [item];
         self.in_flight = Some(batch[0].clone());
-        let outcome = self.transport.deliver(&batch).await;
+        let bearer = self.token.as_ref().map(TokenFile::bearer);
+        let outcome = self.transport.deliver(&batch, bearer).await;
         let [item] = batch;
         self.in_flight = None;
         let result = match outcome {
@@ -345,6 +429,7 @@ impl Exporter {
             } => {
                 debug!(request = seq, url = %url, "exported");
                 self.backoff.succeeded();
+                self.refused = false;
                 crate::metrics::exported();
                 if rejected_points > 0 {
                     let points = u64::try_from(rejected_points).unwrap_or(0);
@@ -372,9 +457,14 @@ impl Exporter {
                 crate::metrics::export_rejected();
                 Err(Error::ExportRejected { url, status, body })
             }
+            Outcome::Refused { status, body } => {
+                self.push(item);
+                Err(self.token_refused(url, status, body, 1))
+            }
             Outcome::Retry(reason) => {
                 crate::metrics::export_failed();
                 self.backoff.failed(Instant::now());
+                self.refused = false;
                 self.push(item);
                 Err(Error::ExportRetry {
                     url,
@@ -410,13 +500,15 @@ impl Exporter {
             };
             let (first, last, n) = (first.seq, last.seq, batch.len());
             let url = self.transport.url().to_string();
-            match self.transport.deliver(&batch).await {
+            let bearer = self.token.as_ref().map(TokenFile::bearer);
+            match self.transport.deliver(&batch, bearer).await {
                 Outcome::Sent {
                     rejected_points,
                     message,
                 } => {
                     debug!(first, last, requests = n, url = %url, "exported");
                     self.backoff.succeeded();
+                    self.refused = false;
                     for _ in 0..n {
                         self.spool.pop_front();
                         crate::metrics::exported();
@@ -467,9 +559,13 @@ impl Exporter {
                         mine_rejected = Some(Error::ExportRejected { url, status, body });
                     }
                 }
+                Outcome::Refused { status, body } => {
+                    return Err(self.token_refused(url, status, body, n));
+                }
                 Outcome::Retry(reason) => {
                     crate::metrics::export_failed();
                     self.backoff.failed(Instant::now());
+                    self.refused = false;
                     return Err(Error::ExportRetry {
                         url,
                         reason,
@@ -506,14 +602,18 @@ mod tests {
         b.succeeded();
         assert_eq!(b.wait_left(now), None);
         b.failed(now);
-        assert!(b.wait_left(now).is_some_and(|d| d <= Duration::from_millis(1200)));
+        assert!(
+            b.wait_left(now)
+                .is_some_and(|d| d <= Duration::from_millis(1200))
+        );
     }
 
     #[test]
     fn merge_keeps_every_resource_in_order() {
         let items: Vec<Encoded> = (0..3u64)
             .map(|i| {
-                let req = crate::export::otlp::encode(&[], &[("host.name".into(), format!("h{i}"))]);
+                let req =
+                    crate::export::otlp::encode(&[], &[("host.name".into(), format!("h{i}"))]);
                 Encoded {
                     seq: i,
                     body: encode_body(&req).unwrap(),
@@ -530,7 +630,10 @@ mod tests {
             })
             .collect();
         assert_eq!(hosts.len(), 3);
-        assert!(hosts[0].contains("h0") && hosts[2].contains("h2"), "{hosts:?}");
+        assert!(
+            hosts[0].contains("h0") && hosts[2].contains("h2"),
+            "{hosts:?}"
+        );
         let bad = Encoded {
             seq: 9,
             body: b"not gzip".to_vec(),
@@ -554,7 +657,9 @@ mod direct_send_tests {
     #[tokio::test]
     async fn a_cancelled_direct_send_is_queued_not_lost() {
         // A server that accepts and never answers: the send hangs until cancelled.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let held = tokio::spawn(async move {
             let mut conns = Vec::new();
@@ -564,8 +669,7 @@ mod direct_send_tests {
         });
         let mut e = Exporter::new(&format!("http://{addr}")).expect("exporter");
         assert_eq!(e.queued(), 0);
-        let cancelled =
-            tokio::time::timeout(Duration::from_millis(300), e.send(&request(1))).await;
+        let cancelled = tokio::time::timeout(Duration::from_millis(300), e.send(&request(1))).await;
         assert!(cancelled.is_err(), "the send was still waiting");
         assert_eq!(e.queued(), 1, "the cancelled request is still held");
         // The next send finds it and queues it first, in order.

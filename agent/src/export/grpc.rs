@@ -6,11 +6,14 @@
 //! The endpoint is `http://host:port` (no path: gRPC names the method itself). TLS is not built
 //! into the agent: for `https://` use `--protocol http`, or a TLS-terminating proxy.
 //!
+//! With `--auth-token-file` every call carries the `authorization: Bearer <token>` metadata.
+//!
 //! Status codes, following the OTLP specification: `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
 //! `CANCELLED`, `ABORTED`, `OUT_OF_RANGE`, `DATA_LOSS`, `INTERNAL` and `UNKNOWN` (also what a
-//! broken connection gives) are retried; every other code (`INVALID_ARGUMENT`,
-//! `UNAUTHENTICATED`, `PERMISSION_DENIED`, `UNIMPLEMENTED`, `RESOURCE_EXHAUSTED` — the server's
-//! answer to a request over `--max-body-bytes` — …) drops the request, as a 4xx does over HTTP.
+//! broken connection gives) are retried. `UNAUTHENTICATED` and `PERMISSION_DENIED` refuse the
+//! token, not the data: the request is kept and retried too, as after an HTTP 401/403. Every
+//! other code (`INVALID_ARGUMENT`, `UNIMPLEMENTED`, `RESOURCE_EXHAUSTED` — the server's answer
+//! to a request over `--max-body-bytes` — …) drops the request, as a 4xx does over HTTP.
 
 use std::time::Duration;
 
@@ -22,6 +25,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::error::{Error, Result};
 use crate::export::exporter::Outcome;
 use crate::export::http::REQUEST_TIMEOUT;
+use crate::export::token::Bearer;
 
 /// Default OTLP/gRPC endpoint (the server's `--otlp-grpc-addr`).
 pub const DEFAULT_GRPC_ENDPOINT: &str = "http://127.0.0.1:4317";
@@ -91,8 +95,12 @@ impl GrpcTransport {
         Ok(client)
     }
 
-    /// Send one request.
-    pub(crate) async fn export(&mut self, req: ExportMetricsServiceRequest) -> Outcome {
+    /// Send one request, with the bearer token if there is one.
+    pub(crate) async fn export(
+        &mut self,
+        req: ExportMetricsServiceRequest,
+        bearer: Option<&Bearer>,
+    ) -> Outcome {
         let mut client = match self.client() {
             Ok(c) => c,
             Err(e) => {
@@ -102,7 +110,13 @@ impl GrpcTransport {
                 };
             }
         };
-        match client.export(req).await {
+        let mut request = tonic::Request::new(req);
+        if let Some(b) = bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", b.grpc.clone());
+        }
+        match client.export(request).await {
             Ok(response) => match response.into_inner().partial_success {
                 Some(p) => Outcome::Sent {
                     rejected_points: p.rejected_data_points,
@@ -131,6 +145,10 @@ pub(crate) fn outcome_of(status: &tonic::Status) -> Outcome {
         | Code::DataLoss
         | Code::Internal
         | Code::Unknown => Outcome::Retry(format!("grpc {:?}: {text}", status.code())),
+        code @ (Code::Unauthenticated | Code::PermissionDenied) => Outcome::Refused {
+            status: format!("grpc {code:?}"),
+            body: text,
+        },
         code => Outcome::Rejected {
             status: format!("grpc {code:?}"),
             body: text,
@@ -159,7 +177,10 @@ mod tests {
 
     #[test]
     fn endpoint_checks() {
-        assert_eq!(grpc_url("http://127.0.0.1:4317").unwrap(), "http://127.0.0.1:4317");
+        assert_eq!(
+            grpc_url("http://127.0.0.1:4317").unwrap(),
+            "http://127.0.0.1:4317"
+        );
         assert_eq!(grpc_url(" http://gw:4317/ ").unwrap(), "http://gw:4317");
         for (bad, says) in [
             ("https://gw:4317", "tls"),
@@ -184,9 +205,21 @@ mod tests {
         for s in retry {
             assert!(matches!(outcome_of(&s), Outcome::Retry(_)), "{s:?}");
         }
+        // A refused token is not the data's fault: kept, like a failure that may pass.
+        for s in [
+            tonic::Status::unauthenticated("no token"),
+            tonic::Status::permission_denied("no ingest scope"),
+        ] {
+            match outcome_of(&s) {
+                Outcome::Refused { status, body } => {
+                    assert!(status.starts_with("grpc "), "{status}");
+                    assert_eq!(body, s.message());
+                }
+                other => panic!("{s:?} gave {other:?}"),
+            }
+        }
         for s in [
             tonic::Status::invalid_argument("bad point"),
-            tonic::Status::unauthenticated("no token"),
             tonic::Status::resource_exhausted("too large"),
         ] {
             match outcome_of(&s) {

@@ -1,9 +1,12 @@
 //! OTLP/HTTP: protobuf, gzip, POST to `<endpoint>/v1/metrics`. The retry spool, batching and
 //! backoff around it live in [`crate::export::exporter`].
 //!
-//! A connect error, a timeout, 429 or 5xx may pass: the exporter keeps the request. A 4xx other
-//! than 429 will never succeed: the request is logged with the response body and dropped. A 2xx
-//! answer's body is read as an `ExportMetricsServiceResponse` for its partial success.
+//! With `--auth-token-file` every request carries `Authorization: Bearer <token>`.
+//!
+//! A connect error, a timeout, 429 or 5xx may pass: the exporter keeps the request. 401 and 403
+//! refuse the token, not the data: the exporter keeps the request too. Another 4xx will never
+//! succeed: the request is logged with the response body and dropped. A 2xx answer's body is
+//! read as an `ExportMetricsServiceResponse` for its partial success.
 
 use std::time::Duration;
 
@@ -15,6 +18,7 @@ use prost::Message;
 
 use crate::error::{Error, Result};
 use crate::export::exporter::Outcome;
+use crate::export::token::Bearer;
 
 /// Per-request timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,16 +154,17 @@ impl HttpTransport {
         &self.url
     }
 
-    /// POST one gzip protobuf body.
-    pub(crate) async fn post(&self, body: Vec<u8>) -> Outcome {
-        let response = self
+    /// POST one gzip protobuf body, with the bearer token if there is one.
+    pub(crate) async fn post(&self, body: Vec<u8>, bearer: Option<&Bearer>) -> Outcome {
+        let mut request = self
             .client
             .post(self.parsed.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
-            .header(reqwest::header::CONTENT_ENCODING, "gzip")
-            .body(body)
-            .send()
-            .await;
+            .header(reqwest::header::CONTENT_ENCODING, "gzip");
+        if let Some(b) = bearer {
+            request = request.header(reqwest::header::AUTHORIZATION, b.http.clone());
+        }
+        let response = request.body(body).send().await;
         let response = match response {
             Ok(r) => r,
             Err(e) => return Outcome::Retry(error_chain(&e)),
@@ -195,7 +200,12 @@ impl HttpTransport {
             text.truncate(cut);
             text.push('…');
         }
-        if status.is_client_error() {
+        if code == 401 || code == 403 {
+            Outcome::Refused {
+                status: format!("http {code}"),
+                body: text,
+            }
+        } else if status.is_client_error() {
             Outcome::Rejected {
                 status: format!("http {code}"),
                 body: text,
@@ -234,7 +244,9 @@ mod tests {
 
     fn gunzip(body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        GzDecoder::new(body).read_to_end(&mut out).expect("valid gzip");
+        GzDecoder::new(body)
+            .read_to_end(&mut out)
+            .expect("valid gzip");
         out
     }
 
@@ -333,12 +345,14 @@ mod tests {
             let req = ExportMetricsServiceRequest::decode(&raw[..]).unwrap();
             req.resource_metrics
                 .iter()
-                .map(|rm| match rm.scope_metrics[0].metrics[0].data.as_ref().unwrap() {
-                    opentelemetry_proto::tonic::metrics::v1::metric::Data::Gauge(g) => {
-                        g.data_points[0].time_unix_nano
-                    }
-                    other => panic!("{other:?}"),
-                })
+                .map(
+                    |rm| match rm.scope_metrics[0].metrics[0].data.as_ref().unwrap() {
+                        opentelemetry_proto::tonic::metrics::v1::metric::Data::Gauge(g) => {
+                            g.data_points[0].time_unix_nano
+                        }
+                        other => panic!("{other:?}"),
+                    },
+                )
                 .collect()
         }
     }
@@ -510,10 +524,7 @@ mod tests {
         exporter.send(&request(3)).await.unwrap();
         assert_eq!(exporter.queued(), 0);
         // 1 failed alone, then in a batch with 2; then 1, 2, 3 went out in one batch, in order.
-        assert_eq!(
-            markers(&server),
-            vec![vec![1], vec![1, 2], vec![1, 2, 3]]
-        );
+        assert_eq!(markers(&server), vec![vec![1], vec![1, 2], vec![1, 2, 3]]);
     }
 
     #[tokio::test]
@@ -590,6 +601,126 @@ mod tests {
         assert!(e.is_transient());
         let e = exporter.flush().await.unwrap_err();
         assert!(matches!(e, Error::ExportRetry { queued: 1, .. }), "{e}");
+    }
+
+    /// A token file in a fresh temp dir; replaced with [`put_token`].
+    fn token_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "gpuwatch-agent-http-token-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Write `token` to `dir/token` the way a Kubernetes Secret update does: a new file moved
+    /// over the old one.
+    fn put_token(dir: &std::path::Path, token: &str) -> std::path::PathBuf {
+        let path = dir.join("token");
+        let next = dir.join("token.next");
+        std::fs::write(&next, format!("{token}\n")).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        path
+    }
+
+    fn authorizations(server: &TestServer) -> Vec<Option<String>> {
+        server
+            .received()
+            .iter()
+            .map(|r| r.header("authorization").map(str::to_string))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn sends_the_bearer_token_of_the_token_file() {
+        let server = TestServer::start(&[]).await;
+        let dir = token_dir("sends");
+        let path = put_token(&dir, "ingest-token-0123456789");
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        exporter.set_token_file(crate::export::TokenFile::load(&path).unwrap());
+        exporter.send(&request(1)).await.unwrap();
+        assert_eq!(
+            authorizations(&server),
+            vec![Some("Bearer ingest-token-0123456789".to_string())]
+        );
+        // Without a token file, no Authorization header at all.
+        let mut plain = Exporter::new(&server.url).unwrap();
+        plain.send(&request(2)).await.unwrap();
+        assert_eq!(authorizations(&server)[1], None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_keeps_the_requests_until_the_token_file_is_fixed() {
+        let server = TestServer::start(&[401, 403]).await;
+        let dir = token_dir("refused");
+        let path = put_token(&dir, "wrong-token-0123456789");
+        let mut exporter = eager(&server.url, Box::new(MemoryQueue::default()));
+        exporter.set_token_file(crate::export::TokenFile::load(&path).unwrap());
+        let e = exporter.send(&request(1)).await.unwrap_err();
+        assert!(matches!(e, Error::ExportRefused { queued: 1, .. }), "{e}");
+        assert!(e.is_transient(), "the loop goes on");
+        assert!(e.to_string().contains("--auth-token-file"), "{e}");
+        assert!(!e.to_string().contains("wrong-token"), "{e}");
+        // 403 (a token without the ingest scope) too; the batch is not split, nothing dropped.
+        let e = exporter.send(&request(2)).await.unwrap_err();
+        assert!(matches!(e, Error::ExportRefused { queued: 2, .. }), "{e}");
+        assert_eq!(exporter.rejected(), 0);
+        assert_eq!(exporter.auth_refusals(), 2);
+        // The file is fixed: the next send reads it and everything goes out, in order.
+        put_token(&dir, "right-token-0123456789");
+        exporter.send(&request(3)).await.unwrap();
+        assert_eq!(exporter.queued(), 0);
+        assert_eq!(markers(&server), vec![vec![1], vec![1, 2], vec![1, 2, 3]]);
+        let wrong = Some("Bearer wrong-token-0123456789".to_string());
+        let right = Some("Bearer right-token-0123456789".to_string());
+        assert_eq!(authorizations(&server), vec![wrong.clone(), wrong, right]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_new_token_is_tried_without_waiting_for_the_backoff() {
+        let server = TestServer::start(&[401]).await;
+        let dir = token_dir("backoff");
+        let path = put_token(&dir, "wrong-token-0123456789");
+        // The default backoff: 1 s after the first failure.
+        let mut exporter = Exporter::new(&server.url).unwrap();
+        exporter.set_token_file(crate::export::TokenFile::load(&path).unwrap());
+        assert!(exporter.send(&request(1)).await.is_err());
+        let e = exporter.send(&request(2)).await.unwrap_err();
+        assert!(e.to_string().contains("backing off"), "{e}");
+        put_token(&dir, "right-token-0123456789");
+        exporter.send(&request(3)).await.unwrap();
+        assert_eq!(markers(&server), vec![vec![1], vec![1, 2, 3]]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn refused_requests_wait_in_the_disk_spool_across_a_restart() {
+        let server = TestServer::start(&[401, 401]).await;
+        let dir = token_dir("disk");
+        let spool_dir = dir.join("spool");
+        // No token at all: 401, kept on disk.
+        {
+            let spool = crate::buffer::DiskSpool::open(&spool_dir, 1 << 20).unwrap();
+            let mut exporter = eager(&server.url, Box::new(spool));
+            let e = exporter.send(&request(1)).await.unwrap_err();
+            assert!(matches!(e, Error::ExportRefused { .. }), "{e}");
+            assert!(e.to_string().contains("http 401"), "{e}");
+            let e = exporter.send(&request(2)).await.unwrap_err();
+            assert!(matches!(e, Error::ExportRefused { queued: 2, .. }), "{e}");
+        }
+        // The agent restarts with a token: the spool is replayed, nothing lost.
+        let path = put_token(&dir, "right-token-0123456789");
+        let spool = crate::buffer::DiskSpool::open(&spool_dir, 1 << 20).unwrap();
+        let mut exporter = eager(&server.url, Box::new(spool));
+        assert_eq!(exporter.queued(), 2);
+        exporter.set_token_file(crate::export::TokenFile::load(&path).unwrap());
+        exporter.flush().await.unwrap();
+        assert_eq!(markers(&server), vec![vec![1], vec![1, 2], vec![1, 2]]);
+        assert_eq!(exporter.queued(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
