@@ -166,16 +166,38 @@ impl Fleet {
         let gpu = &self.gpus[i];
         let n = &mut self.noise;
         let power = (gpu.power + n.normal() * (0.002 * gpu.power + 0.1)).max(0.0);
-        let temp = 39.0 + gpu.temp_offset + 0.028 * gpu.power + gpu.temp_slow;
-        let memory_temp =
-            43.5 + gpu.temp_offset + 0.006 * gpu.power + 12.0 * tg.dram + gpu.memory_temp_slow;
-        let sm_clock = match tg.sm_clock {
+        let health = &self.health;
+        let extra = health.extra_heat(i, gpu.power);
+        let temp = 39.0 + gpu.temp_offset + 0.028 * gpu.power + gpu.temp_slow + extra;
+        let memory_temp = 43.5
+            + gpu.temp_offset
+            + 0.006 * gpu.power
+            + 12.0 * tg.dram
+            + gpu.memory_temp_slow
+            + 0.5 * extra;
+        let mut sm_clock = match tg.sm_clock {
             SmClock::Fixed(mhz) => mhz,
             SmClock::PowerCapped => {
                 let mhz = 1425.0 - 12.0 * (temp - 60.0) + n.normal() * 15.0;
                 ((mhz / 15.0).round() * 15.0).clamp(1200.0, 1755.0) as i64
             }
         };
+        // The hot board slows down past its thermal limits; the power brake holds every GPU
+        // of the node low while the system asserts it.
+        let mut reasons = tg.reasons;
+        if temp >= health::SW_THERMAL_C {
+            reasons |= health::REASON_SW_THERMAL;
+            let mhz = 1155.0 - 30.0 * (temp - health::SW_THERMAL_C);
+            sm_clock = sm_clock.min(((mhz / 15.0).round() * 15.0).max(705.0) as i64);
+        }
+        if temp >= health::HW_THERMAL_C {
+            reasons |= health::REASON_HW_THERMAL;
+        }
+        if health.braking(t) {
+            reasons |= health::REASON_HW_POWER_BRAKE;
+            sm_clock = sm_clock.min(health::POWER_BRAKE_SM_CLOCK_MHZ);
+        }
+        let counters = health.counters(i);
         let mut s = GpuSample::empty(t, gpu.uuid.clone(), i as u32, MODEL.to_string());
         s.job = job;
         s.gpu_utilization = Some(percent(n, tg.util, 0.3));
@@ -195,17 +217,46 @@ impl Fleet {
         s.memory_temperature_celsius = Some((memory_temp + n.normal() * 0.25).round());
         s.sm_clock_mhz = Some(sm_clock);
         s.memory_clock_mhz = Some(MEMORY_CLOCK_MHZ);
-        s.clock_event_reasons = Some(tg.reasons);
+        s.clock_event_reasons = Some(reasons);
         s.pcie_tx_bytes_per_second = Some(pcie(n, tg.pcie_tx_kib));
         s.pcie_rx_bytes_per_second = Some(pcie(n, tg.pcie_rx_kib));
         s.nvlink_tx_bytes_per_second = Some(nvlink(n, tg.nvlink_bytes));
         s.nvlink_rx_bytes_per_second = Some(nvlink(n, tg.nvlink_bytes));
-        s.ecc_sbe_volatile_total = Some(0);
-        s.ecc_dbe_volatile_total = Some(0);
-        s.remapped_rows_uncorrectable = Some(0);
-        s.remapped_rows_failure = Some(0);
-        s.xid_errors_total = Some(0);
+        s.ecc_sbe_volatile_total = Some(counters.sbe);
+        s.ecc_dbe_volatile_total = Some(counters.dbe);
+        s.remapped_rows_uncorrectable = Some(counters.remapped);
+        s.remapped_rows_failure = Some(counters.remap_failure);
+        s.xid_errors_total = Some(counters.xid);
         s
+    }
+}
+
+/// Memory a CUDA context takes on top of the free GPU's, outside the process's own use: the
+/// trace's `fb_used_bytes - proc_used_bytes` in every phase.
+const CONTEXT_RESERVED_BYTES: i64 = 512_557_056;
+
+impl Fleet {
+    /// The process of the job on the GPU of sample `s` (one rank per GPU: pids are consecutive
+    /// from a base drawn from the job id, so a job's ranks look like a launcher's children).
+    /// Its memory is the GPU's used memory less the context's; its SM share is the GPU's
+    /// utilisation, as in the trace (100 % / 100 %, 0 / 0).
+    pub(super) fn process(&self, s: &GpuSample) -> Option<ProcessSample> {
+        let i = s.gpu_index as usize;
+        let job = self.job_of(i)?;
+        let rank = job.gpus.iter().position(|&g| g == i)? as u32;
+        let base = 1_000 + (mix64(self.seed ^ job.id) % 3_000_000) as u32;
+        Some(ProcessSample {
+            time_unix_nano: s.time_unix_nano,
+            gpu_uuid: s.gpu_uuid.clone(),
+            gpu_index: s.gpu_index,
+            pid: base + rank,
+            process_name: Some(job.kind.process_name().to_string()),
+            job: s.job.clone(),
+            used_memory_bytes: s
+                .memory_used_bytes
+                .map(|m| (m - CONTEXT_RESERVED_BYTES).max(0)),
+            sm_utilization: s.gpu_utilization,
+        })
     }
 }
 

@@ -25,6 +25,15 @@ impl Kind {
         }
     }
 
+    /// The command name (`/proc/<pid>/comm`) of the job's GPU processes.
+    pub(super) fn process_name(self) -> &'static str {
+        match self {
+            Kind::RenderBatch => "blender",
+            Kind::MdSim => "gmx",
+            _ => "python",
+        }
+    }
+
     pub(super) fn mix(self) -> Mix {
         match self {
             Kind::RenderBatch => Mix::Fp32,

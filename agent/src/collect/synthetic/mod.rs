@@ -25,14 +25,33 @@
 //! utilisation, activity ratios, PCIe and NVLink rates) and not where they are flat (memory
 //! total, memory clock, idle clocks, ECC and remapped-row counters).
 //!
+//! # Processes and faults
+//!
+//! Each GPU of a running job holds one process of it (a rank: consecutive pids from a base taken
+//! from the job id; `python`, or `blender` / `gmx` for render and molecular-dynamics jobs). Its
+//! memory is the GPU's used memory less the 489 MiB the CUDA context takes outside it and its SM
+//! share is the GPU's utilisation, both as in the trace.
+//!
+//! Faults (`health.rs`) are simulated at rates far above a healthy fleet's, so that a demo's
+//! health views are never empty. A quarter of the jobs end with an application fault (XID 13,
+//! 31 or 43 on one GPU, XID 45 on its others). One board of each node has wearing HBM: a
+//! corrected ECC error every 5 minutes on average (XID 92 at each 20 more), an uncorrectable
+//! one every 6 hours (XID 48, XID 94 or rarely 95 when a job runs there, then XID 63 as the row
+//! is remapped, XID 64 once its spare rows are used up). Each node sees an NVLink error (XID 74)
+//! about every 12 hours, a GPU fall off the bus (XID 79) about once a week (an event only: the
+//! GPU stays), and a 20–90 s power-brake episode every 2 hours (HW power brake bit, SM clock at
+//! most 1095 MHz). Another board runs hot under load (a failing fan): past 85 °C it shows SW
+//! thermal slowdown and a lower SM clock, past 88 °C HW thermal slowdown too. The ECC, remapped
+//! row and XID counters of the samples count these events since the simulated driver load.
+//!
 //! # Determinism
 //!
 //! Given the seed and the sequence of times passed to [`Fleet::collect`](crate::collect::Source),
 //! the output is identical. The job schedule draws from its own random stream at event times
 //! only, so it does not depend on how often the fleet is sampled; measurement noise draws from
-//! a second stream. The first call initialises the fleet at the time it is given, with one job
+//! a second stream; faults draw from a third, at fault times, handled in time order between the
+//! job events. The first call initialises the fleet at the time it is given, with one job
 //! already running and one notebook already idle, so a demo shows both cases at once.
-
 //!
 //! # Files
 //!
@@ -41,18 +60,21 @@
 //! | `mod.rs` | the [`Fleet`], its clock and event loop, the [`Source`] impl |
 //! | `jobs.rs` | job arrivals, sizes, kinds, phases and stalls |
 //! | `gpu.rs` | per-GPU physics (power, energy, temperatures, clocks) and one noisy reading |
+//! | `health.rs` | simulated faults: XID and ECC events, remapped rows, power brake, a hot board |
 //! | `rng.rs` | the deterministic random streams |
 
 mod gpu;
+mod health;
 mod jobs;
 mod rng;
 #[cfg(test)]
 mod tests;
 
-use crate::collect::{GpuSample, JobLabels, Source};
+use crate::collect::{GpuEvent, GpuSample, JobLabels, ProcessSample, Source};
 use crate::error::Result;
 
 use gpu::{Gpu, memory_temp_slow_target, temp_slow_target};
+use health::Health;
 use jobs::{Job, Kind, Mix, Pending, Phase, bounded_phase_end, next_phase};
 use rng::{Rng, mix64, round_to, secs};
 
@@ -109,11 +131,16 @@ pub struct Fleet {
     clock: Option<u64>,
     next_arrival: u64,
     next_job_id: u64,
+    /// Simulated faults (`health.rs`).
+    health: Health,
+    /// The processes read by the last `collect`.
+    processes: Vec<ProcessSample>,
 }
 
 impl Fleet {
     /// A node of `gpus` simulated H100s. Everything (UUIDs, jobs, noise) follows from `seed`.
     pub fn new(gpus: usize, seed: u64) -> Self {
+        let gpu_count = gpus;
         let mut boards = Rng::new(seed ^ 0x6770_7577_6174_6368);
         let uptime_days = boards.range(2.0, 40.0);
         let gpus = (0..gpus)
@@ -152,6 +179,8 @@ impl Fleet {
             clock: None,
             next_arrival: 0,
             next_job_id: 10_000 + mix64(seed) % 10_000,
+            health: Health::new(seed, gpu_count),
+            processes: Vec::new(),
         }
     }
 
@@ -181,6 +210,7 @@ impl Fleet {
     fn init(&mut self, t0: u64) {
         let n = self.gpus.len();
         self.clock = Some(t0);
+        self.health.start(t0);
         let gap = self.sched.exp(self.mean_arrival_gap_s() / 2.0);
         self.next_arrival = t0 + secs(gap.max(1.0));
         if n == 0 {
@@ -226,9 +256,11 @@ impl Fleet {
             if next > t {
                 break;
             }
+            self.faults_until(next);
             self.integrate(next);
             self.handle_events(next);
         }
+        self.faults_until(t);
         self.integrate(t);
     }
 
@@ -286,6 +318,7 @@ impl Fleet {
         while i < self.jobs.len() {
             if self.jobs[i].end <= now {
                 let job = self.jobs.swap_remove(i);
+                self.job_ended(&job, now);
                 for &g in &job.gpus {
                     self.gpus[g].job = None;
                     self.gpus[g].released_at = Some(now);
@@ -331,9 +364,20 @@ impl Source for Fleet {
             Some(clock) if now_unix_nano > clock => self.advance_to(now_unix_nano),
             Some(_) => {}
         }
-        Ok((0..self.gpus.len())
+        let samples: Vec<GpuSample> = (0..self.gpus.len())
             .map(|i| self.sample(i, now_unix_nano))
-            .collect())
+            .collect();
+        self.processes = samples.iter().filter_map(|s| self.process(s)).collect();
+        Ok(samples)
+    }
+
+    /// One process per GPU of each running job (a rank of the job), from the last collection.
+    fn processes(&mut self) -> Vec<ProcessSample> {
+        self.processes.clone()
+    }
+
+    fn events(&mut self) -> Vec<GpuEvent> {
+        self.health.drain()
     }
 
     fn simulated(&self) -> bool {

@@ -1,6 +1,7 @@
 //! Tests of the simulated node.
 
 use super::*;
+use crate::collect::{GpuEvent, ProcessSample};
 use std::collections::{HashMap, HashSet};
 
 const T0: u64 = 1_795_331_484_576_304_098;
@@ -279,4 +280,217 @@ fn zero_and_one_gpu() {
     assert!(Fleet::new(0, 1).collect(T0).unwrap().is_empty());
     let samples = run(&mut Fleet::new(1, 1), 2.0);
     assert!(samples.iter().all(|s| s.gpu_index == 0));
+}
+
+/// Collect every `step` for `hours`, returning the samples, processes and events of each call.
+fn run_all(
+    fleet: &mut Fleet,
+    hours: f64,
+    step: u64,
+) -> (Vec<GpuSample>, Vec<ProcessSample>, Vec<GpuEvent>) {
+    let (mut samples, mut procs, mut events) = (Vec::new(), Vec::new(), Vec::new());
+    let mut t = T0;
+    while t < T0 + secs(hours * 3600.0) {
+        samples.extend(fleet.collect(t).unwrap());
+        procs.extend(fleet.processes());
+        events.extend(fleet.events());
+        t += step;
+    }
+    (samples, procs, events)
+}
+
+#[test]
+fn each_job_gpu_has_its_process() {
+    let mut fleet = Fleet::new(8, 4);
+    let mut pids: HashMap<(String, String), u32> = HashMap::new();
+    let mut t = T0;
+    for _ in 0..2000 {
+        let samples = fleet.collect(t).unwrap();
+        let procs = fleet.processes();
+        assert_eq!(
+            procs,
+            fleet.processes(),
+            "processes are those of the last collect"
+        );
+        let busy: Vec<&GpuSample> = samples.iter().filter(|s| s.job.is_some()).collect();
+        assert_eq!(procs.len(), busy.len());
+        for (p, s) in procs.iter().zip(&busy) {
+            assert_eq!(p.time_unix_nano, t);
+            assert_eq!(p.gpu_uuid, s.gpu_uuid);
+            assert_eq!(p.job, s.job);
+            let used = p.used_memory_bytes.unwrap();
+            assert_eq!(used, s.memory_used_bytes.unwrap() - 512_557_056);
+            assert!(used > 0);
+            assert_eq!(p.sm_utilization, s.gpu_utilization);
+            let job = s.job.as_ref().unwrap();
+            let name = p.process_name.as_deref().unwrap();
+            match job.name.as_str() {
+                "render-batch" => assert_eq!(name, "blender"),
+                "md-sim" => assert_eq!(name, "gmx"),
+                _ => assert_eq!(name, "python"),
+            }
+            // A job's process on a GPU keeps its pid; its ranks have distinct pids.
+            let key = (job.id.clone(), p.gpu_uuid.clone());
+            assert_eq!(*pids.entry(key).or_insert(p.pid), p.pid);
+            assert!(p.pid >= 1000 && p.pid < 4_194_304);
+        }
+        let mut seen = HashSet::new();
+        assert!(
+            procs.iter().all(|p| seen.insert(p.pid)),
+            "pid used twice at once"
+        );
+        t += 10 * SEC;
+    }
+    assert!(pids.len() > 10, "{} job processes", pids.len());
+}
+
+const XIDS: [i64; 12] = [13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95];
+
+#[test]
+fn faults_are_rare_known_and_counted() {
+    let mut fleet = Fleet::new(8, 6);
+    let (samples, _, events) = run_all(&mut fleet, 48.0, 30 * SEC);
+    assert!(!events.is_empty());
+    let mut xids: HashMap<i64, usize> = HashMap::new();
+    for e in &events {
+        match e.kind.as_str() {
+            "xid" => {
+                assert!(XIDS.contains(&e.code), "{e:?}");
+                assert!(e.detail.starts_with(&format!("xid {}: ", e.code)), "{e:?}");
+                *xids.entry(e.code).or_default() += 1;
+            }
+            "ecc_sbe" | "ecc_dbe" => assert_eq!(e.code, 0),
+            other => panic!("unexpected kind {other}"),
+        }
+        assert_eq!(fleet.uuids()[e.gpu_index as usize], e.gpu_uuid);
+    }
+    // Mostly application faults; hardware ones are rarer.
+    let app: usize = [13, 31, 43, 45]
+        .iter()
+        .map(|c| xids.get(c).unwrap_or(&0))
+        .sum();
+    let hw: usize = [48, 63, 64, 79, 94, 95]
+        .iter()
+        .map(|c| xids.get(c).unwrap_or(&0))
+        .sum();
+    assert!(app > hw, "app {app}, hardware {hw}: {xids:?}");
+    assert!(app > 0 && hw > 0, "{xids:?}");
+    // Rates: a few XIDs per node-hour at most (the degraded board makes them visible).
+    let per_hour = xids.values().sum::<usize>() as f64 / 48.0;
+    assert!(per_hour < 8.0, "{per_hour} XIDs per hour");
+
+    // The counters only increase, and the XID counter of each GPU equals its XID events.
+    let mut last: HashMap<String, [i64; 5]> = HashMap::new();
+    for s in &samples {
+        let c = [
+            s.ecc_sbe_volatile_total.unwrap(),
+            s.ecc_dbe_volatile_total.unwrap(),
+            s.remapped_rows_uncorrectable.unwrap(),
+            s.remapped_rows_failure.unwrap(),
+            s.xid_errors_total.unwrap(),
+        ];
+        if let Some(prev) = last.insert(s.gpu_uuid.clone(), c) {
+            assert!(
+                prev.iter().zip(&c).all(|(a, b)| a <= b),
+                "{prev:?} -> {c:?}"
+            );
+        }
+    }
+    for (uuid, c) in &last {
+        let n = events
+            .iter()
+            .filter(|e| e.kind == "xid" && &e.gpu_uuid == uuid)
+            .count() as i64;
+        assert_eq!(c[4], n, "{uuid}");
+    }
+    // Only the degraded board has memory errors.
+    let with_ecc: HashSet<&String> = last
+        .iter()
+        .filter(|(_, c)| c[0] > 0 || c[1] > 0)
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(with_ecc.len(), 1, "{last:?}");
+}
+
+#[test]
+fn hot_board_and_power_brake_set_clock_event_reasons() {
+    let mut fleet = Fleet::new(8, 3);
+    let (samples, _, _) = run_all(&mut fleet, 24.0, 10 * SEC);
+    let thermal: Vec<&GpuSample> = samples
+        .iter()
+        .filter(|s| s.clock_event_reasons.unwrap() & 0x20 != 0)
+        .collect();
+    assert!(!thermal.is_empty(), "no thermal slowdown in 24 h");
+    for s in &thermal {
+        assert!(s.temperature_celsius.unwrap() >= 84.0, "{s:?}");
+        assert!(s.sm_clock_mhz.unwrap() <= 1155, "{s:?}");
+        assert!(s.job.is_some());
+    }
+    let hot: HashSet<&String> = thermal.iter().map(|s| &s.gpu_uuid).collect();
+    assert_eq!(hot.len(), 1, "one hot board");
+    assert!(
+        samples
+            .iter()
+            .any(|s| s.clock_event_reasons.unwrap() & 0x40 != 0)
+    );
+    let braked: Vec<&GpuSample> = samples
+        .iter()
+        .filter(|s| s.clock_event_reasons.unwrap() & 0x80 != 0)
+        .collect();
+    assert!(!braked.is_empty(), "no power brake in 24 h");
+    assert!(braked.iter().all(|s| s.sm_clock_mhz.unwrap() <= 1095));
+    // The power-capped compute phase still shows the SW power cap alone on the other boards.
+    assert!(
+        samples
+            .iter()
+            .any(|s| s.clock_event_reasons == Some(REASON_SW_POWER_CAP))
+    );
+}
+
+#[test]
+fn faults_do_not_depend_on_sampling_rate() {
+    let until = |v: Vec<GpuEvent>| -> Vec<GpuEvent> {
+        v.into_iter()
+            .filter(|e| e.time_unix_nano < T0 + 11 * 3600 * SEC)
+            .collect()
+    };
+    let fine = until(run_all(&mut Fleet::new(8, 8), 12.0, 5 * SEC).2);
+    let coarse = until(run_all(&mut Fleet::new(8, 8), 12.0, 60 * SEC).2);
+    assert!(fine.len() > 10, "{} events", fine.len());
+    assert!(fine == coarse, "events differ with the sampling rate");
+    let again = until(run_all(&mut Fleet::new(8, 8), 12.0, 5 * SEC).2);
+    assert_eq!(fine, again);
+}
+
+/// The demo's fleets (defaults: 4 hosts of 8 GPUs, seeds 1..=4; the dashboards test: 3 hosts of
+/// 4) show XID and ECC events in every hour of their first day, so a dashboard over the last
+/// hour of a demo has some.
+#[test]
+fn demo_fleets_have_events_every_hour() {
+    for (hosts, gpus) in [(4u64, 8usize), (3, 4)] {
+        let mut events = Vec::new();
+        for seed in 1..=hosts {
+            events.extend(run_all(&mut Fleet::new(gpus, seed), 26.0, 60 * SEC).2);
+        }
+        let mut start = T0;
+        while start + 3600 * SEC <= T0 + 26 * 3600 * SEC {
+            let inside = |e: &&GpuEvent| (start..start + 3600 * SEC).contains(&e.time_unix_nano);
+            let xid = events
+                .iter()
+                .filter(inside)
+                .filter(|e| e.kind == "xid")
+                .count();
+            let ecc = events
+                .iter()
+                .filter(inside)
+                .filter(|e| e.kind.starts_with("ecc"))
+                .count();
+            assert!(
+                xid > 0 && ecc > 0,
+                "{hosts}x{gpus}: hour from +{} s: {xid} XID, {ecc} ECC events",
+                (start - T0) / SEC
+            );
+            start += 10 * 60 * SEC;
+        }
+    }
 }
