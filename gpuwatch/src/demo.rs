@@ -2,13 +2,15 @@
 //!
 //! Every simulated host is named `sim-node-NN` and its data carries `gpuwatch.simulated = true`,
 //! so it is never mistaken for real telemetry. At start the fleet's recent history (`--backfill`)
-//! is simulated and written, so queries have data at once; then each host samples live.
+//! is simulated and written (GPU samples, the jobs' processes and the simulated XID and ECC
+//! events), so queries and dashboards have data at once; then each host samples live.
 
 use std::future::Future;
 use std::time::Duration;
 
+use gpuwatch_agent::export::otlp::encode_collection;
 use gpuwatch_agent::{
-    AgentOptions, Exporter, Fleet, Source, SourceKind, encode, now_unix_nano, resource_attributes,
+    AgentOptions, Exporter, Fleet, Source, SourceKind, now_unix_nano, resource_attributes,
 };
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::sync::watch;
@@ -145,10 +147,13 @@ async fn backfill(
             }
             for ((_, fleet), resource) in hosts.iter_mut().zip(&resources) {
                 let samples = fleet.collect(t).map_err(|e| Error::Other(e.to_string()))?;
+                // As the agent's loop does: the processes and events go with the samples.
+                let processes = fleet.processes();
+                let events = fleet.events();
                 written += samples.len();
-                request
-                    .resource_metrics
-                    .extend(encode(&samples, resource).resource_metrics);
+                request.resource_metrics.extend(
+                    encode_collection(&samples, &processes, &events, resource).resource_metrics,
+                );
             }
             t += step_ns;
         }
