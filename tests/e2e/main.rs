@@ -1,5 +1,6 @@
 //! End-to-end tests: the real `gpuwatch` and `gpuwatch-agent` binaries, started on free ports.
 
+mod agent_auth;
 mod agent_events;
 mod agent_grpc;
 mod agent_kubernetes;
