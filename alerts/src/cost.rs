@@ -225,16 +225,16 @@ FROM d GROUP BY job_id, host"#,
     }
 
     /// Registers the `jobs` view and the `budgets` table (`job_user`, `budget_usd`; a row with
-    /// null `job_user` holds the default budget) in `ctx`.
-    pub async fn register(&self, ctx: &SessionContext) -> Result<()> {
+    /// null `job_user` holds the default budget) in `ctx`. The view reads the returned ledger,
+    /// which stays empty (the view then reads every raw sample) until [`JobLedger::run`] folds
+    /// closed hours into it.
+    pub async fn register(&self, ctx: &SessionContext) -> Result<Arc<JobLedger>> {
         self.validate()?;
-        let plan = ctx
-            .state()
-            .create_logical_plan(&self.jobs_sql())
+        let ledger = Arc::new(JobLedger::new(self.clone()));
+        let table = JobsTable::new(Arc::clone(&ledger), &ctx.state())
             .await
             .map_err(|e| Error::Other(format!("cannot plan the jobs view: {e}")))?;
-        let view = datafusion::datasource::ViewTable::new(plan, Some(self.jobs_sql()));
-        ctx.register_table("jobs", Arc::new(view))
+        ctx.register_table("jobs", Arc::new(table))
             .map_err(|e| Error::Other(format!("cannot register the jobs view: {e}")))?;
 
         let schema = Arc::new(Schema::new(vec![
@@ -263,11 +263,14 @@ FROM d GROUP BY job_id, host"#,
             .map_err(|e| Error::Other(e.to_string()))?;
         ctx.register_table("budgets", Arc::new(table))
             .map_err(|e| Error::Other(format!("cannot register the budgets table: {e}")))?;
-        Ok(())
+        Ok(ledger)
     }
 }
 
+pub mod ledger;
 pub mod report;
+
+pub use ledger::{JobLedger, JobsTable};
 
 #[cfg(test)]
 mod tests;

@@ -22,9 +22,27 @@ pub const DROPPED: &str = "gpuwatch_notifications_dropped_total";
 /// Notifications waiting, per receiver.
 pub const QUEUED: &str = "gpuwatch_notifications_queued";
 
+/// End of the hours the job-usage ledger has folded (Unix seconds; 0 before the first fold).
+pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
+/// Hours the job-usage ledger holds.
+pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
+
 /// Renders the metrics.
 pub fn render(a: &Alerting) -> String {
     let mut out = String::new();
+    if let Some(l) = a.ledger() {
+        let snap = l.snapshot();
+        let _ = writeln!(
+            out,
+            "# HELP {LEDGER_WATERMARK} End of the hours the jobs view reads from its ledger (the rest from raw samples)\n# TYPE {LEDGER_WATERMARK} gauge\n{LEDGER_WATERMARK} {}",
+            snap.watermark.unwrap_or(0) / 1_000_000_000
+        );
+        let _ = writeln!(
+            out,
+            "# HELP {LEDGER_HOURS} Hours held by the jobs view's ledger\n# TYPE {LEDGER_HOURS} gauge\n{LEDGER_HOURS} {}",
+            l.hours()
+        );
+    }
     let alerts = a.alerts();
     let _ = writeln!(
         out,

@@ -22,6 +22,7 @@ pub struct Alerting {
     notifier: Mutex<(Dispatcher, Silences)>,
     outbox: Outbox,
     clock: Arc<dyn Clock>,
+    ledger: std::sync::OnceLock<Arc<crate::cost::JobLedger>>,
 }
 
 impl std::fmt::Debug for Alerting {
@@ -64,7 +65,18 @@ impl Alerting {
             notifier: Mutex::new((dispatcher, silences)),
             outbox,
             clock,
+            ledger: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Attaches the job-usage ledger, so `/metrics` shows how far it has folded.
+    pub fn set_ledger(&self, ledger: Arc<crate::cost::JobLedger>) {
+        let _ = self.ledger.set(ledger);
+    }
+
+    /// The job-usage ledger, once attached.
+    pub fn ledger(&self) -> Option<&Arc<crate::cost::JobLedger>> {
+        self.ledger.get()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (Dispatcher, Silences)> {

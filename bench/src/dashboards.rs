@@ -111,6 +111,23 @@ async fn count(server: &Server, sql: &str) -> Result<u64> {
         .unwrap_or(0))
 }
 
+/// `gpuwatch_jobs_ledger_watermark_seconds` of the server's `/metrics`, in ms (0 if absent).
+async fn ledger_watermark_ms(server: &Server) -> Result<i64> {
+    let text = send::client()?
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .map_err(|e| format!("GET /metrics: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("GET /metrics: {e}"))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch_jobs_ledger_watermark_seconds "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |s| (s * 1000.0) as i64))
+}
+
 /// Runs the benchmark.
 pub async fn run(args: DashboardsArgs) -> Result<()> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
@@ -192,6 +209,29 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
         if Instant::now() > deadline {
             println!(
                 "note: only {h} (1h) and {m} (1m) of {closed_hours} closed hours rolled up after {:?}",
+                args.settle_timeout
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // The jobs view's ledger folds every hour closed 15 minutes ago (gpuwatch's /metrics says
+    // how far it has come); panels over `jobs` are timed once it has.
+    let folded_ms = (now_ms - 900_000)
+        .div_euclid(3_600_000)
+        .min(end_ms.div_euclid(3_600_000))
+        * 3_600_000;
+    loop {
+        let w = ledger_watermark_ms(&server).await?;
+        if w >= folded_ms {
+            println!("jobs ledger: hours folded up to {}", query::iso(w));
+            break;
+        }
+        if Instant::now() > deadline {
+            println!(
+                "note: the jobs ledger had folded up to {} of {} after {:?}",
+                query::iso(w),
+                query::iso(folded_ms),
                 args.settle_timeout
             );
             break;

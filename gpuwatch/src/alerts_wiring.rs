@@ -94,11 +94,16 @@ pub async fn start(
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(Arc<Alerting>, Vec<tokio::task::JoinHandle<()>>)> {
-    config
+    let ledger = config
         .cost
         .register(engine.context())
         .await
         .map_err(|e| Error::Other(e.to_string()))?;
+    let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
+        engine.context().clone(),
+        Arc::clone(&clock),
+        stop.clone(),
+    ));
     let n = rules.rules().count();
     let alerting = Arc::new(
         Alerting::open(
@@ -114,7 +119,9 @@ pub async fn start(
         .register_table("alerts", alerting.engine().history().table())
         .map_err(|e| Error::Other(format!("cannot register the alerts table: {e}")))?;
     let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
-    let tasks = alerting.start(source, stop);
+    alerting.set_ledger(ledger);
+    let mut tasks = alerting.start(source, stop);
+    tasks.push(ledger_task);
     tracing::info!(
         rules = n,
         receivers = config.alerting.receivers.len(),

@@ -1,0 +1,712 @@
+//! The job-usage ledger: the `jobs` view's sums, kept per closed hour so that the view does not
+//! recompute its window functions over every raw sample on each query.
+//!
+//! Each sample's share of the `jobs` sums (seconds, idle seconds, joules, idle joules) depends
+//! only on that sample and the previous sample of its GPU (docs/cost.md). So the sums split
+//! exactly by the hour the sample falls in:
+//!
+//! ```text
+//! jobs = Σ folded hours (this ledger)  +  the same formulas over raw samples at or after W
+//! ```
+//!
+//! where `W` (the watermark) is the end of the folded hours. An hour is folded once it is closed
+//! (`SETTLE` after its end, when the store has compacted it and built its rollups). The first raw
+//! sample of each GPU at or after `W` takes its predecessor from the ledger's seed (the GPU's last
+//! sample before `W`), so the live part is exact too.
+//!
+//! Samples that arrive after their hour was folded (an agent's spool drained after an outage)
+//! are caught by comparing each folded hour's sample count with the `samples` of its
+//! `gpu_metrics_1h` rollup, which the store rebuilds for late data: a mismatch refolds that hour
+//! and every later one. Hours whose raw samples retention removed are dropped from the ledger, as
+//! they drop out of the plain view.
+//!
+//! Data flow: [`JobLedger::run`] folds (queries `gpu_metrics` one hour at a time through the
+//! engine) and publishes a [`Snapshot`]; [`JobsTable::scan`] plans the view's SQL over that
+//! snapshot and the raw samples after `W`, in a catalog of its own, so the two always agree.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, RecordBatch, StringArray,
+    StringViewBuilder, TimestampNanosecondArray, new_null_array,
+};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use datafusion::catalog::{
+    CatalogProvider, CatalogProviderList, MemTable, MemoryCatalogProvider,
+    MemoryCatalogProviderList, MemorySchemaProvider, SchemaProvider, Session, TableProvider,
+};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use gpuwatch_store::clock::Clock;
+use tokio::sync::watch;
+
+use super::{CostConfig, num};
+
+/// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
+pub const SETTLE: Duration = Duration::from_secs(15 * 60);
+/// How often the ledger looks for hours to fold and for late data.
+pub const TICK: Duration = Duration::from_secs(30);
+/// During the first catch-up, the snapshot is published after this many hours are folded.
+const PUBLISH_EVERY: usize = 24;
+
+const HOUR: i64 = 3_600_000_000_000;
+
+/// The raw columns a fold reads, in this order.
+const RAW_COLUMNS: &str = "time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules";
+
+fn floor_hour(t: i64) -> i64 {
+    t.div_euclid(HOUR) * HOUR
+}
+
+fn time_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
+}
+
+/// One job's use of one GPU within one hour.
+#[derive(Debug, Clone, Default)]
+struct Usage {
+    scheduler: Option<String>,
+    job_user: Option<String>,
+    job_name: Option<String>,
+    first_seen: i64,
+    last_seen: i64,
+    secs: f64,
+    idle_secs: f64,
+    joules: f64,
+    idle_joules: f64,
+}
+
+/// `(job_id, host, gpu_uuid, gpu_model)`.
+type UsageKey = (String, Option<String>, Option<String>, Option<String>);
+/// `(host, gpu_uuid)`.
+type GpuKey = (Option<String>, Option<String>);
+/// A GPU's last sample: time and energy counter.
+type Last = (i64, Option<f64>);
+
+/// One folded hour.
+#[derive(Debug, Default)]
+struct HourFold {
+    usage: BTreeMap<UsageKey, Usage>,
+    /// The last sample of each GPU seen in the hour.
+    last: HashMap<GpuKey, Last>,
+    /// Raw samples in the hour.
+    samples: u64,
+}
+
+fn keep_max(slot: &mut Option<String>, v: Option<&str>) {
+    if let Some(v) = v
+        && slot.as_deref().is_none_or(|s| v > s)
+    {
+        *slot = Some(v.to_string());
+    }
+}
+
+/// What [`JobsTable`] reads: the folded sums and the seed, up to the watermark.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// End of the folded hours; `None` before anything is folded (the view reads every sample).
+    pub watermark: Option<i64>,
+    usage: RecordBatch,
+    seed: RecordBatch,
+}
+
+fn usage_schema() -> SchemaRef {
+    let s = |n: &str, null: bool| Field::new(n, DataType::Utf8View, null);
+    Arc::new(Schema::new(vec![
+        s("job_id", false),
+        s("host", true),
+        s("gpu_uuid", true),
+        s("gpu_model", true),
+        s("scheduler", true),
+        s("job_user", true),
+        s("job_name", true),
+        Field::new("first_seen", time_type(), false),
+        Field::new("last_seen", time_type(), false),
+        Field::new("gpu_seconds", DataType::Float64, false),
+        Field::new("idle_gpu_seconds", DataType::Float64, false),
+        Field::new("energy_joules", DataType::Float64, false),
+        Field::new("idle_energy_joules", DataType::Float64, false),
+    ]))
+}
+
+/// The raw columns of the seed: the same names and types as `gpu_metrics`' columns.
+fn seed_schema() -> SchemaRef {
+    let s = |n: &str| Field::new(n, DataType::Utf8View, true);
+    Arc::new(Schema::new(vec![
+        Field::new("time", time_type(), false),
+        s("host"),
+        s("gpu_uuid"),
+        s("gpu_model"),
+        s("job_id"),
+        s("scheduler"),
+        s("job_user"),
+        s("job_name"),
+        Field::new("gpu_utilization", DataType::Float64, true),
+        Field::new("energy_joules", DataType::Float64, true),
+    ]))
+}
+
+fn views<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
+    let mut b = StringViewBuilder::new();
+    for v in values {
+        b.append_option(v);
+    }
+    Arc::new(b.finish())
+}
+
+impl Snapshot {
+    fn empty() -> Self {
+        Self {
+            watermark: None,
+            usage: RecordBatch::new_empty(usage_schema()),
+            seed: RecordBatch::new_empty(seed_schema()),
+        }
+    }
+
+    fn build(folds: &BTreeMap<i64, HourFold>) -> DfResult<Self> {
+        let Some((&last_hour, _)) = folds.last_key_value() else {
+            return Ok(Self::empty());
+        };
+        let rows: Vec<(&UsageKey, &Usage)> = folds.values().flat_map(|f| &f.usage).collect();
+        let f64s = |f: fn(&Usage) -> f64| -> ArrayRef {
+            Arc::new(rows.iter().map(|(_, u)| f(u)).collect::<Float64Array>())
+        };
+        let times = |f: fn(&Usage) -> i64| -> ArrayRef {
+            Arc::new(
+                TimestampNanosecondArray::from(rows.iter().map(|(_, u)| f(u)).collect::<Vec<_>>())
+                    .with_timezone("UTC"),
+            )
+        };
+        let usage = RecordBatch::try_new(
+            usage_schema(),
+            vec![
+                views(rows.iter().map(|(k, _)| Some(k.0.as_str()))),
+                views(rows.iter().map(|(k, _)| k.1.as_deref())),
+                views(rows.iter().map(|(k, _)| k.2.as_deref())),
+                views(rows.iter().map(|(k, _)| k.3.as_deref())),
+                views(rows.iter().map(|(_, u)| u.scheduler.as_deref())),
+                views(rows.iter().map(|(_, u)| u.job_user.as_deref())),
+                views(rows.iter().map(|(_, u)| u.job_name.as_deref())),
+                times(|u| u.first_seen),
+                times(|u| u.last_seen),
+                f64s(|u| u.secs),
+                f64s(|u| u.idle_secs),
+                f64s(|u| u.joules),
+                f64s(|u| u.idle_joules),
+            ],
+        )?;
+        let last = seed_before(folds, last_hour + HOUR);
+        let n = last.len();
+        let mut energy = Float64Builder::with_capacity(n);
+        for (_, (_, e)) in &last {
+            energy.append_option(*e);
+        }
+        let seed = RecordBatch::try_new(
+            seed_schema(),
+            vec![
+                Arc::new(
+                    TimestampNanosecondArray::from(
+                        last.iter().map(|(_, (t, _))| *t).collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                views(last.iter().map(|(k, _)| k.0.as_deref())),
+                views(last.iter().map(|(k, _)| k.1.as_deref())),
+                new_null_array(&DataType::Utf8View, n),
+                new_null_array(&DataType::Utf8View, n),
+                new_null_array(&DataType::Utf8View, n),
+                new_null_array(&DataType::Utf8View, n),
+                new_null_array(&DataType::Utf8View, n),
+                new_null_array(&DataType::Float64, n),
+                Arc::new(energy.finish()),
+            ],
+        )?;
+        Ok(Self {
+            watermark: Some(last_hour + HOUR),
+            usage,
+            seed,
+        })
+    }
+}
+
+/// The last sample of each GPU in the folded hours before `before`.
+fn seed_before(folds: &BTreeMap<i64, HourFold>, before: i64) -> Vec<(GpuKey, Last)> {
+    let mut last: HashMap<GpuKey, Last> = HashMap::new();
+    for fold in folds.range(..before).map(|(_, f)| f) {
+        for (k, v) in &fold.last {
+            last.insert(k.clone(), *v);
+        }
+    }
+    let mut v: Vec<_> = last.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The ledger of one server.
+#[derive(Debug)]
+pub struct JobLedger {
+    cost: CostConfig,
+    snapshot: RwLock<Arc<Snapshot>>,
+    folds: Mutex<BTreeMap<i64, HourFold>>,
+}
+
+fn plain(e: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Execution(e.to_string())
+}
+
+fn strings(batch: &RecordBatch, i: usize) -> DfResult<StringArray> {
+    Ok(cast(batch.column(i), &DataType::Utf8)?
+        .as_string::<i32>()
+        .clone())
+}
+
+fn f64_column(batch: &RecordBatch, i: usize) -> DfResult<Float64Array> {
+    Ok(cast(batch.column(i), &DataType::Float64)?
+        .as_primitive::<arrow::datatypes::Float64Type>()
+        .clone())
+}
+
+fn opt(a: &StringArray, i: usize) -> Option<&str> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+
+impl JobLedger {
+    /// An empty ledger: until [`Self::run`] folds hours, the `jobs` view reads every sample.
+    pub fn new(cost: CostConfig) -> Self {
+        Self {
+            cost,
+            snapshot: RwLock::new(Arc::new(Snapshot::empty())),
+            folds: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Hours folded.
+    pub fn hours(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// What the `jobs` view reads now.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot
+            .read()
+            .map(|s| Arc::clone(&s))
+            .unwrap_or_else(|p| Arc::clone(&p.into_inner()))
+    }
+
+    fn publish(&self, folds: &BTreeMap<i64, HourFold>) -> DfResult<()> {
+        let snap = Arc::new(Snapshot::build(folds)?);
+        match self.snapshot.write() {
+            Ok(mut s) => *s = snap,
+            Err(p) => *p.into_inner() = snap,
+        }
+        Ok(())
+    }
+
+    /// Folds hour `hour` of `gpu_metrics`, seeded by the GPUs' last samples before it.
+    async fn fold_hour(
+        &self,
+        ctx: &SessionContext,
+        hour: i64,
+        seed: HashMap<GpuKey, Last>,
+    ) -> DfResult<HourFold> {
+        let sql = format!(
+            "SELECT {RAW_COLUMNS} FROM gpu_metrics WHERE time >= to_timestamp_nanos({hour}) \
+             AND time < to_timestamp_nanos({end}) ORDER BY host, gpu_uuid, time",
+            end = hour + HOUR
+        );
+        let mut stream = ctx.sql(&sql).await?.execute_stream().await?;
+        let gap = i64::try_from(self.cost.max_sample_gap().as_nanos()).unwrap_or(i64::MAX);
+        let idle = self.cost.idle_utilization;
+        let mut fold = HourFold::default();
+        let mut prev: Option<(GpuKey, Last)> = None;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let time = cast(batch.column(0), &DataType::Int64)?;
+            let time = time.as_primitive::<arrow::datatypes::Int64Type>();
+            let (host, gpu, model) = (
+                strings(&batch, 1)?,
+                strings(&batch, 2)?,
+                strings(&batch, 3)?,
+            );
+            let (job, scheduler, user, name) = (
+                strings(&batch, 4)?,
+                strings(&batch, 5)?,
+                strings(&batch, 6)?,
+                strings(&batch, 7)?,
+            );
+            let util = f64_column(&batch, 8)?;
+            let energy = f64_column(&batch, 9)?;
+            for i in 0..batch.num_rows() {
+                fold.samples += 1;
+                let t = time.value(i);
+                let e = (!energy.is_null(i)).then(|| energy.value(i));
+                let key = (
+                    opt(&host, i).map(String::from),
+                    opt(&gpu, i).map(String::from),
+                );
+                let before = match prev.take() {
+                    Some((k, last)) if k == key => Some(last),
+                    _ => seed.get(&key).copied(),
+                };
+                let (secs, joules) = match before {
+                    None => (0.0, 0.0),
+                    Some((pt, pe)) => {
+                        let dt = t.saturating_sub(pt);
+                        let secs = if dt <= 0 {
+                            0.0
+                        } else {
+                            dt.min(gap) as f64 / 1e9
+                        };
+                        let joules = match (e, pe) {
+                            (Some(e), Some(pe)) if e - pe < 0.0 => e,
+                            (Some(e), Some(pe)) => e - pe,
+                            _ => 0.0,
+                        };
+                        (secs, joules)
+                    }
+                };
+                if let Some(job_id) = opt(&job, i) {
+                    let is_idle = !util.is_null(i) && util.value(i) < idle;
+                    let u = fold
+                        .usage
+                        .entry((
+                            job_id.to_string(),
+                            key.0.clone(),
+                            key.1.clone(),
+                            opt(&model, i).map(String::from),
+                        ))
+                        .or_insert_with(|| Usage {
+                            first_seen: t,
+                            last_seen: t,
+                            ..Usage::default()
+                        });
+                    keep_max(&mut u.scheduler, opt(&scheduler, i));
+                    keep_max(&mut u.job_user, opt(&user, i));
+                    keep_max(&mut u.job_name, opt(&name, i));
+                    u.first_seen = u.first_seen.min(t);
+                    u.last_seen = u.last_seen.max(t);
+                    u.secs += secs;
+                    u.joules += joules;
+                    if is_idle {
+                        u.idle_secs += secs;
+                        u.idle_joules += joules;
+                    }
+                }
+                fold.last.insert(key.clone(), (t, e));
+                prev = Some((key, (t, e)));
+            }
+        }
+        Ok(fold)
+    }
+
+    /// One pass: drops hours retention removed, refolds hours that received late samples, folds
+    /// the hours closed since the last pass, and publishes the snapshot if anything changed.
+    /// Returns the hours folded.
+    pub async fn step(&self, ctx: &SessionContext, now_nanos: i64) -> DfResult<usize> {
+        let closed_end = floor_hour(now_nanos.saturating_sub(SETTLE.as_nanos() as i64));
+        let oldest = first_time(ctx, "SELECT min(time) FROM gpu_metrics").await?;
+        let Some(oldest) = oldest else {
+            let had = !self.lock().is_empty();
+            if had {
+                let mut folds = self.lock();
+                folds.clear();
+                self.publish(&folds)?;
+            }
+            return Ok(0);
+        };
+        let oldest_hour = floor_hour(oldest);
+        // Hours retention removed, and the earliest hour whose sample count no longer matches
+        // its rollup.
+        let mut from = {
+            let mut folds = self.lock();
+            let before = folds.len();
+            folds.retain(|&h, _| h >= oldest_hour);
+            let changed = folds.len() != before;
+            if folds
+                .first_key_value()
+                .is_some_and(|(&h, _)| h > oldest_hour)
+            {
+                // Older samples than the ledger's first hour arrived: fold from the start again.
+                folds.clear();
+            }
+            if changed {
+                self.publish(&folds)?;
+            }
+            folds
+                .last_key_value()
+                .map_or(oldest_hour, |(&h, _)| h + HOUR)
+        };
+        if let Some(stale) = self.stale_hour(ctx).await? {
+            from = from.min(stale);
+        }
+        let mut folded = 0;
+        let mut hour = from;
+        while hour < closed_end {
+            let seed: HashMap<GpuKey, Last> = seed_before(&self.lock(), hour).into_iter().collect();
+            let fold = self.fold_hour(ctx, hour, seed).await?;
+            {
+                let mut folds = self.lock();
+                // A refold replaces the hour and makes every later hour's seed unsure: they are
+                // folded again by this same loop.
+                folds.retain(|&h, _| h < hour);
+                folds.insert(hour, fold);
+                folded += 1;
+                if folded % PUBLISH_EVERY == 0 {
+                    self.publish(&folds)?;
+                }
+            }
+            hour += HOUR;
+        }
+        if folded > 0 {
+            self.publish(&self.lock())?;
+        }
+        Ok(folded)
+    }
+
+    /// The earliest folded hour whose `gpu_metrics_1h` samples differ from the samples folded.
+    async fn stale_hour(&self, ctx: &SessionContext) -> DfResult<Option<i64>> {
+        let Some(first) = self.lock().first_key_value().map(|(&h, _)| h) else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT CAST(date_bin(INTERVAL '1 hour', time) AS BIGINT) AS h, sum(samples) AS n \
+             FROM gpu_metrics_1h WHERE time >= to_timestamp_nanos({first}) GROUP BY 1"
+        );
+        let batches = ctx.sql(&sql).await?.collect().await?;
+        let folds = self.lock();
+        let mut stale: Option<i64> = None;
+        for b in &batches {
+            let h = cast(b.column(0), &DataType::Int64)?;
+            let h = h.as_primitive::<arrow::datatypes::Int64Type>();
+            let n = cast(b.column(1), &DataType::Int64)?;
+            let n: &Int64Array = n.as_primitive();
+            for i in 0..b.num_rows() {
+                if h.is_null(i) || n.is_null(i) {
+                    continue;
+                }
+                let hour = h.value(i);
+                if let Some(f) = folds.get(&hour)
+                    && f.samples != n.value(i) as u64
+                {
+                    stale = Some(stale.map_or(hour, |s| s.min(hour)));
+                }
+            }
+        }
+        Ok(stale)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, HourFold>> {
+        self.folds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Folds hours as they close, every [`TICK`], until `stop` turns true.
+    pub async fn run(
+        self: Arc<Self>,
+        ctx: SessionContext,
+        clock: Arc<dyn Clock>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            let started = std::time::Instant::now();
+            match self.step(&ctx, clock.now_nanos()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    hours = n,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "job-usage ledger: hours folded"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "job-usage ledger: fold failed; the jobs view reads raw samples past the last folded hour")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TICK) => {}
+                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+            }
+        }
+    }
+
+    /// The `jobs` view's SQL over the snapshot's tables (`job_usage`, `job_seed`) and the raw
+    /// samples at or after the watermark.
+    fn sql(&self, watermark: Option<i64>) -> String {
+        let cost = &self.cost;
+        let gap = cost.max_sample_gap().as_nanos();
+        let idle = num(cost.idle_utilization);
+        let energy_price = cost.energy_price_sql();
+        let after = watermark.map_or("true".to_string(), |w| {
+            format!("time >= to_timestamp_nanos({w})")
+        });
+        format!(
+            r#"WITH s AS (
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules,
+    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
+    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
+  FROM (SELECT {RAW_COLUMNS} FROM gpu_metrics WHERE {after}
+        UNION ALL SELECT {RAW_COLUMNS} FROM job_seed) r
+), d AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time,
+    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
+    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
+    COALESCE(gpu_utilization < {idle}, false) AS idle
+  FROM s WHERE job_id IS NOT NULL AND {after}
+), u AS (
+  SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
+    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules FROM job_usage
+  UNION ALL
+  SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
+    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END)
+  FROM d GROUP BY job_id, host, gpu_uuid, gpu_model
+), p AS (
+  SELECT u.*, {price} AS price FROM u
+)
+SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
+  count(DISTINCT gpu_uuid) AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
+  sum(gpu_seconds) AS gpu_seconds,
+  sum(idle_gpu_seconds) AS idle_gpu_seconds,
+  sum(energy_joules) AS energy_joules,
+  sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
+  sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd
+FROM p GROUP BY job_id, host"#,
+            price = cost.price_sql(),
+        )
+    }
+
+    /// A session whose catalog holds `gpu_metrics` (from `state`) and the snapshot's tables.
+    async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
+        let options = state.config_options();
+        let (catalog_name, schema_name) = (
+            options.catalog.default_catalog.clone(),
+            options.catalog.default_schema.clone(),
+        );
+        let raw = state
+            .catalog_list()
+            .catalog(&catalog_name)
+            .and_then(|c| c.schema(&schema_name))
+            .ok_or_else(|| plain("the jobs view: no default schema"))?
+            .table("gpu_metrics")
+            .await?
+            .ok_or_else(|| plain("the jobs view: no gpu_metrics table"))?;
+        let schema = MemorySchemaProvider::new();
+        schema.register_table("gpu_metrics".into(), raw)?;
+        schema.register_table(
+            "job_usage".into(),
+            Arc::new(MemTable::try_new(
+                snap.usage.schema(),
+                vec![vec![snap.usage.clone()]],
+            )?),
+        )?;
+        schema.register_table(
+            "job_seed".into(),
+            Arc::new(MemTable::try_new(
+                snap.seed.schema(),
+                vec![vec![snap.seed.clone()]],
+            )?),
+        )?;
+        let catalog = MemoryCatalogProvider::new();
+        catalog.register_schema(&schema_name, Arc::new(schema))?;
+        let list = MemoryCatalogProviderList::new();
+        list.register_catalog(catalog_name, Arc::new(catalog));
+        Ok(SessionStateBuilder::new_from_existing(state.clone())
+            .with_catalog_list(Arc::new(list))
+            .build())
+    }
+
+    /// The `jobs` view's rows over `snap`, as a data frame.
+    async fn frame(&self, state: &SessionState, snap: &Snapshot) -> DfResult<DataFrame> {
+        let private = self.private_state(state, snap).await?;
+        let plan = private
+            .create_logical_plan(&self.sql(snap.watermark))
+            .await?;
+        Ok(DataFrame::new(private, plan))
+    }
+}
+
+async fn first_time(ctx: &SessionContext, sql: &str) -> DfResult<Option<i64>> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    for b in batches {
+        if b.num_rows() > 0 {
+            let t = cast(b.column(0), &DataType::Int64)?;
+            let t = t.as_primitive::<arrow::datatypes::Int64Type>();
+            if !t.is_null(0) {
+                return Ok(Some(t.value(0)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The `jobs` table: [`JobLedger`]'s snapshot plus the raw samples after its watermark.
+#[derive(Debug)]
+pub struct JobsTable {
+    ledger: Arc<JobLedger>,
+    schema: SchemaRef,
+}
+
+impl JobsTable {
+    /// The table over `ledger`; `state` plans the view once for its schema.
+    pub async fn new(ledger: Arc<JobLedger>, state: &SessionState) -> DfResult<Self> {
+        let snap = Snapshot::empty();
+        let schema = ledger
+            .frame(state, &snap)
+            .await?
+            .schema()
+            .as_arrow()
+            .clone();
+        Ok(Self {
+            ledger,
+            schema: Arc::new(schema),
+        })
+    }
+}
+
+#[async_trait]
+impl TableProvider for JobsTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let state = state
+            .as_any()
+            .downcast_ref::<SessionState>()
+            .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
+        let snap = self.ledger.snapshot();
+        let mut frame = self.ledger.frame(state, &snap).await?;
+        if let Some(p) = projection {
+            let names: Vec<&str> = p
+                .iter()
+                .map(|&i| self.schema.field(i).name().as_str())
+                .collect();
+            frame = frame.select_columns(&names)?;
+        }
+        if limit.is_some() {
+            frame = frame.limit(0, limit)?;
+        }
+        frame.create_physical_plan().await
+    }
+}
+
+#[cfg(test)]
+#[path = "ledger_tests.rs"]
+mod tests;
