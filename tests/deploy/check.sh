@@ -117,9 +117,10 @@ python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/s3.yaml" t
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/noauth.yaml" tests/deploy/values-noauth.yaml
 
 step "rendered objects: consistency (selectors, ports, mounts, rules, tokens)"
-python3 tests/deploy/objects.py "$work/default.yaml" "$work/s3.yaml" "$work/noauth.yaml" deploy/kubernetes/gpuwatch.yaml
-# NOTES.txt warns about the agents' missing token while auth is on, and about auth being off.
-grep -q 'WARNING: gpuwatch-agent' "$work/default.yaml.NOTES.txt"
+python3 tests/deploy/objects.py "$work/default.yaml" "$work/s3.yaml" "$work/noauth.yaml" deploy/kubernetes/gpuwatch.yaml deploy/kubernetes/gpuwatch-agent.yaml
+# NOTES.txt says where the agents' token comes from while auth is on, and warns when auth is off.
+grep -q 'They send the bearer token of Secret gw-gpuwatch-tokens, key agent-token' "$work/default.yaml.NOTES.txt"
+if grep -q 'bearer token of Secret' "$work/noauth.yaml.NOTES.txt"; then exit 1; fi
 grep -q 'WARNING: auth.enabled=false' "$work/noauth.yaml.NOTES.txt"
 
 step "kubernetes-validate --strict (Kubernetes $K8S_VERSION OpenAPI schemas, offline)"
@@ -139,6 +140,7 @@ done
 step "the real binaries start with what the rendered pods get (args, env, ConfigMaps, Secrets)"
 python3 tests/deploy/run_rendered.py target/debug "$work/default.yaml"
 python3 tests/deploy/run_rendered.py target/debug deploy/kubernetes/gpuwatch.yaml
+python3 tests/deploy/run_rendered.py target/debug deploy/kubernetes/gpuwatch-agent.yaml
 python3 tests/deploy/run_rendered.py target/debug "$work/s3.yaml"
 python3 tests/deploy/run_rendered.py target/debug "$work/noauth.yaml"
 

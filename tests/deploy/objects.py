@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Cross-object checks of rendered Kubernetes manifests, which schema validation cannot see:
 selectors that match their pods, Service and probe ports that exist, ConfigMaps and Secrets
-that mounts name, rules files that GPUWATCH_RULES names, the tokens file's format, the
+that mounts name, rules files that GPUWATCH_RULES names, the tokens file's format, the agents'
+token file (a read-only, owner/group-only Secret directory mount holding an ingest token of the
+server's tokens file), the
 ServiceMonitor/PodMonitor (no OpenAPI schema offline) against their targets, and the server's
 PodSecurity "restricted" settings. Usage: objects.py MANIFEST.yaml...
 """
@@ -25,6 +27,45 @@ def matches(selector, labels):
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def check_agent_token(where, c, env, mounts, secrets, auth_on):
+    path = env.get("GPUWATCH_AUTH_TOKEN_FILE")
+    if not path:
+        if auth_on:
+            err(where, "the server requires tokens but the agent has no GPUWATCH_AUTH_TOKEN_FILE: its writes get 401")
+        return
+    directory, _, name = path.rpartition("/")
+    vol = mounts.get(directory)
+    mount = next((m for m in c["volumeMounts"] if m["mountPath"] == directory), None)
+    if not vol or "secret" not in vol or not mount:
+        err(where, f"token file {path}: no Secret volume mounted at {directory}")
+        return
+    if not mount.get("readOnly"):
+        err(where, f"token mount {directory} must be read-only")
+    if "subPath" in mount:
+        err(where, "token mount uses subPath: Secret updates would never reach the pod")
+    mode = vol["secret"].get("defaultMode")
+    if mode is None or mode & 0o037:
+        err(where, f"token file mode {mode if mode is None else oct(mode)}: use 0400 or 0440")
+    items = {i["path"]: i["key"] for i in vol["secret"].get("items", [])}
+    if name not in items:
+        err(where, f"token Secret volume has no item with path {name}")
+        return
+    secret = secrets.get(vol["secret"]["secretName"])
+    if secret is None:
+        print(f"{where}: Secret {vol['secret']['secretName']} (key {items[name]}) is expected to exist already")
+        return
+    data = secret.get("stringData", {})
+    token = data.get(items[name])
+    if not token:
+        err(where, f"Secret {vol['secret']['secretName']} has no key {items[name]}")
+        return
+    if "tokens.toml" in data:
+        scopes = [t.get("scopes", []) for t in tomllib.loads(data["tokens.toml"]).get("tokens", [])
+                  if t.get("token") == token]
+        if not scopes or not {"ingest", "admin"} & set(scopes[0]):
+            err(where, "the agent's token is not an ingest (or admin) token of tokens.toml")
+
+
 def check(path):
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
@@ -32,6 +73,9 @@ def check(path):
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
     workloads = {**by_kind.get("StatefulSet", {}), **by_kind.get("DaemonSet", {})}
+    # Auth is on when the server has tokens, or, for the agent alone, when the agent has a token.
+    servers = [pod_spec(s)[0]["containers"][0] for s in by_kind.get("StatefulSet", {}).values()]
+    auth_on = any(e["name"] == "GPUWATCH_AUTH_TOKENS" for c in servers for e in c.get("env", []))
     configmaps = by_kind.get("ConfigMap", {})
     secrets = by_kind.get("Secret", {})
 
@@ -86,6 +130,7 @@ def check(path):
                 m = next((m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources"), None)
                 if not m or not m.get("readOnly"):
                     err(where, "pod-resources must be mounted read-only")
+                check_agent_token(where, c, env, mounts, secrets, auth_on)
 
     for name, svc in by_kind.get("Service", {}).items():
         where = f"{path}: Service/{name}"

@@ -6,7 +6,11 @@ written out as files, the pod paths (/etc/gpuwatch/..., /var/lib/gpuwatch, /tmp)
 temp dir and the 0.0.0.0 listeners moved to free loopback ports. Then: /readyz answers, the rules
 files named by GPUWATCH_RULES are loaded, SQL without a token gets 401 and with the rendered
 admin token (when the Secret is in the manifest) gets 200.
-For the agent DaemonSet: its env, with --source synthetic --once (no NVML here), must parse.
+For the agent DaemonSet: its env and its token Secret volume (written out like the server's), with
+--source synthetic (no NVML here). With the server in the same manifest, the agent then sends to
+it (endpoint moved to the server's local OTLP port of the rendered protocol) with the token file
+the chart mounts, and the server must store its samples: the agents' token of the chart is one
+the server accepts. Alone (gpuwatch-agent.yaml), it runs --once, which checks the token file.
 
 Usage: run_rendered.py BIN_DIR MANIFEST.yaml
 """
@@ -46,21 +50,28 @@ def get(url, token=None):
         return 0, ""
 
 
+# Tokens standing in for a Secret the manifest expects to exist (auth.existingSecret).
+STANDIN_ADMIN = "rendered-test-token-0123456789"
+STANDIN_AGENT = "rendered-agent-token-0123456789"
+
+
 def main(bin_dir, manifest):
     docs = [d for d in yaml.safe_load_all(open(manifest)) if d]
     objs = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     tmp = tempfile.mkdtemp(prefix="gpuwatch-rendered-")
-    ran = 0
-    for d in docs:
-        if d["kind"] == "StatefulSet":
-            run_server(bin_dir, d, objs, tmp)
-            ran += 1
-        if d["kind"] == "DaemonSet":
-            run_agent(bin_dir, d, tmp)
-            ran += 1
-    shutil.rmtree(tmp, ignore_errors=True)
-    if not ran:
+    servers = [d for d in docs if d["kind"] == "StatefulSet"]
+    agents = [d for d in docs if d["kind"] == "DaemonSet"]
+    if not servers and not agents:
         sys.exit(f"{manifest}: no StatefulSet or DaemonSet")
+    for s in servers:
+        then = None
+        if agents:
+            def then(ports, token, ds=agents[0]):
+                run_agent(bin_dir, ds, objs, tmp, (ports, token))
+        run_server(bin_dir, s, objs, tmp, then)
+    if agents and not servers:
+        run_agent(bin_dir, agents[0], objs, tmp, None)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def mount_files(spec, container, objs, tmp):
@@ -79,13 +90,17 @@ def mount_files(spec, container, objs, tmp):
             if secret is None:
                 print(f"Secret {v['secret']['secretName']} is not in the manifest: "
                       "a test tokens file stands in for it")
-                token = "rendered-test-token-0123456789"
-                data = {"tokens.toml": f'[[tokens]]\nname = "admin"\ntoken = "{token}"\nscopes = ["admin"]\n'}
+                token = STANDIN_ADMIN
+                data = {
+                    "tokens.toml": f'[[tokens]]\nname = "admin"\ntoken = "{token}"\nscopes = ["admin"]\n\n'
+                                   f'[[tokens]]\nname = "agent"\ntoken = "{STANDIN_AGENT}"\nscopes = ["ingest"]\n',
+                    "agent-token": STANDIN_AGENT,
+                }
             else:
                 data = secret["stringData"]
-                items = v["secret"].get("items")
-                if items:
-                    data = {i["path"]: data[i["key"]] for i in items}
+            items = v["secret"].get("items")
+            if items:
+                data = {i["path"]: data[i["key"]] for i in items}
         if data is not None:
             if "subPath" in m:
                 os.makedirs(os.path.dirname(host), exist_ok=True)
@@ -116,7 +131,7 @@ def remap(value, mapping):
     return value
 
 
-def run_server(bin_dir, sts, objs, tmp):
+def run_server(bin_dir, sts, objs, tmp, then=None):
     spec = sts["spec"]["template"]["spec"]
     c = spec["containers"][0]
     mapping, token = mount_files(spec, c, objs, tmp)
@@ -191,6 +206,8 @@ def run_server(bin_dir, sts, objs, tmp):
               f"{len(rules)} rules files with {expected} rules loaded, "
               f"auth {'on' if 'GPUWATCH_AUTH_TOKENS' in env else 'off'}"
               + (f", object store {env['GPUWATCH_OBJECT_STORE']} (moto)" if moto else ""))
+        if then:
+            then({k: v for k, v in ports.items()}, token if "GPUWATCH_AUTH_TOKENS" in env else None)
     finally:
         p.terminate()
         try:
@@ -202,22 +219,63 @@ def run_server(bin_dir, sts, objs, tmp):
             moto.wait()
 
 
-def run_agent(bin_dir, ds, tmp):
-    c = ds["spec"]["template"]["spec"]["containers"][0]
+def run_agent(bin_dir, ds, objs, tmp, server):
+    """server: (the server's local listener ports by env name, its admin token or None)."""
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    mapping, _ = mount_files(spec, c, objs, tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     for e in c["env"]:
         if "value" in e:
-            env[e["name"]] = e["value"]
+            env[e["name"]] = remap(e["value"], mapping)
         elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
             env[e["name"]] = "rendered-node"
     env["GPUWATCH_BUFFER_DIR"] = os.path.join(tmp, "spool")
     env["GPUWATCH_SOURCE"] = "synthetic"
-    out = subprocess.run([os.path.join(bin_dir, "gpuwatch-agent"), "--once", "--synthetic-gpus", "2"]
-                         + c.get("args", []), env=env, capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        sys.exit(f"agent with the rendered env exited {out.returncode}: {out.stderr}")
-    gpus = json.loads(out.stdout)["gpus"]
-    print(f"agent: the rendered env parses; --once gave {len(gpus)} GPUs")
+    token_file = env.get("GPUWATCH_AUTH_TOKEN_FILE")
+    if token_file and not os.path.isfile(token_file):
+        sys.exit(f"agent: GPUWATCH_AUTH_TOKEN_FILE {token_file} is not a mounted file")
+    agent = [os.path.join(bin_dir, "gpuwatch-agent"), "--synthetic-gpus", "2"] + c.get("args", [])
+    if server is None:
+        out = subprocess.run(agent + ["--once"], env=env, capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            sys.exit(f"agent with the rendered env exited {out.returncode}: {out.stderr}")
+        gpus = json.loads(out.stdout)["gpus"]
+        print(f"agent: the rendered env {'and token file ' if token_file else ''}parse; "
+              f"--once gave {len(gpus)} GPUs")
+        return
+    ports, token = server
+    listener = "GPUWATCH_OTLP_GRPC_ADDR" if env.get("GPUWATCH_PROTOCOL") == "grpc" else "GPUWATCH_OTLP_HTTP_ADDR"
+    env["GPUWATCH_ENDPOINT"] = f"http://127.0.0.1:{ports[listener]}"
+    env.update(GPUWATCH_METRICS_ADDR="off", GPUWATCH_INTERVAL="500ms", GPUWATCH_FLUSH_INTERVAL="0s")
+    log = open(os.path.join(tmp, "agent.log"), "w")
+    p = subprocess.Popen(agent, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    http = f"http://127.0.0.1:{ports['GPUWATCH_HTTP_ADDR']}"
+    q = "SELECT+count(*)+AS+n+FROM+gpu_metrics+WHERE+host+%3D+%27rendered-node%27"
+    n = 0
+    try:
+        for _ in range(150):
+            if p.poll() is not None:
+                sys.exit(f"agent exited {p.returncode}:\n{open(log.name).read()}")
+            status, body = get(f"{http}/api/v1/sql?format=json&q={q}", token)
+            if status == 200:
+                n = json.loads(body)[0]["n"]
+                if n > 0:
+                    break
+            time.sleep(0.2)
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    text = open(log.name).read()
+    if not n:
+        sys.exit(f"agent: the rendered server stored no sample of it; agent log:\n{text}")
+    if "refused" in text:
+        sys.exit(f"agent: a send was refused:\n{text}")
+    print(f"agent: with the rendered env{' and token file' if token_file else ''}, "
+          f"{env['GPUWATCH_PROTOCOL']} to the rendered server: {n} samples stored")
 
 
 if __name__ == "__main__":

@@ -88,3 +88,18 @@ app.kubernetes.io/component: agent
 {{- printf "http://%s.%s.svc:%v" (include "gpuwatch.fullname" .) .Release.Namespace .Values.server.service.ports.otlpHttp }}
 {{- end }}
 {{- end }}
+
+{{/* Whether the agents send a bearer token: while auth is on. "true" or "". */}}
+{{- define "gpuwatch.agentToken" -}}
+{{- if .Values.auth.enabled }}
+{{- if not (or .Values.server.enabled .Values.auth.existingSecret .Values.agent.authToken.existingSecret) }}
+{{- fail "agent: with auth.enabled and server.enabled=false, give agent.authToken.existingSecret (a Secret holding the agents' ingest token) or set auth.enabled=false" }}
+{{- end }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
+{{/* Secret holding the agents' token (key agent.authToken.key). */}}
+{{- define "gpuwatch.agentTokenSecret" -}}
+{{- default (include "gpuwatch.tokensSecret" .) .Values.agent.authToken.existingSecret }}
+{{- end }}
