@@ -6,8 +6,9 @@
 #   2. each published Dockerfile's runtime stage is built as it is, its build stage replaced by
 #      the binary built here (the only change: `COPY --from=build /out/X` becomes `COPY X`);
 #   3. the agent image runs `--source synthetic --once`; the server image is started with a
-#      tokens file, answers /readyz, takes the agent image's samples over OTLP/HTTP and answers
-#      SQL about them.
+#      tokens file, answers /readyz, takes the agent image's samples over OTLP/HTTP (the agent
+#      sends its ingest token from a mounted file, as docs/deploy.md shows) and answers SQL about
+#      them.
 # Binaries: BIN_DIR (default target/release when both are there, else target/debug), stripped.
 # This sandbox has no cgroup controllers podman can use and refuses setrlimit, so builds use
 # `--isolation chroot` and the images run under `buildah run --isolation chroot` (the image's
@@ -90,8 +91,10 @@ echo "agent image: --source auto without libnvidia-ml.so.1 exits 2: $(head -c 16
 
 echo "== image: server"
 token="image-test-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+agent_token="image-agent-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$work/etc"
-printf '[[tokens]]\nname = "admin"\ntoken = "%s"\nscopes = ["admin"]\n' "$token" > "$work/etc/tokens.toml"
+printf '[[tokens]]\nname = "admin"\ntoken = "%s"\nscopes = ["admin"]\n\n[[tokens]]\nname = "agent"\ntoken = "%s"\nscopes = ["ingest"]\n' \
+  "$token" "$agent_token" > "$work/etc/tokens.toml"
 chmod 0644 "$work/etc/tokens.toml"
 server=$(buildah from --pull-never --name "gpuwatch-server-test-$$" "localhost/gpuwatch-server:test"); containers+=("$server")
 buildah run --isolation chroot --user 10001:10001 -v "$work/etc:/etc/gpuwatch:ro" \
@@ -110,33 +113,15 @@ echo "server image: /readyz answers"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/api/v1/sql?q=SELECT+1")
 [[ "$code" == 401 ]] || { echo "server image: SQL without a token answered $code, not 401" >&2; exit 1; }
 
-# The agent image cannot send a token (no such option yet): its samples go through a loopback
-# relay here that adds one, so that the two images are tested together.
-relay_port="$(port)"
-python3 - "$relay_port" "$otlp_port" "$token" <<'PY' &
-import http.server, sys, urllib.request
-listen, target, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["content-length"]))
-        req = urllib.request.Request(f"http://127.0.0.1:{target}{self.path}", data=body, method="POST")
-        for k in ("content-type", "content-encoding"):
-            if self.headers.get(k): req.add_header(k, self.headers[k])
-        req.add_header("authorization", f"Bearer {token}")
-        with urllib.request.urlopen(req) as r:
-            data = r.read(); self.send_response(r.status)
-            self.send_header("content-type", r.headers.get("content-type", "application/x-protobuf"))
-            self.send_header("content-length", str(len(data))); self.end_headers(); self.wfile.write(data)
-    def log_message(self, *a): pass
-srv = http.server.HTTPServer(("127.0.0.1", listen), H)
-srv.timeout = 30
-for _ in range(40): srv.handle_request()
-PY
-relay_pid=$!
-sleep 0.5
-timeout 60 buildah run --isolation chroot --user 10001:10001 "$agent" -- /usr/local/bin/gpuwatch-agent \
+# The agent image sends its own ingest token, from a file readable by the image's uid only.
+mkdir -p "$work/agent-etc"
+printf '%s\n' "$agent_token" > "$work/agent-etc/token"
+chown 10001:10001 "$work/agent-etc/token"
+chmod 0400 "$work/agent-etc/token"
+timeout 60 buildah run --isolation chroot --user 10001:10001 -v "$work/agent-etc:/etc/gpuwatch-agent:ro" \
+  --env GPUWATCH_AUTH_TOKEN_FILE=/etc/gpuwatch-agent/token "$agent" -- /usr/local/bin/gpuwatch-agent \
   --source synthetic --synthetic-gpus 2 --host image-test --interval 500ms --flush-interval 0s \
-  --metrics-addr off --endpoint "http://127.0.0.1:$relay_port" > "$work/agent.log" 2>&1 &
+  --metrics-addr off --endpoint "http://127.0.0.1:$otlp_port" > "$work/agent.log" 2>&1 &
 agent_pid=$!
 n=0
 for _ in $(seq 1 100); do
@@ -145,14 +130,19 @@ for _ in $(seq 1 100); do
   [[ "$n" == 2 ]] && break
   sleep 0.3
 done
-kill "$agent_pid" "$relay_pid" 2>/dev/null || true
+kill "$agent_pid" 2>/dev/null || true
 wait "$agent_pid" 2>/dev/null || true
 if [[ "$n" != 2 ]]; then
   echo "server image: SQL saw $n GPUs of host image-test, not 2" >&2
   tail -20 "$work/agent.log" "$work/server.log" >&2
   exit 1
 fi
-echo "server image: SQL answers 2 GPUs of the agent image's host"
+if grep -q 'refused the bearer token' "$work/agent.log"; then
+  echo "agent image: the server refused its token" >&2
+  tail -20 "$work/agent.log" >&2
+  exit 1
+fi
+echo "server image: SQL answers 2 GPUs of the agent image's host (sent with the agent's token file)"
 
 echo "== image: sizes"
 podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'gpuwatch-(server|agent):test|debian:bookworm-slim'
