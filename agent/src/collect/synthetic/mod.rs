@@ -51,7 +51,8 @@
 //! only, so it does not depend on how often the fleet is sampled; measurement noise draws from
 //! a second stream; faults draw from a third, at fault times, handled in time order between the
 //! job events. The first call initialises the fleet at the time it is given, with one job
-//! already running and one notebook already idle, so a demo shows both cases at once.
+//! already running and one notebook already idle (until its time limit, 12 to 24 hours on), so
+//! a demo shows both cases at once.
 //!
 //! # Files
 //!
@@ -234,7 +235,9 @@ impl Fleet {
         }
         if notebook {
             let started = t0.saturating_sub(secs(self.sched.range(15.0, 40.0) * 60.0));
-            let end = t0 + secs(self.sched.range(45.0, 120.0) * 60.0);
+            // A notebook session with a day-long time limit, abandoned a few minutes in: the
+            // demo shows an idle GPU held by a job for its first half day at least.
+            let end = t0 + secs(self.sched.range(12.0, 24.0) * 3600.0);
             let mut job = self.new_job(Kind::Notebook, vec![n - 1], started, end);
             job.stall_at = Some(started + secs(self.sched.range(3.0, 8.0) * 60.0));
             job.phase = Phase::Hold;
