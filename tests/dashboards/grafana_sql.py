@@ -10,7 +10,15 @@ steps, and this script does both the same way:
    `$__interval`, `$__interval_ms`, `$__from`, `$__to`, `$__range_s`, `$__range_ms`.
    A multi-value (or include-All) variable's plain form is each value quoted as a SQL
    literal, joined by commas; a single-value variable's plain form is the value with its
-   quotes doubled. "All" without a custom all value means every option of the variable.
+   quotes doubled. "All" without a custom all value means every option of the variable; with
+   a custom all value (`allValue`) it is that text, inserted raw whatever the format (`text`,
+   `percentencode` and `queryparam` excepted), then searched for variables again (scenes'
+   CustomAllValue, and templateSrv's "skip formatting of custom all values" before 11).
+   A variable whose query returns no rows (scenes' MultiValueVariable.
+   getStateUpdateGivenNewOptions, templateSrv's validateVariableSelectionState before 11):
+   with include-All it is All, so its custom all value or the empty list (`${v:sqlstring}`
+   is then empty text, and `IN (${v:sqlstring})` a syntax error); multi-value without All,
+   the empty list; single-value, the empty string.
    `$__interval` is Grafana's `rangeUtil.calculateInterval(range, maxDataPoints, min interval)`:
    the range over the panel's data points, rounded by `roundInterval`, at least the panel's
    `interval`.
@@ -163,8 +171,16 @@ def format_value(values, fmt, multi):
     raise ValueError(f"variable format {fmt!r} is not handled by this expander")
 
 
-def replace_variables(sql, variables, builtins):
-    """`variables`: name -> (list of values, multi). `builtins`: name -> text."""
+class CustomAll:
+    """The All of a variable with a custom all value: the text, unformatted."""
+
+    def __init__(self, text):
+        self.text = text
+
+
+def replace_variables(sql, variables, builtins, depth=0):
+    """`variables`: name -> (list of values, multi) or (CustomAll, multi). `builtins`: name ->
+    text."""
 
     def sub(m):
         name = m.group(1) or m.group(2) or m.group(4)
@@ -173,6 +189,14 @@ def replace_variables(sql, variables, builtins):
             return builtins[name]
         if name in variables:
             values, multi = variables[name]
+            if isinstance(values, CustomAll):
+                if fmt == "text":
+                    return "All"
+                if fmt in ("percentencode", "queryparam"):
+                    raise ValueError(f"format {fmt!r} of a custom all value is not handled")
+                if depth > 5:
+                    raise ValueError(f"custom all value of {name} refers to itself")
+                return replace_variables(values.text, variables, builtins, depth + 1)
             return format_value(values, fmt, multi)
         # Unknown names (the macros: $__timeFilter, ...) stay for the server.
         return m.group(0)
@@ -315,22 +339,47 @@ def run_sql(conn, sql):
     return cols, rows
 
 
-def resolve_variables(conn, dashboard, from_s, to_s, errors, where, pinned=None):
-    """Runs each query variable in order (a later one may use an earlier one); picks All for
-    multi/All variables, the first option otherwise. Returns (name -> (values, multi), and
-    (name, sql, columns, rows) of each variable query that ran)."""
+def grafana_value(v, opts, pinned=None, first=False):
+    """The value Grafana gives variable `v` whose query returned `opts`, as (values, multi):
+    the picker's default (All when the variable has it, else the first option), `pinned` when
+    the user picked it, the first option alone with `first` (a multi-value variable set to one
+    value instead of All), and Grafana's rules for no options (module docs)."""
+    multi = bool(v.get("multi") or v.get("includeAll"))
+    include_all = bool(v.get("includeAll"))
+    custom = v.get("allValue") or None
+    if pinned is not None:
+        return [pinned], multi
+    if not opts:
+        if include_all:
+            return (CustomAll(custom) if custom else []), True
+        return ([] if v.get("multi") else [""]), multi
+    if first and multi:
+        return opts[:1], True
+    if include_all:
+        return (CustomAll(custom) if custom else opts), True
+    return opts[:1], multi
+
+
+def resolve_variables(conn, dashboard, from_s, to_s, errors, where, pinned=None, empty=None,
+                      first=False, need_options=True):
+    """Runs each query variable in order (a later one may use an earlier one) and gives each
+    the value Grafana would (`grafana_value`). `empty` names a variable whose query is taken to
+    return no rows (it is not run). Returns (name -> (values, multi), and (name, sql, columns,
+    rows) of each variable query that ran)."""
     values = {}
     ran = []
     for v in query_variables(dashboard):
         name = v["name"]
+        if name == empty:
+            values[name] = grafana_value(v, [])
+            continue
         sql = variable_sql(v)
-        multi = bool(v.get("multi") or v.get("includeAll"))
         try:
             text = expand(sql, from_s, to_s, values)
             cols, rows = run_sql(conn, text)
         except Exception as e:  # noqa: reported, not raised
             errors.append(f"{where}: variable {name}: {type(e).__name__}: {e}")
-            values[name] = ([], multi)
+            values[name] = grafana_value(v, [])
             continue
         if not cols:
             errors.append(f"{where}: variable {name}: no columns")
@@ -340,18 +389,13 @@ def resolve_variables(conn, dashboard, from_s, to_s, errors, where, pinned=None)
         else:
             opts = [r[0] for r in rows]
         opts = [str(o) for o in opts if o is not None]
-        if not opts:
+        if not opts and need_options:
             errors.append(f"{where}: variable {name}: no options on this fleet")
         pin = (pinned or {}).get(name)
-        if pin is not None:
+        if pin is not None and pin not in opts:
             # A value chosen in the picker: it must be one of the options.
-            if pin not in opts:
-                errors.append(f"{where}: variable {name}: {pin!r} is not among its options")
-            values[name] = ([pin], multi)
-        elif multi:
-            values[name] = (opts, True)
-        else:
-            values[name] = (opts[:1], False)
+            errors.append(f"{where}: variable {name}: {pin!r} is not among its options")
+        values[name] = grafana_value(v, opts, pin, first)
         ran.append((name, text, cols, rows))
     return values, ran
 
@@ -400,50 +444,79 @@ def parse_range(text, to_s):
     return to_s - parse_duration(text), to_s
 
 
+def run_panels(conn, fname, dash, values, from_s, to_s, where, errors, need_rows):
+    """Runs every panel target of `dash` with the variables' `values`; returns (queries run,
+    panels seen). With `need_rows` false an answer may have no rows (or only nulls), but its
+    columns must still be what the panel needs."""
+    ran = 0
+    panels = 0
+    for p in panels_of(dash):
+        if p.get("type") == "row":
+            continue
+        panels += 1
+        targets = targets_of(p)
+        if not targets:
+            errors.append(f"{where}: panel {p.get('title')!r} has no SQL target")
+            continue
+        for t in targets:
+            label = f"{where} panel {p.get('title')!r} {t.get('refId')}"
+            try:
+                sql = expand(t["rawSql"], from_s, to_s, values,
+                             p.get("maxDataPoints") or 1000, p.get("interval"))
+                cols, rows = run_sql(conn, sql)
+            except Exception as e:  # noqa: reported
+                errors.append(f"{label}: {type(e).__name__}: {e}")
+                continue
+            ran += 1
+            problems = check_answer(p, t, cols, rows)
+            if not need_rows:
+                problems = [x for x in problems if x not in ("no rows", "every value is null")]
+            if problems:
+                errors.append(f"{label}: " + "; ".join(problems))
+            else:
+                print(f"ok   {label}: {len(rows)} rows, columns "
+                      + ", ".join(f"{c[0]}:{c[1]}" for c in cols))
+    return ran, panels
+
+
 def cmd_check(args):
+    """Every variable query and panel target over each --range: no error, the columns each panel
+    needs, and rows (unless --no-data). --first-value RANGE also runs them with every multi-value
+    variable set to its first option instead of All; --empty-each RANGE once per query variable,
+    with that variable's query taken to return no rows (as Grafana then sets it)."""
     to_s = parse_time(args.to) if args.to else time.time()
-    allowed_empty = set(args.allow_empty or [])
     pinned = dict(v.split("=", 1) for v in (args.var or []))
+    need_rows = not args.no_data
     conn = connect(args.dsn)
     errors = []
     ran = 0
     seen_panels = 0
     for fname, dash in load_dashboards(args.dashboards):
-        for rng in args.range:
+        scenarios = [(rng, rng, {}) for rng in args.range]
+        for rng in args.first_value or []:
+            scenarios.append((rng, f"{rng}, first values", {"first": True}))
+        for rng in args.empty_each or []:
+            for v in query_variables(dash):
+                scenarios.append((rng, f"{rng}, {v['name']} empty", {"empty": v["name"]}))
+        for rng, tag, how in scenarios:
             from_s, _ = parse_range(rng, to_s)
-            where = f"{fname} [{rng}]"
-            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, where,
-                                                 pinned)
+            where = f"{fname} [{tag}]"
+            # A scenario with an empty variable may leave the variables after it without
+            # options and the panels without rows, and one user or model picked may have no
+            # rows in a panel: what is checked there is that every query answers, with the
+            # columns its panel needs.
+            full = need_rows and not how
+            values, vars_ran = resolve_variables(
+                conn, dash, from_s, to_s, errors, where,
+                None if how else pinned, how.get("empty"), how.get("first", False),
+                need_options=full)
             for name, text, cols, rows in vars_ran:
                 ran += 1
                 print(f"ok   {where} variable {name}: {len(rows)} options")
-            for p in panels_of(dash):
-                if p.get("type") == "row":
-                    continue
-                if rng == args.range[0]:
-                    seen_panels += 1
-                targets = targets_of(p)
-                if not targets:
-                    errors.append(f"{where}: panel {p.get('title')!r} has no SQL target")
-                    continue
-                for t in targets:
-                    label = f"{where} panel {p.get('title')!r} {t.get('refId')}"
-                    try:
-                        sql = expand(t["rawSql"], from_s, to_s, values,
-                                     p.get("maxDataPoints") or 1000, p.get("interval"))
-                        cols, rows = run_sql(conn, sql)
-                    except Exception as e:  # noqa: reported
-                        errors.append(f"{label}: {type(e).__name__}: {e}")
-                        continue
-                    ran += 1
-                    problems = check_answer(p, t, cols, rows)
-                    if problems == ["no rows"] and p.get("title") in allowed_empty:
-                        problems = []
-                    if problems:
-                        errors.append(f"{label}: " + "; ".join(problems))
-                    else:
-                        print(f"ok   {label}: {len(rows)} rows, columns "
-                              + ", ".join(f"{c[0]}:{c[1]}" for c in cols))
+            n, panels = run_panels(conn, fname, dash, values, from_s, to_s, where, errors, full)
+            ran += n
+            if tag == args.range[0]:
+                seen_panels += panels
     print(f"{ran} queries run, {seen_panels} panels, {len(errors)} failures")
     for e in errors:
         print(f"FAIL {e}")
@@ -549,6 +622,22 @@ def cmd_selftest(args):
         (replace_variables("[[j]] ${j} ${j:csv}", {"j": (["1", "2"], True)}, {}),
          "'1','2' '1','2' 1,2"),
         (replace_variables("$__timeFilter(time)", {}, {}), "$__timeFilter(time)"),
+        # No options: include-All gives All, so the custom all value or nothing at all.
+        (replace_variables("h IN (${h:sqlstring})",
+                           {"h": grafana_value({"multi": True, "includeAll": True}, [])}, {}),
+         "h IN ()"),
+        (replace_variables("h IN (${h:sqlstring}) ${h:text}", {"h": grafana_value(
+            {"multi": True, "includeAll": True, "allValue": "'*'"}, [])}, {}), "h IN ('*') All"),
+        (replace_variables("${h:sqlstring}|${j:sqlstring}|'$j'", {
+            "h": grafana_value({"multi": True}, []), "j": grafana_value({}, [])}, {}), "|''|''"),
+        # A custom all value is raw, and searched for variables again.
+        (replace_variables("x IN ($h)", {
+            "h": grafana_value({"includeAll": True, "allValue": "SELECT '$j'"}, ["a", "b"]),
+            "j": (["q'"], False)}, {}), "x IN (SELECT 'q''')"),
+        (replace_variables("x IN ($h)", {"h": grafana_value({"includeAll": True}, ["a", "b"])},
+                           {}), "x IN ('a','b')"),
+        (replace_variables("x IN ($h)", {"h": grafana_value(
+            {"multi": True, "includeAll": True}, ["a", "b"], first=True)}, {}), "x IN ('a')"),
         (calculate_interval(0, 86400, 1000, None), ("1m", 60000)),
         (calculate_interval(0, 3600, 1000, None), ("5s", 5000)),
         (calculate_interval(0, 30 * 86400, 1000, None), ("20m", 1200000)),
@@ -586,10 +675,14 @@ def main():
         s.add_argument("--range", action="append", default=None,
                        help="range length ending at --to (repeatable), e.g. 1h, 24h, 30d")
         if name == "check":
-            s.add_argument("--allow-empty", action="append",
-                           help="panel title that may answer no rows (repeatable)")
             s.add_argument("--var", action="append",
                            help="NAME=VALUE: pick VALUE for variable NAME, as in the picker (repeatable)")
+            s.add_argument("--first-value", action="append",
+                           help="range to run again with each multi-value variable at its first option")
+            s.add_argument("--empty-each", action="append",
+                           help="range to run again once per query variable, that variable's query empty")
+            s.add_argument("--no-data", action="store_true",
+                           help="the range holds no data: answers may be empty, variables without options")
         else:
             s.add_argument("--runs", type=int, default=3)
     s = sub.add_parser("list")
