@@ -248,10 +248,6 @@ impl Demo {
         panic!("gpuwatch demo found no free ports in 5 tries")
     }
 
-    fn url(&self) -> String {
-        format!("http://{}", self.http)
-    }
-
     fn dsn(&self) -> String {
         format!(
             "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
