@@ -182,8 +182,8 @@ impl Fleet {
                 ((mhz / 15.0).round() * 15.0).clamp(1200.0, 1755.0) as i64
             }
         };
-        // The hot board slows down past its thermal limits; the power brake holds every GPU
-        // of the node low while the system asserts it.
+        // The hot board slows down past its thermal limits; the power brake holds every working
+        // GPU of the node low while the system asserts it (a free GPU idles at 345 MHz anyway).
         let mut reasons = tg.reasons;
         if temp >= health::SW_THERMAL_C {
             reasons |= health::REASON_SW_THERMAL;
@@ -193,7 +193,7 @@ impl Fleet {
         if temp >= health::HW_THERMAL_C {
             reasons |= health::REASON_HW_THERMAL;
         }
-        if health.braking(t) {
+        if health.braking(t) && job.is_some() {
             reasons |= health::REASON_HW_POWER_BRAKE;
             sm_clock = sm_clock.min(health::POWER_BRAKE_SM_CLOCK_MHZ);
         }

@@ -39,8 +39,8 @@
 //! one every 6 hours (XID 48, XID 94 or rarely 95 when a job runs there, then XID 63 as the row
 //! is remapped, XID 64 once its spare rows are used up). Each node sees an NVLink error (XID 74)
 //! about every 12 hours, a GPU fall off the bus (XID 79) about once a week (an event only: the
-//! GPU stays), and a 20–90 s power-brake episode every 2 hours (HW power brake bit, SM clock at
-//! most 1095 MHz). Another board runs hot under load (a failing fan): past 85 °C it shows SW
+//! GPU stays), and a 20–90 s power-brake episode every 2 hours (HW power brake bit and SM clock
+//! at most 1095 MHz on the GPUs that run a job). Another board runs hot under load (a failing fan): past 85 °C it shows SW
 //! thermal slowdown and a lower SM clock, past 88 °C HW thermal slowdown too. The ECC, remapped
 //! row and XID counters of the samples count these events since the simulated driver load.
 //!
@@ -51,8 +51,8 @@
 //! only, so it does not depend on how often the fleet is sampled; measurement noise draws from
 //! a second stream; faults draw from a third, at fault times, handled in time order between the
 //! job events. The first call initialises the fleet at the time it is given, with one job
-//! already running and one notebook already idle (until its time limit, 12 to 24 hours on), so
-//! a demo shows both cases at once.
+//! already running and one notebook already idle (on nodes of 4 GPUs or more, a second one with
+//! a time limit 12 to 24 hours on), so a demo shows both cases at once and for hours.
 //!
 //! # Files
 //!
@@ -235,14 +235,15 @@ impl Fleet {
         }
         if notebook {
             let started = t0.saturating_sub(secs(self.sched.range(15.0, 40.0) * 60.0));
-            // A notebook session with a day-long time limit, abandoned a few minutes in: the
-            // demo shows an idle GPU held by a job for its first half day at least.
-            let end = t0 + secs(self.sched.range(12.0, 24.0) * 3600.0);
+            let end = t0 + secs(self.sched.range(45.0, 120.0) * 60.0);
             let mut job = self.new_job(Kind::Notebook, vec![n - 1], started, end);
             job.stall_at = Some(started + secs(self.sched.range(3.0, 8.0) * 60.0));
             job.phase = Phase::Hold;
             job.phase_end = end;
             self.place(job);
+        }
+        if n >= 4 {
+            self.place_long_notebook(t0);
         }
         for i in 0..n {
             let t = self.targets(i, t0);
@@ -251,6 +252,31 @@ impl Fleet {
             gpu.temp_slow = temp_slow_target(t.power);
             gpu.memory_temp_slow = memory_temp_slow_target(t.power);
         }
+    }
+
+    /// On nodes of 4 GPUs or more, a second notebook abandoned an hour or more before `t0`,
+    /// with a day-long time limit (12 to 24 hours on), holds GPU n-2: a demo shows an idle GPU
+    /// held by a job for its first half day at least. Its figures come from a hash of the seed,
+    /// not from the schedule's random stream, which stays as it was.
+    fn place_long_notebook(&mut self, t0: u64) {
+        let n = self.gpus.len();
+        let h = mix64(self.seed ^ 0x4c6f_6e67_4e6f_7465);
+        let started = t0.saturating_sub((60 + h % 120) * MIN);
+        let end = t0 + (12 * 60 + (h >> 8) % (12 * 60)) * MIN;
+        let job = Job {
+            id: self.next_job_id,
+            user: USERS[((h >> 24) % USERS.len() as u64) as usize],
+            kind: Kind::Notebook,
+            gpus: vec![n - 2],
+            end,
+            phase: Phase::Hold,
+            phase_end: end,
+            memory_bytes: ((12 + (h >> 32) % 18) as f64 * GIB) as i64,
+            intensity: 0.7,
+            stall_at: Some(started + (3 + (h >> 40) % 8) * MIN),
+        };
+        self.next_job_id += 1;
+        self.place(job);
     }
 
     /// Run the simulation forward to `t`, handling every event on the way.
