@@ -201,6 +201,11 @@ simulated notebook fires GpuIdleInJob within about two minutes:
   {exe} sql{server_flag} "SELECT time, rule, state, labels['host'] AS host, labels['job_id'] AS job, value FROM alerts ORDER BY time DESC LIMIT 10"
   {exe} sql{server_flag} "SELECT job_id, job_user, job_name, host, gpus, round(gpu_seconds / 3600, 2) AS gpu_hours, round(idle_gpu_seconds / 3600, 2) AS idle_hours, round(energy_joules / 3.6e6, 2) AS kwh FROM jobs ORDER BY gpu_seconds DESC LIMIT 10"
 
+Health: each simulated host has a board with wearing memory (ECC errors, remapped rows, XIDs), an
+overheating board and power-brake episodes, and some jobs end with application XIDs, all SIMULATED
+and far more frequent than on a real fleet (GpuXidError and GpuEccUncorrectable fire for them):
+  {exe} sql{server_flag} "SELECT time, host, gpu_uuid, kind, code, detail FROM gpu_events ORDER BY time DESC LIMIT 10"
+
 Costs in the jobs table use example prices (USD 2.50 per H100 GPU-hour, USD 0.12 per kWh, PUE 1.3)
 unless the --config file has a [cost] section (docs/cost.md).
 
