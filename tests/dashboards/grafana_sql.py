@@ -34,7 +34,10 @@ Subcommands:
   selftest FIXTURE      expand every `-- grafana:` query of tests/fixtures/grafana_postgres_macros.sql
                         and compare with the SQL the fixture holds (Grafana's own expansion)
   check --dsn DSN ...   run every variable query and panel target over each --range and check
-                        the answers (exit 1 with a list of failures)
+                        the answers (exit 1 with a list of failures); --first-value RANGE and
+                        --empty-each RANGE add runs with each multi-value variable at one value
+                        and with each variable's query answering no rows; --no-data for a range
+                        without data (answers may be empty, but must come)
   bench --dsn DSN ...   time every variable query and panel target; JSON on stdout
   list                  print every panel and variable found (what check runs)
 """
