@@ -131,7 +131,11 @@ pub fn device_map(resp: &proto::ListPodResourcesResponse) -> DeviceMap {
     let mut map = DeviceMap::new();
     for pod in &resp.pod_resources {
         for c in &pod.containers {
-            for d in c.devices.iter().filter(|d| is_gpu_resource(&d.resource_name)) {
+            for d in c
+                .devices
+                .iter()
+                .filter(|d| is_gpu_resource(&d.resource_name))
+            {
                 for id in &d.device_ids {
                     let id = id.split("::").next().unwrap_or(id).trim();
                     if id.is_empty() {
@@ -310,15 +314,31 @@ mod tests {
     fn gpu_devices_map_to_their_pods() {
         let resp = ListPodResourcesResponse {
             pod_resources: vec![
-                pod("ml", "train-0", vec![container("trainer", "nvidia.com/gpu", &["GPU-a", "GPU-b"])]),
-                pod("ml", "nic", vec![container("c", "example.com/nic", &["GPU-c"])]),
+                pod(
+                    "ml",
+                    "train-0",
+                    vec![container("trainer", "nvidia.com/gpu", &["GPU-a", "GPU-b"])],
+                ),
+                pod(
+                    "ml",
+                    "nic",
+                    vec![container("c", "example.com/nic", &["GPU-c"])],
+                ),
                 pod(
                     "web",
                     "infer",
                     vec![container("server", "nvidia.com/mig-1g.10gb", &["MIG-1"])],
                 ),
-                pod("x", "shared-b", vec![container("c", "nvidia.com/gpu", &["GPU-s::1"])]),
-                pod("x", "shared-a", vec![container("c", "nvidia.com/gpu", &["GPU-s::0"])]),
+                pod(
+                    "x",
+                    "shared-b",
+                    vec![container("c", "nvidia.com/gpu", &["GPU-s::1"])],
+                ),
+                pod(
+                    "x",
+                    "shared-a",
+                    vec![container("c", "nvidia.com/gpu", &["GPU-s::0"])],
+                ),
             ],
         };
         let map = device_map(&resp);
@@ -350,7 +370,10 @@ mod tests {
         let p = &got.pod_resources[0];
         assert_eq!((p.name.as_str(), p.namespace.as_str()), ("p", "n"));
         let d = &p.containers[0].devices[0];
-        assert_eq!((d.resource_name.as_str(), d.device_ids[0].as_str()), ("r", "d"));
+        assert_eq!(
+            (d.resource_name.as_str(), d.device_ids[0].as_str()),
+            ("r", "d")
+        );
         assert_eq!(got.encode_to_vec(), resp);
     }
 

@@ -276,9 +276,15 @@ mod tests {
         let samples = fake.collect(1_000_000_000).unwrap();
         assert_eq!(samples.len(), 2 * (1 + 3));
         let parent = &samples[4];
-        assert_eq!((parent.gpu_index, parent.mig_instance.as_deref()), (1, None));
+        assert_eq!(
+            (parent.gpu_index, parent.mig_instance.as_deref()),
+            (1, None)
+        );
         assert_eq!(parent.gpu_uuid, FakeNvml::uuid(1));
-        assert_eq!(parent.gpu_utilization, None, "not given on a MIG-enabled gpu");
+        assert_eq!(
+            parent.gpu_utilization, None,
+            "not given on a MIG-enabled gpu"
+        );
         assert!(parent.power_watts.is_some());
         let rows: Vec<(u32, String, String)> = samples[5..]
             .iter()

@@ -453,11 +453,13 @@ mod tests {
     fn pods_and_mig_instances_get_dcgm_exporter_labels() {
         let mut s = sample();
         s.mig_instance = Some("2.0".into());
-        s.job = Some(crate::attribute::kubernetes::job_of(&crate::collect::PodLabels {
-            namespace: "ml".into(),
-            pod: "train-0".into(),
-            container: "trainer".into(),
-        }));
+        s.job = Some(crate::attribute::kubernetes::job_of(
+            &crate::collect::PodLabels {
+                namespace: "ml".into(),
+                pod: "train-0".into(),
+                container: "trainer".into(),
+            },
+        ));
         let l = labels("node-1", &s);
         assert!(
             l.ends_with(",GPU_I_ID=\"2\",namespace=\"ml\",pod=\"train-0\",container=\"trainer\""),
