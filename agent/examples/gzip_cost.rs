@@ -27,12 +27,19 @@ fn main() {
             std::hint::black_box(req.encode_to_vec());
         }
         let enc = t.elapsed().as_secs_f64() * 1e3 / f64::from(n);
-        println!("{gpus} GPU(s), {} processes: protobuf {} B, encode {enc:.3} ms", procs.len(), raw.len());
+        println!(
+            "{gpus} GPU(s), {} processes: protobuf {} B, encode {enc:.3} ms",
+            procs.len(),
+            raw.len()
+        );
         for level in [1, 3, 6] {
             let t = Instant::now();
             let mut size = 0;
             for _ in 0..n {
-                let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(level));
+                let mut gz = GzEncoder::new(
+                    Vec::with_capacity(raw.len() / 4 + 64),
+                    Compression::new(level),
+                );
                 gz.write_all(&raw).ok();
                 size = gz.finish().map(|v| v.len()).unwrap_or(0);
             }

@@ -610,7 +610,8 @@ impl Fleet {
                 gpu.busy_before = busy;
                 v[GPU_UTIL] = noisy(rng, p.util).round().clamp(0.0, 100.0);
                 v[MEM_UTIL] = noisy(rng, p.mem_util).round().clamp(0.0, 100.0);
-                let ratio = |rng: &mut Rng, x: (f64, f64)| round_to(noisy(rng, x).clamp(0.0, 1.0), 6);
+                let ratio =
+                    |rng: &mut Rng, x: (f64, f64)| round_to(noisy(rng, x).clamp(0.0, 1.0), 6);
                 v[SM_ACTIVE] = ratio(rng, p.sm_active);
                 v[SM_OCCUPANCY] = ratio(rng, p.occupancy);
                 v[TENSOR] = ratio(rng, p.tensor);
@@ -765,7 +766,12 @@ mod tests {
                 }
                 for s in &series {
                     for i in [SM_ACTIVE, SM_OCCUPANCY, TENSOR, DRAM, FP64, FP32, FP16] {
-                        assert!((0.0..=1.0).contains(&s.values[i]), "{} {}", FIELDS[i], s.values[i]);
+                        assert!(
+                            (0.0..=1.0).contains(&s.values[i]),
+                            "{} {}",
+                            FIELDS[i],
+                            s.values[i]
+                        );
                     }
                     assert!((0.0..=100.0).contains(&s.values[GPU_UTIL]));
                     assert!(s.values[POWER] >= 50.0 && s.values[POWER] <= POWER_CAP_W);
@@ -781,15 +787,18 @@ mod tests {
         let samples: Vec<&Sample> = all.iter().flatten().flatten().collect();
         let jobs: std::collections::HashSet<u64> = samples.iter().filter_map(|s| s.job).collect();
         assert!(jobs.len() > 8, "jobs start and end: {}", jobs.len());
-        assert!(samples.iter().any(|s| s.job.is_none()), "some GPUs are free");
+        assert!(
+            samples.iter().any(|s| s.job.is_none()),
+            "some GPUs are free"
+        );
         // Busy, light and allocated-but-idle samples all occur.
         assert!(samples.iter().any(|s| s.values[TENSOR] > 0.8));
         assert!(samples.iter().any(|s| s.values[DRAM] > 0.8));
         assert!(samples.iter().any(|s| s.values[FP64] > 0.5));
         assert!(
-            samples
-                .iter()
-                .any(|s| s.job.is_some() && s.values[GPU_UTIL] == 0.0 && s.values[FB_USED] > 10_000.0)
+            samples.iter().any(|s| s.job.is_some()
+                && s.values[GPU_UTIL] == 0.0
+                && s.values[FB_USED] > 10_000.0)
         );
         // Flat columns stay flat, noisy ones are noisy.
         let distinct = |i: usize| {

@@ -26,7 +26,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "gpuwatch-bench", about = "gpuwatch benchmark programs (docs/benchmarks.md)")]
+#[command(
+    name = "gpuwatch-bench",
+    about = "gpuwatch benchmark programs (docs/benchmarks.md)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -81,7 +84,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => n * 60.0,
         "h" => n * 3600.0,
         "d" => n * 86400.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?}; use ms, s, m, h or d"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{s:?}: not a valid duration"));

@@ -147,7 +147,8 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it right after).
 pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
+    let l =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(|e| format!("cannot find a free port: {e}"))
@@ -267,7 +268,12 @@ pub fn version_of(program: &Path, flag: &str) -> String {
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| format!("{package} {} (Debian package)", String::from_utf8_lossy(&o.stdout).trim()))
+        .map(|o| {
+            format!(
+                "{package} {} (Debian package)",
+                String::from_utf8_lossy(&o.stdout).trim()
+            )
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 

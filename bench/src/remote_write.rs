@@ -199,7 +199,11 @@ mod tests {
             let mut sorted = names.clone();
             sorted.sort();
             assert_eq!(names, sorted, "labels sorted");
-            assert!(ts.labels.iter().any(|l| l.name == "Hostname" && l.value == "gpu-node-002"));
+            assert!(
+                ts.labels
+                    .iter()
+                    .any(|l| l.name == "Hostname" && l.value == "gpu-node-002")
+            );
             for w in ts.samples.windows(2) {
                 assert!(w[1].timestamp > w[0].timestamp);
             }
