@@ -474,6 +474,30 @@ impl S3Server {
         .collect()
     }
 
+    /// Puts an object (`key` under the bucket) through the S3 API.
+    pub fn put(&self, key: &str, bytes: &[u8]) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))
+            .expect("connect to moto");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            s,
+            "PUT /{}/{key} HTTP/1.0\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.bucket,
+            self.addr,
+            bytes.len()
+        )
+        .expect("write head");
+        s.write_all(bytes).expect("write body");
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).expect("read answer");
+        assert!(
+            buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200"),
+            "put {key}: {buf}"
+        );
+    }
+
     /// The keys under `prefix`, listed through the S3 API.
     pub fn keys(&self, prefix: &str) -> Vec<String> {
         let (code, body) = http_call(

@@ -86,13 +86,10 @@ async fn idle_notebook_fires_gpu_idle_in_job_and_resolves() {
             config,
             Some(&dir.path().join("alerts")),
             clock.clone(),
+            Some(Arc::clone(&store)),
         )
         .expect("alerting"),
     );
-    engine
-        .context()
-        .register_table("alerts", alerting.engine().history().table())
-        .expect("alerts table");
     let (stop, rx) = watch::channel(false);
     let _workers = alerting.outbox().start(rx);
     let source = EngineSource::new(engine.clone(), Duration::from_secs(30));
@@ -191,7 +188,10 @@ async fn idle_notebook_fires_gpu_idle_in_job_and_resolves() {
         .batches
         .iter()
         .flat_map(|b| {
-            let col = arrow::array::cast::AsArray::as_string::<i32>(b.column(0)).clone();
+            // Store tables give strings as views.
+            let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)
+                .expect("cast to Utf8");
+            let col = arrow::array::cast::AsArray::as_string::<i32>(&col).clone();
             (0..b.num_rows())
                 .map(move |i| col.value(i).to_string())
                 .collect::<Vec<_>>()

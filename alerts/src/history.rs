@@ -1,26 +1,35 @@
 //! The `alerts` table: one row per state transition (`time`, `rule`, `state`, `labels`, `value`,
-//! `fingerprint`), kept in memory for queries and appended to a JSON-lines file (fsynced) in the
-//! data directory, which is read back at start. It is registered in the query engine's DataFusion
-//! context beside the store's tables.
+//! `fingerprint`). A server writes it through its store ([`History::in_store`]): every row goes
+//! to the write-ahead log and the buffer like any ingested row, and is persisted to the `alerts`
+//! Delta table, so every server on the same tables (query nodes included) answers it. Without a
+//! store (tests) it is kept in memory.
+//!
+//! Earlier releases appended the history to `<data-dir>/alerts/history.jsonl`; that file is
+//! imported into the table once (a commit carrying the `txn` [`IMPORT_APP`], so a restart never
+//! imports it twice) and renamed `history.jsonl.imported`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use arrow::array::{
     ArrayRef, Float64Builder, MapBuilder, RecordBatch, StringBuilder, TimestampNanosecondBuilder,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, Session, TableProvider};
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
+use gpuwatch_store::schema::Table;
+use gpuwatch_store::{ReadStore, Store, WriteBatch};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Alert;
 use crate::error::{Error, Result};
+
+/// The `txn` app id of the one-time import of an earlier release's history file.
+pub const IMPORT_APP: &str = "gpuwatch-alert-history-import";
 
 /// One transition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,29 +64,7 @@ impl HistoryRow {
 
 /// The schema of the `alerts` table.
 pub fn schema() -> SchemaRef {
-    let entries = Field::new(
-        "entries",
-        DataType::Struct(
-            vec![
-                Field::new("keys", DataType::Utf8, false),
-                Field::new("values", DataType::Utf8, true),
-            ]
-            .into(),
-        ),
-        false,
-    );
-    Arc::new(Schema::new(vec![
-        Field::new(
-            "time",
-            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
-            false,
-        ),
-        Field::new("rule", DataType::Utf8, false),
-        Field::new("state", DataType::Utf8, false),
-        Field::new("labels", DataType::Map(Arc::new(entries), false), true),
-        Field::new("value", DataType::Float64, true),
-        Field::new("fingerprint", DataType::Utf8, false),
-    ]))
+    Table::Alerts.schema()
 }
 
 fn to_batch(rows: &[HistoryRow]) -> Result<RecordBatch> {
@@ -117,104 +104,83 @@ fn to_batch(rows: &[HistoryRow]) -> Result<RecordBatch> {
     RecordBatch::try_new(schema(), columns).map_err(|e| Error::Other(e.to_string()))
 }
 
-/// The history file's path and, once opened, its handle.
-type HistoryFile = (PathBuf, Option<std::fs::File>);
+/// Where the history goes.
+#[derive(Debug, Clone)]
+enum Sink {
+    Memory(Arc<RwLock<Vec<RecordBatch>>>),
+    Store(Arc<Store>),
+}
 
-/// The alert history: in memory for queries, on disk for restarts.
-#[derive(Debug, Clone, Default)]
+/// The alert history.
+#[derive(Debug, Clone)]
 pub struct History {
-    pub(crate) batches: Arc<RwLock<Vec<RecordBatch>>>,
-    file: Option<Arc<Mutex<HistoryFile>>>,
+    sink: Sink,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::in_memory()
+    }
 }
 
 impl History {
     /// A history kept only in memory.
     pub fn in_memory() -> Self {
-        Self::default()
+        Self {
+            sink: Sink::Memory(Arc::default()),
+        }
     }
 
-    /// A history appended to `path` (created if missing), with the rows already there loaded.
-    pub fn open(path: &Path) -> Result<Self> {
-        let io = |what: &'static str| {
-            let path = path.to_path_buf();
-            move |source| Error::Io { what, path, source }
-        };
-        let mut rows = Vec::new();
-        if path.exists() {
-            let text = std::fs::read_to_string(path).map_err(io("cannot read alert history"))?;
-            for line in text.lines() {
-                // A torn last line (crash while appending) is skipped; anything else is kept.
-                match serde_json::from_str::<HistoryRow>(line) {
-                    Ok(r) => rows.push(r),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "skipping an unreadable alert history line")
-                    }
-                }
-            }
+    /// A history written to `store`'s `alerts` table. An earlier release's history file at
+    /// `legacy` (`<data-dir>/alerts/history.jsonl`) is imported once, then renamed.
+    pub fn in_store(store: Arc<Store>, legacy: Option<&Path>) -> Result<Self> {
+        if let Some(path) = legacy.filter(|p| p.exists()) {
+            import(&store, path)?;
         }
-        let h = Self {
-            batches: Arc::default(),
-            file: Some(Arc::new(Mutex::new((path.to_path_buf(), None)))),
-        };
-        if !rows.is_empty() {
-            let b = to_batch(&rows)?;
-            h.batches.write().unwrap_or_else(|p| p.into_inner()).push(b);
-        }
-        Ok(h)
+        Ok(Self {
+            sink: Sink::Store(store),
+        })
     }
 
-    /// Appends rows (durably when backed by a file).
+    /// Appends rows (durably, through the store's write-ahead log, when backed by a store).
     pub fn append(&self, rows: &[HistoryRow]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
-        if let Some(file) = &self.file {
-            let mut g = file.lock().unwrap_or_else(|p| p.into_inner());
-            let path = g.0.clone();
-            let io = |what: &'static str| {
-                let path = path.clone();
-                move |source| Error::Io { what, path, source }
-            };
-            if g.1.is_none() {
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(io("cannot create directory for"))?;
-                }
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(io("cannot open alert history"))?;
-                g.1 = Some(f);
-            }
-            let mut text = String::new();
-            for r in rows {
-                let line = serde_json::to_string(r)
-                    .map_err(|e| Error::Other(format!("cannot encode alert history: {e}")))?;
-                text.push_str(&line);
-                text.push('\n');
-            }
-            if let Some(f) = g.1.as_mut() {
-                f.write_all(text.as_bytes())
-                    .map_err(io("cannot append to alert history"))?;
-                f.sync_data().map_err(io("cannot sync alert history"))?;
-            }
-        }
         let b = to_batch(rows)?;
-        self.batches
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(b);
+        match &self.sink {
+            Sink::Memory(batches) => batches.write().unwrap_or_else(|p| p.into_inner()).push(b),
+            Sink::Store(store) => store
+                .write(&WriteBatch {
+                    batches: vec![(Table::Alerts, b)],
+                })
+                .map_err(|e| Error::Other(format!("cannot record alert history: {e}")))?,
+        }
         Ok(())
     }
 
     /// Rows so far.
     pub fn len(&self) -> usize {
-        self.batches
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(RecordBatch::num_rows)
-            .sum()
+        match &self.sink {
+            Sink::Memory(batches) => batches
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(RecordBatch::num_rows)
+                .sum(),
+            Sink::Store(store) => {
+                let snap = store.snapshot(Table::Alerts);
+                snap.batches
+                    .iter()
+                    .map(RecordBatch::num_rows)
+                    .sum::<usize>()
+                    + snap
+                        .files
+                        .iter()
+                        .map(|(_, f)| f.rows as usize)
+                        .sum::<usize>()
+            }
+        }
     }
 
     /// True when there is no row.
@@ -222,10 +188,49 @@ impl History {
         self.len() == 0
     }
 
-    /// The table provider for the query engine.
+    /// The batches of an in-memory history.
+    pub fn memory_batches(&self) -> Vec<RecordBatch> {
+        match &self.sink {
+            Sink::Memory(batches) => batches.read().unwrap_or_else(|p| p.into_inner()).clone(),
+            Sink::Store(_) => Vec::new(),
+        }
+    }
+
+    /// The table provider for an in-memory history (a store-backed one is the store's `alerts`
+    /// table, which the query engine registers with the others).
     pub fn table(&self) -> Arc<dyn TableProvider> {
         Arc::new(HistoryTable(self.clone()))
     }
+}
+
+/// Imports an earlier release's history file into the store, once.
+fn import(store: &Store, path: &Path) -> Result<()> {
+    let io = |what: &'static str| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { what, path, source }
+    };
+    let text = std::fs::read_to_string(path).map_err(io("cannot read alert history"))?;
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        // A torn last line (crash while appending) is skipped; anything else is kept.
+        match serde_json::from_str::<HistoryRow>(line) {
+            Ok(r) => rows.push(r),
+            Err(e) => tracing::warn!(error = %e, "skipping an unreadable alert history line"),
+        }
+    }
+    if !rows.is_empty() {
+        let imported = store
+            .import_once(Table::Alerts, &[to_batch(&rows)?], IMPORT_APP)
+            .map_err(|e| {
+                Error::Other(format!(
+                    "cannot import the alert history {}: {e}",
+                    path.display()
+                ))
+            })?;
+        tracing::info!(rows = rows.len(), imported, file = %path.display(), "alert history of an earlier release imported into the alerts table");
+    }
+    let done = path.with_extension("jsonl.imported");
+    std::fs::rename(path, &done).map_err(io("cannot rename the imported alert history"))
 }
 
 #[derive(Debug)]
@@ -248,13 +253,62 @@ impl TableProvider for HistoryTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let batches = self
-            .0
-            .batches
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let batches = self.0.memory_batches();
         let mem = MemTable::try_new(schema(), vec![batches])?;
         mem.scan(state, projection, filters, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_store::StoreConfig;
+    use gpuwatch_store::clock::ManualClock;
+
+    fn row(time: i64, state: &str) -> HistoryRow {
+        HistoryRow {
+            time,
+            rule: "GpuIdle".into(),
+            state: state.into(),
+            labels: BTreeMap::from([("host".to_string(), "h1".to_string())]),
+            value: 0.0,
+            fingerprint: "f".into(),
+        }
+    }
+
+    #[test]
+    fn an_earlier_release_history_file_is_imported_once_and_new_rows_go_through_the_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let legacy = dir.path().join("alerts/history.jsonl");
+        std::fs::create_dir_all(legacy.parent().expect("dir")).expect("mkdir");
+        let lines: Vec<String> = [row(1_000_000_000, "pending"), row(61_000_000_000, "firing")]
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json"))
+            .collect();
+        std::fs::write(&legacy, format!("{}\n{{torn", lines.join("\n"))).expect("write");
+        let clock = Arc::new(ManualClock::new(100_000_000_000));
+        let open = || {
+            Arc::new(
+                Store::open(StoreConfig::new(dir.path().join("data")), clock.clone())
+                    .expect("store"),
+            )
+        };
+        let store = open();
+        let h = History::in_store(Arc::clone(&store), Some(&legacy)).expect("history");
+        assert_eq!(h.len(), 2, "the two whole lines, not the torn one");
+        assert!(!legacy.exists());
+        assert!(legacy.with_extension("jsonl.imported").exists());
+        h.append(&[row(121_000_000_000, "resolved")])
+            .expect("append");
+        assert_eq!(h.len(), 3);
+        drop(h);
+        drop(store);
+        // The same file put back (a restore from a backup) is not imported again.
+        std::fs::copy(legacy.with_extension("jsonl.imported"), &legacy).expect("restore");
+        let store = open();
+        let h = History::in_store(Arc::clone(&store), Some(&legacy)).expect("history");
+        assert_eq!(h.len(), 3);
+        store.persist().expect("persist");
+        assert_eq!(h.len(), 3);
     }
 }

@@ -10,7 +10,7 @@ use gpuwatch_store::clock::Clock;
 use tokio::sync::watch;
 
 use crate::engine::{Alert, RuleEngine};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::history::History;
 use crate::notify::{AlertingConfig, Dispatcher, Outbox, Silence, Silences};
 use crate::rules::RuleFile;
@@ -41,9 +41,19 @@ impl Alerting {
         config: AlertingConfig,
         dir: Option<&Path>,
         clock: Arc<dyn Clock>,
+        store: Option<Arc<gpuwatch_store::Store>>,
     ) -> Result<Self> {
-        let history = match dir {
-            Some(d) => History::open(&d.join("history.jsonl"))?,
+        if let Some(d) = dir {
+            std::fs::create_dir_all(d).map_err(|source| Error::Io {
+                what: "cannot create the alerting directory",
+                path: d.to_path_buf(),
+                source,
+            })?;
+        }
+        let history = match store {
+            Some(store) => {
+                History::in_store(store, dir.map(|d| d.join("history.jsonl")).as_deref())?
+            }
             None => History::in_memory(),
         };
         let engine = RuleEngine::new(

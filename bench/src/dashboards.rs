@@ -171,11 +171,11 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
     // Persisted, then rolled up: every closed hour of the day in gpu_metrics_1m and _1h.
     let fleet_rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;
     let deadline = Instant::now() + args.settle_timeout;
-    while query::persisted_rows(&args.data_dir) < fleet_rows {
+    while query::persisted_rows(&server.url).await < fleet_rows {
         if Instant::now() > deadline {
             return Err(format!(
                 "only {} of {fleet_rows} rows persisted after {:?}; see {}",
-                query::persisted_rows(&args.data_dir),
+                query::persisted_rows(&server.url).await,
                 args.settle_timeout,
                 log.display()
             ));

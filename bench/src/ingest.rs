@@ -24,7 +24,11 @@ pub struct IngestArgs {
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub duration: Duration,
     /// Servers to run, in order: gpuwatch, victoriametrics, prometheus.
-    #[arg(long, value_delimiter = ',', default_value = "gpuwatch,victoriametrics,prometheus")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gpuwatch,victoriametrics,prometheus"
+    )]
     pub targets: Vec<String>,
     /// The gpuwatch binary.
     #[arg(long, default_value = "target/release/gpuwatch")]
@@ -182,23 +186,27 @@ async fn timed_send(
     Ok((stats, wall, cpu))
 }
 
-#[derive(serde::Deserialize)]
-struct CatalogFile {
-    table: String,
-    rows: u64,
-    bytes: u64,
-    #[serde(default)]
-    level: u8,
+/// One data file of the server's tables (`table_files`).
+#[derive(serde::Deserialize, Debug, Clone)]
+pub(crate) struct TableFile {
+    pub(crate) table_name: String,
+    pub(crate) location: String,
+    pub(crate) rows: u64,
+    pub(crate) bytes: u64,
+    pub(crate) level: u8,
 }
 
-#[derive(serde::Deserialize)]
-struct Catalog {
-    files: Vec<CatalogFile>,
-}
-
-fn read_catalog(data_dir: &Path) -> Option<Catalog> {
-    let text = std::fs::read_to_string(data_dir.join("catalog.json")).ok()?;
-    serde_json::from_str(&text).ok()
+/// The data files of every table, as the server at `url` sees them.
+pub(crate) async fn table_files(url: &str) -> Result<Vec<TableFile>> {
+    let rows = sql_json(
+        &send::client()?,
+        url,
+        "SELECT table_name, location, rows, bytes, level FROM table_files",
+    )
+    .await?;
+    rows.into_iter()
+        .map(|r| serde_json::from_value(r).map_err(|e| format!("table_files row: {e}")))
+        .collect()
 }
 
 async fn run_gpuwatch(
@@ -250,8 +258,8 @@ async fn run_gpuwatch(
     // Settled: every row persisted, every gpu_metrics file the single file of its closed hour.
     let deadline = Instant::now() + args.settle_timeout;
     let catalog = loop {
-        if let Some(c) = read_catalog(&data_dir) {
-            let raw: Vec<&CatalogFile> = c.files.iter().filter(|f| f.table == "gpu_metrics").collect();
+        if let Ok(c) = table_files(&server.url).await {
+            let raw: Vec<&TableFile> = c.iter().filter(|f| f.table_name == "gpu_metrics").collect();
             let rows: u64 = raw.iter().map(|f| f.rows).sum();
             if rows == expected_rows && !raw.is_empty() && raw.iter().all(|f| f.level >= 1) {
                 break c;
@@ -281,12 +289,14 @@ async fn run_gpuwatch(
         .first()
         .ok_or_else(|| "the check query returned no row".to_string())?;
     let get = |k: &str| row.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    if get("n_rows") != expected_rows || get("power") != expected_rows || get("nvlink") != expected_rows
+    if get("n_rows") != expected_rows
+        || get("power") != expected_rows
+        || get("nvlink") != expected_rows
     {
         return Err(format!("gpu_metrics does not hold what was sent: {row}"));
     }
     let by_table = |t: &str| -> (u64, usize) {
-        let f: Vec<&CatalogFile> = catalog.files.iter().filter(|f| f.table == t).collect();
+        let f: Vec<&TableFile> = catalog.iter().filter(|f| f.table_name == t).collect();
         (f.iter().map(|f| f.bytes).sum(), f.len())
     };
     let (raw_bytes, raw_files) = by_table("gpu_metrics");
@@ -310,10 +320,7 @@ async fn run_gpuwatch(
             "with rollups and WAL: {:.3} bytes/sample",
             all_live as f64 / samples
         ),
-        format!(
-            "RSS after ingest: {:.0} MB",
-            rss.unwrap_or(0) as f64 / 1e6
-        ),
+        format!("RSS after ingest: {:.0} MB", rss.unwrap_or(0) as f64 / 1e6),
     ];
     server.stop();
     Ok(Outcome {
@@ -445,10 +452,7 @@ async fn run_vm(args: &IngestArgs, run_dir: &Path, bodies: &[Arc<Body>]) -> Resu
         extra: vec![
             format!("rows added to storage: {stored}"),
             format!("data/ {data} bytes, indexdb/ {index} bytes"),
-            format!(
-                "RSS after ingest: {:.0} MB",
-                rss.unwrap_or(0) as f64 / 1e6
-            ),
+            format!("RSS after ingest: {:.0} MB", rss.unwrap_or(0) as f64 / 1e6),
         ],
     })
 }
@@ -461,8 +465,11 @@ async fn run_prometheus(
     let data_dir = run_dir.join("prometheus");
     std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let config = run_dir.join("prometheus.yml");
-    std::fs::write(&config, "global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-        .map_err(|e| format!("{}: {e}", config.display()))?;
+    std::fs::write(
+        &config,
+        "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
+    )
+    .map_err(|e| format!("{}: {e}", config.display()))?;
     let port = free_port()?;
     let cmd_args = vec![
         format!("--config.file={}", config.display()),
@@ -529,14 +536,13 @@ async fn run_prometheus(
         cpu_ingest,
         cpu_total,
         disk_bytes: disk,
-        disk_note: "TSDB block written from the head by the snapshot API (what head compaction writes)".into(),
+        disk_note:
+            "TSDB block written from the head by the snapshot API (what head compaction writes)"
+                .into(),
         extra: vec![
             format!("samples appended: {appended}"),
             format!("WAL before compaction: {wal} bytes"),
-            format!(
-                "RSS after ingest: {:.0} MB",
-                rss.unwrap_or(0) as f64 / 1e6
-            ),
+            format!("RSS after ingest: {:.0} MB", rss.unwrap_or(0) as f64 / 1e6),
         ],
     })
 }
@@ -568,7 +574,9 @@ fn print_outcome(o: &Outcome) {
 }
 
 fn print_summary(outcomes: &[Outcome]) {
-    println!("\n| server | version | samples/s per core (server CPU) | samples/s (wall) | bytes/sample on disk |");
+    println!(
+        "\n| server | version | samples/s per core (server CPU) | samples/s (wall) | bytes/sample on disk |"
+    );
     println!("| --- | --- | ---: | ---: | ---: |");
     for o in outcomes {
         println!(

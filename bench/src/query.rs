@@ -102,26 +102,14 @@ fn start_server(args: &QueryArgs, log: PathBuf) -> Result<Server> {
     )
 }
 
-#[derive(serde::Deserialize)]
-struct CatalogFile {
-    table: String,
-    path: String,
-    rows: u64,
-}
-
-#[derive(serde::Deserialize)]
-struct Catalog {
-    files: Vec<CatalogFile>,
-}
-
-pub(crate) fn persisted_rows(data_dir: &Path) -> u64 {
-    std::fs::read_to_string(data_dir.join("catalog.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<Catalog>(&t).ok())
-        .map(|c| {
-            c.files
+/// Rows of `gpu_metrics` in the server's data files.
+pub(crate) async fn persisted_rows(url: &str) -> u64 {
+    crate::ingest::table_files(url)
+        .await
+        .map(|files| {
+            files
                 .iter()
-                .filter(|f| f.table == "gpu_metrics")
+                .filter(|f| f.table_name == "gpu_metrics")
                 .map(|f| f.rows)
                 .sum()
         })
@@ -380,9 +368,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 const DUCKDB_SCRIPT: &str = r#"
 import json, sys, time
 import duckdb
-data_dir, runs, queries = sys.argv[1], int(sys.argv[2]), json.loads(sys.stdin.read())
-catalog = json.load(open(data_dir + "/catalog.json"))
-files = [data_dir + "/" + f["path"] for f in catalog["files"] if f["table"] == "gpu_metrics"]
+runs, given = int(sys.argv[1]), json.loads(sys.stdin.read())
+files, queries = given["files"], given["queries"]
 con = duckdb.connect()
 con.execute("SET TimeZone = 'UTC'")
 con.execute("CREATE VIEW gpu_metrics AS SELECT * FROM read_parquet(%s)" % json.dumps(files).replace('"', "'"))
@@ -412,20 +399,19 @@ struct DuckOut {
     results: Vec<DuckResult>,
 }
 
-fn run_duckdb(args: &QueryArgs, queries: &[String]) -> Result<DuckOut> {
+fn run_duckdb(args: &QueryArgs, files: &[String], queries: &[String]) -> Result<DuckOut> {
     use std::io::Write;
     use std::process::{Command, Stdio};
     let mut child = Command::new(&args.python)
         .arg("-c")
         .arg(DUCKDB_SCRIPT)
-        .arg(&args.data_dir)
         .arg(args.runs.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", args.python.display()))?;
-    let input = serde_json::to_string(queries).map_err(|e| e.to_string())?;
+    let input = serde_json::json!({ "files": files, "queries": queries }).to_string();
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(input.as_bytes())
@@ -481,11 +467,11 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     .unwrap_or(0);
     let rows = fleet_rows.max(held);
     let deadline = Instant::now() + args.settle_timeout;
-    while persisted_rows(&args.data_dir) < rows {
+    while persisted_rows(&server.url).await < rows {
         if Instant::now() > deadline {
             return Err(format!(
                 "only {} of {rows} rows persisted after {:?}; see {}",
-                persisted_rows(&args.data_dir),
+                persisted_rows(&server.url).await,
                 args.settle_timeout,
                 log.display()
             ));
@@ -497,20 +483,12 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     // timed while it works in the background would measure that work too.
     tokio::time::sleep(Duration::from_secs(12)).await;
     wait_idle(&server, Duration::from_secs(120)).await?;
-    let catalog: Catalog = std::fs::read_to_string(args.data_dir.join("catalog.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| "cannot read catalog.json".to_string())?;
-    let files: Vec<&CatalogFile> = catalog
-        .files
-        .iter()
-        .filter(|f| f.table == "gpu_metrics")
+    let files: Vec<crate::ingest::TableFile> = crate::ingest::table_files(&server.url)
+        .await?
+        .into_iter()
+        .filter(|f| f.table_name == "gpu_metrics")
         .collect();
-    let parquet_bytes: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(args.data_dir.join(&f.path)).ok())
-        .map(|m| m.len())
-        .sum();
+    let parquet_bytes: u64 = files.iter().map(|f| f.bytes).sum();
     println!(
         "{} rows in {} gpu_metrics Parquet files, {:.1} MB",
         files.iter().map(|f| f.rows).sum::<u64>(),
@@ -552,9 +530,10 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         }
         gw_results.push((median(&mut times), warm.len()));
     }
+    let duck_files: Vec<String> = files.iter().map(|f| f.location.clone()).collect();
     let duck = tokio::task::spawn_blocking({
         let args = args.clone();
-        move || run_duckdb(&args, &duck_queries)
+        move || run_duckdb(&args, &duck_files, &duck_queries)
     })
     .await
     .map_err(|e| format!("duckdb task: {e}"))??;

@@ -90,6 +90,7 @@ pub async fn start(
     rules: RuleFile,
     config: &AlertsConfig,
     data_dir: &Path,
+    store: Option<Arc<gpuwatch_store::Store>>,
     clock: Arc<dyn Clock>,
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
@@ -111,13 +112,10 @@ pub async fn start(
             config.alerting.clone(),
             Some(&data_dir.join("alerts")),
             clock,
+            store,
         )
         .map_err(|e| Error::Other(e.to_string()))?,
     );
-    engine
-        .context()
-        .register_table("alerts", alerting.engine().history().table())
-        .map_err(|e| Error::Other(format!("cannot register the alerts table: {e}")))?;
     let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
     alerting.set_ledger(ledger);
     let mut tasks = alerting.start(source, stop);

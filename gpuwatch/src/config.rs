@@ -67,6 +67,12 @@ pub struct FileConfig {
     pub max_buffer_bytes: Option<usize>,
     /// `--compaction-interval`, e.g. `"1m"`
     pub compaction_interval: Option<String>,
+    /// `--role`: `"all"`, `"ingest"` or `"query"`
+    pub role: Option<crate::server::Role>,
+    /// `--maintenance`: `"on"` or `"off"`
+    pub maintenance: Option<crate::server::OnOff>,
+    /// `--refresh-interval`, e.g. `"5s"`
+    pub refresh_interval: Option<String>,
     /// `[retention]`: how long each table keeps its data.
     pub retention: Option<RetentionFile>,
     /// `--synthetic-hosts` (demo)
@@ -101,6 +107,8 @@ pub struct RetentionFile {
     pub gpu_processes: Option<String>,
     /// GPU events (default 365d).
     pub gpu_events: Option<String>,
+    /// Alert history (default 365d).
+    pub alerts: Option<String>,
 }
 
 impl RetentionFile {
@@ -122,6 +130,7 @@ impl RetentionFile {
             ),
             ("gpu_processes", &self.gpu_processes, &mut r.gpu_processes),
             ("gpu_events", &self.gpu_events, &mut r.gpu_events),
+            ("alerts", &self.alerts, &mut r.alerts),
         ];
         for (key, text, target) in keys {
             let Some(text) = text else { continue };

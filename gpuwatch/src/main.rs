@@ -136,15 +136,28 @@ struct ServeArgs {
     /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert.
     #[arg(long, env = "GPUWATCH_TLS_KEY", value_name = "FILE")]
     tls_key: Option<PathBuf>,
-    /// Data directory: WAL, catalog, Parquet files [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
+    /// Data directory: WAL, writer id, and the Delta tables (tables/<table>/) unless
+    /// --object-store is given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Keep the Parquet files and the catalog in an object store, s3://bucket/prefix, instead of
-    /// the data directory (which keeps the write-ahead log). Credentials and endpoint come from
+    /// Keep the Delta tables in an object store, s3://bucket/prefix, instead of the data
+    /// directory (which keeps the write-ahead log). Credentials and endpoint come from
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP.
-    /// One server per prefix (docs/configuration.md#object-storage).
+    /// Several servers may share a prefix, each with its own data directory (docs/scale-out.md).
     #[arg(long, env = "GPUWATCH_OBJECT_STORE", value_name = "URL")]
     object_store: Option<String>,
+    /// What this server does: `all` (ingest, persist, SQL, alerts), `ingest` (takes writes and
+    /// persists them to the tables), or `query` (no WAL, takes no writes: serves SQL, Postgres and
+    /// the console over the tables, read again every --refresh-interval) (docs/scale-out.md).
+    #[arg(long, env = "GPUWATCH_ROLE", value_enum, default_value = "all")]
+    role: server::Role,
+    /// Run compaction, rollups, retention and vacuum on this server; of the servers sharing one
+    /// set of tables exactly one should [default: on with --role all, off otherwise].
+    #[arg(long, env = "GPUWATCH_MAINTENANCE", value_enum)]
+    maintenance: Option<server::OnOff>,
+    /// How often the tables' Delta logs are read for commits of other servers.
+    #[arg(long, env = "GPUWATCH_REFRESH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    refresh_interval: Duration,
     /// How often buffered data is written to Parquet (and the WAL truncated) [default: 5m; demo: 1m].
     #[arg(long, env = "GPUWATCH_PERSIST_INTERVAL", value_parser = parse_duration)]
     persist_interval: Option<Duration>,
@@ -314,6 +327,25 @@ fn serve_config(
             "--compaction-interval must be above zero".into(),
         ));
     }
+    apply(m, "role", &mut args.role, file.role);
+    if let (false, Some(v)) = (given(m, "maintenance"), file.maintenance) {
+        args.maintenance = Some(v);
+    }
+    apply_duration(
+        m,
+        "refresh_interval",
+        &mut args.refresh_interval,
+        file.refresh_interval.clone(),
+    )?;
+    if args.refresh_interval.is_zero() {
+        return Err(Error::Config(
+            "--refresh-interval must be above zero".into(),
+        ));
+    }
+    let maintenance = match args.maintenance {
+        Some(v) => v == server::OnOff::On,
+        None => args.role == server::Role::All,
+    };
     let retention = match &file.retention {
         Some(r) => r.resolve()?,
         None => gpuwatch_store::RetentionConfig::default(),
@@ -352,6 +384,11 @@ fn serve_config(
     } else {
         file.rules.clone().unwrap_or_default()
     };
+    if args.role == server::Role::Query && !rules.is_empty() {
+        return Err(Error::Config(
+            "--rules needs --role all or ingest: alert transitions are written to the alerts table, and a query node takes no writes (run the rules on one ingest node; docs/scale-out.md)".into(),
+        ));
+    }
     let alerts = crate::alerts_wiring::AlertsConfig {
         rules,
         builtin_rules: demo,
@@ -446,6 +483,9 @@ fn serve_config(
         compaction_interval: args.compaction_interval,
         retention,
         alerts,
+        role: args.role,
+        maintenance,
+        refresh_interval: args.refresh_interval,
     })
 }
 
@@ -464,10 +504,22 @@ fn demo_prices() -> gpuwatch_alerts::cost::CostConfig {
     }
 }
 
+/// The Delta libraries log every snapshot load at `info`; they are kept at `warn` unless the
+/// filter names them.
+fn quiet_libraries(level: &str) -> String {
+    let mut filter = level.to_string();
+    for target in ["buoyant_kernel", "buoyant_kernel_engine", "deltalake_core"] {
+        if !level.contains(target) {
+            filter.push_str(&format!(",{target}=warn"));
+        }
+    }
+    filter
+}
+
 fn init_tracing(level: &str) -> Result<telemetry::OtelHandle> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
+    let filter = tracing_subscriber::EnvFilter::try_new(quiet_libraries(level))
         .map_err(|e| Error::Config(format!("invalid --log-level {level:?}: {e}")))?;
     // The OpenTelemetry layer is empty until --self-telemetry-endpoint starts its exporter.
     let (otel, handle) = tracing_subscriber::reload::Layer::new(None);

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,19 +16,23 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use gpuwatch_query::http::{EngineSlot, error_response};
 use gpuwatch_query::memory::Ceiling;
-use gpuwatch_query::{EngineConfig, QueryEngine, Status};
+use gpuwatch_query::{EngineConfig, Status};
 use gpuwatch_store::clock::{Clock, SystemClock};
 use gpuwatch_store::ingest::http::decode_request;
-use gpuwatch_store::{ReadStore, Store, StoreConfig};
+use gpuwatch_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
 pub mod auth;
+mod background;
 mod grpc;
+mod metrics;
 mod remote_write;
 pub mod tls;
+
+pub use metrics::Sample;
 
 /// How `serve` runs.
 #[derive(Debug, Clone)]
@@ -66,6 +69,12 @@ pub struct ServeConfig {
     pub retention: gpuwatch_store::RetentionConfig,
     /// Rules, receivers, routes and prices.
     pub alerts: crate::alerts_wiring::AlertsConfig,
+    /// What this server does.
+    pub role: Role,
+    /// Run compaction, rollups, retention and vacuum here.
+    pub maintenance: bool,
+    /// How often the tables are read again for other servers' commits.
+    pub refresh_interval: Duration,
     /// Memory one query may use (`--query-memory-limit`); `None`: unbounded.
     pub query_memory_limit: Option<usize>,
     /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
@@ -95,6 +104,30 @@ pub enum WalSync {
     Interval,
 }
 
+/// `--role`: what a server does (docs/scale-out.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Ingest, persist, SQL, alerts: everything in one process.
+    All,
+    /// Takes writes (WAL) and persists them to the shared tables; serves SQL over its buffer
+    /// and the tables too.
+    Ingest,
+    /// No WAL, no writes: serves SQL, Postgres and the console over the tables, refreshed every
+    /// `--refresh-interval`.
+    Query,
+}
+
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// Shared by the handlers.
 #[derive(Debug, Clone)]
 struct App {
@@ -105,11 +138,16 @@ struct App {
     alerting: crate::alerts_wiring::AlertingSlot,
     remote_write: Arc<remote_write::Counters>,
     ceiling: Option<Arc<Ceiling>>,
+    role: Role,
 }
 
 impl App {
-    /// The store, when it takes writes now: open, and the process not at its memory ceiling.
+    /// The store, when it takes writes now: a server that ingests, open, and the process not at
+    /// its memory ceiling.
     fn writable(&self) -> std::result::Result<Arc<Store>, WriteRefused> {
+        if self.role == Role::Query {
+            return Err(WriteRefused::QueryNode);
+        }
         let Some(store) = self.store.get().cloned() else {
             return Err(WriteRefused::NotReady);
         };
@@ -125,12 +163,14 @@ impl App {
 enum WriteRefused {
     NotReady,
     Memory(gpuwatch_query::memory::Pressure),
+    QueryNode,
 }
 
 impl WriteRefused {
     fn message(&self) -> String {
         match self {
             WriteRefused::NotReady => gpuwatch_store::Error::NotReady.to_string(),
+            WriteRefused::QueryNode => gpuwatch_store::Error::ReadOnly.to_string(),
             WriteRefused::Memory(p) => {
                 format!("{p}: write not stored, retry after the Retry-After delay")
             }
@@ -138,7 +178,17 @@ impl WriteRefused {
     }
 
     fn response(&self) -> Response {
-        error_response(Status::Unavailable, &self.message())
+        match self {
+            WriteRefused::QueryNode => error_response(Status::Forbidden, &self.message()),
+            _ => error_response(Status::Unavailable, &self.message()),
+        }
+    }
+
+    fn grpc_status(&self) -> tonic::Status {
+        match self {
+            WriteRefused::QueryNode => tonic::Status::permission_denied(self.message()),
+            _ => tonic::Status::unavailable(self.message()),
+        }
     }
 }
 
@@ -230,6 +280,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         clock: Arc::clone(&clock),
         remote_write: Arc::default(),
         ceiling: ceiling.clone(),
+        role: config.role,
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -254,7 +305,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(self_metrics))
+        .route("/metrics", get(metrics::self_metrics))
         .with_state(app.clone())
         .merge(ingest.clone())
         .merge(prometheus)
@@ -319,9 +370,9 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         ));
     }
 
-    // Open the store (WAL replay) off the async threads, then start persisting.
-    let open_app = app.clone();
+    // Open the store (WAL replay) off the async threads, then start the background loops.
     let store_config = StoreConfig {
+        ingest: config.role != Role::Query,
         wal_sync: config.wal_sync == WalSync::Always,
         // The buffer's share of the memory ceiling, when that is lower.
         max_buffer_bytes: ceiling.as_ref().map_or(config.max_buffer_bytes, |c| {
@@ -329,147 +380,42 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         }),
         retention: config.retention.clone(),
         compaction: gpuwatch_store::CompactionConfig {
-            // Replaced files outlive every query that may still read them.
+            // Replaced files outlive every query that may still read them, here or on a query
+            // node that has not refreshed yet.
             grace: gpuwatch_store::CompactionConfig::default()
                 .grace
-                .max(config.query_timeout * 2),
+                .max(config.query_timeout * 2 + config.refresh_interval * 2),
             ..Default::default()
         },
         object_store: config.object_store.clone(),
         ..StoreConfig::new(config.data_dir.clone())
     };
-    let compact_every = config.compaction_interval;
-    let query_timeout = config.query_timeout;
-    let query_memory_limit = config.query_memory_limit;
-    let max_concurrent_queries = config.max_concurrent_queries;
-    let engine_limits = (
-        config.max_value_bytes,
-        config.max_answer_bytes,
-        config.executor.clone(),
-        ceiling.clone(),
-    );
-    let persist_every = config.persist_interval;
-    let sync_every = (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval);
-    let mut persist_rx = rx.clone();
-    let alerts_config = config.alerts.clone();
-    let alerts_rx = rx.clone();
-    let alerts_clock = Arc::clone(&clock);
-    let alerts_slot = Arc::clone(&alerting_slot);
-    let data_dir = config.data_dir.clone();
-    tasks.push(tokio::spawn(async move {
-        let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
-        let store = match opened {
-            Ok(Ok(s)) => Arc::new(s),
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "cannot open the store; the server stays unready");
-                return;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "store open task failed");
-                return;
-            }
-        };
-        let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
-        match QueryEngine::new(
-            read,
-            EngineConfig {
-                query_timeout,
-                memory_limit: query_memory_limit,
-                max_concurrent_queries,
-                max_value_bytes: engine_limits.0,
-                max_answer_bytes: engine_limits.1,
-                executor: engine_limits.2,
-                ceiling: engine_limits.3,
-            },
-        ) {
-            Ok(engine) => {
-                match crate::alerts_wiring::start(
-                    &engine,
-                    rules,
-                    &alerts_config,
-                    &data_dir,
-                    alerts_clock,
-                    query_timeout,
-                    alerts_rx,
-                )
-                .await
-                {
-                    Ok((alerting, _tasks)) => {
-                        let _ = alerts_slot.set(alerting);
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start alerting; the server stays unready");
-                        return;
-                    }
-                }
-                let _ = open_app.engine.set(engine);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build the query engine");
-                return;
-            }
-        }
-        let _ = open_app.store.set(Arc::clone(&store));
-        tracing::info!("ready: accepting writes and queries");
-        if let Some(every) = sync_every {
-            let s = Arc::clone(&store);
-            let mut rx = persist_rx.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        _ = rx.changed() => return,
-                    }
-                    let s = Arc::clone(&s);
-                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.sync_wal()).await {
-                        tracing::error!(error = %e, "periodic write-ahead log fsync failed");
-                    }
-                }
-            });
-        }
-        {
-            let s = Arc::clone(&store);
-            let mut rx = persist_rx.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(compact_every);
-                tick.tick().await;
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        _ = rx.changed() => return,
-                    }
-                    let s = Arc::clone(&s);
-                    match tokio::task::spawn_blocking(move || {
-                        tracing::info_span!("compaction").in_scope(|| s.maintain())
-                    })
-                    .await
-                    {
-                        Ok(Ok(r)) if r != gpuwatch_store::MaintenanceReport::default() => {
-                            tracing::info!(windows = r.windows_compacted, merged = r.files_merged,
-                                rollups = r.rollup_files, expired = r.files_expired,
-                                deleted = r.files_deleted, "compaction and retention");
-                        }
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => tracing::error!(error = %e, "compaction failed; retried at the next interval"),
-                        Err(e) => tracing::error!(error = %e, "compaction task failed"),
-                    }
-                }
-            });
-        }
-        let mut tick = tokio::time::interval(persist_every);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => persist(&store).await,
-                _ = store.persist_wanted().notified() => {
-                    tracing::info!("write buffer at half its cap: persisting early");
-                    persist(&store).await;
-                }
-                _ = persist_rx.changed() => break,
-            }
-        }
-    }));
+    let engine_config = EngineConfig {
+        query_timeout: config.query_timeout,
+        memory_limit: config.query_memory_limit,
+        max_concurrent_queries: config.max_concurrent_queries,
+        max_value_bytes: config.max_value_bytes,
+        max_answer_bytes: config.max_answer_bytes,
+        executor: config.executor.clone(),
+        ceiling: ceiling.clone(),
+    };
+    tasks.push(tokio::spawn(background::run(background::Background {
+        store_slot: Arc::clone(&app.store),
+        engine_slot: Arc::clone(&app.engine),
+        alerts_slot: Arc::clone(&alerting_slot),
+        store_config,
+        engine_config,
+        clock,
+        rules,
+        alerts: config.alerts.clone(),
+        data_dir: config.data_dir.clone(),
+        ingest: config.role != Role::Query,
+        persist_every: config.persist_interval,
+        sync_every: (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval),
+        maintain_every: config.maintenance.then_some(config.compaction_interval),
+        refresh_every: config.refresh_interval,
+        stop: rx.clone(),
+    })));
     Ok(Running {
         http_addr,
         otlp_http_addr,
@@ -480,27 +426,6 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         shutdown,
         tasks,
     })
-}
-
-async fn persist(store: &Arc<Store>) {
-    let s = Arc::clone(store);
-    match tokio::task::spawn_blocking(move || {
-        tracing::info_span!("persist").in_scope(|| s.persist())
-    })
-    .await
-    {
-        Ok(Ok(Some(r))) => tracing::info!(
-            files = r.files.len(),
-            rows = r.rows,
-            wal_through = r.wal_persisted_through,
-            "persisted"
-        ),
-        Ok(Ok(None)) => {}
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "persist failed; the data stays in the write-ahead log and is retried")
-        }
-        Err(e) => tracing::error!(error = %e, "persist task failed"),
-    }
 }
 
 fn serve<L>(
@@ -528,7 +453,7 @@ impl Running {
     /// Reads the server's own metrics, for as long as it is kept.
     pub fn sampler(&self) -> crate::telemetry::Sampler {
         let app = self.app.clone();
-        Arc::new(move || samples(&app))
+        Arc::new(move || metrics::samples(&app))
     }
 
     /// Stops the listeners, persists what is buffered, and waits for the tasks.
@@ -538,7 +463,7 @@ impl Running {
             let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
         }
         if let Some(store) = self.store.get() {
-            persist(store).await;
+            background::persist(store).await;
         }
     }
 
@@ -678,230 +603,6 @@ async fn read_body(body: Body, limit: usize) -> Option<axum::body::Bytes> {
         }
     }
     (seen <= limit).then(|| buf.into())
-}
-
-/// One of the server's own metrics, as `/metrics` and self-telemetry give it.
-#[derive(Debug, Clone, Copy)]
-pub struct Sample {
-    /// Its name (Prometheus style).
-    pub name: &'static str,
-    /// `counter` or `gauge`.
-    pub kind: &'static str,
-    /// What it counts.
-    pub help: &'static str,
-    /// Its value now.
-    pub value: u64,
-}
-
-async fn self_metrics(State(app): State<App>) -> Response {
-    let mut out = String::new();
-    for Sample {
-        name,
-        kind,
-        help,
-        value,
-    } in samples(&app)
-    {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
-    }
-    if let Some(a) = app.alerting.get() {
-        out.push_str(&gpuwatch_alerts::metrics::render(a));
-    }
-    app.remote_write.render(&mut out);
-    let mut resp = (StatusCode::OK, out).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    resp
-}
-
-/// The server's own metrics now (those of the store, the query engine and the memory ceiling).
-fn samples(app: &App) -> Vec<Sample> {
-    let mut out = Vec::new();
-    let mut line = |name: &'static str, kind: &'static str, help: &'static str, value: u64| {
-        out.push(Sample {
-            name,
-            kind,
-            help,
-            value,
-        });
-    };
-    line(
-        "gpuwatch_up",
-        "gauge",
-        "1 when the store is open",
-        u64::from(app.store.get().is_some()),
-    );
-    if let Some(c) = &app.ceiling {
-        let m = c.stats();
-        line(
-            "gpuwatch_memory_limit_bytes",
-            "gauge",
-            "The process's memory ceiling (--memory-limit)",
-            m.limit as u64,
-        );
-        line(
-            "gpuwatch_resident_memory_bytes",
-            "gauge",
-            "Resident memory at the last reading",
-            m.resident as u64,
-        );
-        line(
-            "gpuwatch_resident_memory_peak_bytes",
-            "gauge",
-            "Peak resident memory of the process",
-            m.peak as u64,
-        );
-        line(
-            "gpuwatch_query_memory_reserved_bytes",
-            "gauge",
-            "Bytes reserved by running queries in the pool they share",
-            m.query_reserved as u64,
-        );
-        line(
-            "gpuwatch_memory_pressure",
-            "gauge",
-            "1 while queries are refused because resident memory is near the ceiling",
-            u64::from(m.pressure),
-        );
-        line(
-            "gpuwatch_queries_stopped_memory_total",
-            "counter",
-            "Running queries stopped because resident memory neared the ceiling",
-            m.queries_stopped,
-        );
-        line(
-            "gpuwatch_queries_refused_memory_total",
-            "counter",
-            "Queries refused because resident memory was near the ceiling",
-            m.queries_refused,
-        );
-        line(
-            "gpuwatch_writes_refused_memory_total",
-            "counter",
-            "Writes refused with 503 because resident memory was at the ceiling",
-            m.writes_refused,
-        );
-    }
-    if let Some(store) = app.store.get() {
-        let s = store.stats();
-        line(
-            "gpuwatch_writes_total",
-            "counter",
-            "Writes acknowledged",
-            s.writes.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_rows_written_total",
-            "counter",
-            "Rows acknowledged",
-            s.rows.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_bytes_total",
-            "counter",
-            "Bytes appended to the write-ahead log",
-            s.wal_bytes.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persists_total",
-            "counter",
-            "Persists to Parquet completed",
-            s.persists.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persist_failures_total",
-            "counter",
-            "Persists to Parquet failed",
-            s.persist_failures.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persisted_rows_total",
-            "counter",
-            "Rows written to Parquet",
-            s.persisted_rows.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_compactions_total",
-            "counter",
-            "Hour windows compacted",
-            s.compactions.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_retention_expired_files_total",
-            "counter",
-            "Files dropped by retention",
-            s.retention_deleted_files.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_fsyncs_total",
-            "counter",
-            "Write-ahead log fsyncs (one is shared by every write waiting for it)",
-            store.wal_fsyncs(),
-        );
-        line(
-            "gpuwatch_writes_rejected_buffer_full_total",
-            "counter",
-            "Writes refused with 503 because the write buffer was full",
-            s.rejected_buffer_full.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_writes_rejected_disk_full_total",
-            "counter",
-            "Writes refused with 507 because the disk was full",
-            s.rejected_disk_full.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_replayed_records_total",
-            "counter",
-            "WAL records replayed at start",
-            s.replayed_records.load(Ordering::Relaxed),
-        );
-        let (rows, bytes) = store.buffered();
-        line(
-            "gpuwatch_buffer_rows",
-            "gauge",
-            "Rows buffered in memory",
-            rows as u64,
-        );
-        line(
-            "gpuwatch_buffer_bytes",
-            "gauge",
-            "Bytes buffered in memory",
-            bytes as u64,
-        );
-        line(
-            "gpuwatch_parquet_files",
-            "gauge",
-            "Parquet files in the catalog",
-            store.file_count() as u64,
-        );
-        line(
-            "gpuwatch_persistence_stopped",
-            "gauge",
-            "1 when another server wrote to this server's object store prefix and persistence stopped",
-            u64::from(store.fenced().is_some()),
-        );
-    }
-    if let Some(engine) = app.engine.get() {
-        let s = engine.scan_stats();
-        line(
-            "gpuwatch_query_files_scanned_total",
-            "counter",
-            "Parquet files read by queries",
-            s.files_scanned.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_query_files_pruned_total",
-            "counter",
-            "Parquet files skipped by queries because the catalog's time range cannot match",
-            s.files_pruned.load(Ordering::Relaxed),
-        );
-    }
-    out
 }
 
 #[cfg(test)]

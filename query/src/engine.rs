@@ -395,6 +395,11 @@ impl QueryEngine {
             )
             .map_err(Error::from)?;
         }
+        ctx.register_table(
+            crate::files_table::NAME,
+            Arc::new(crate::files_table::FilesTable(Arc::clone(&store))),
+        )
+        .map_err(Error::from)?;
         let slots = config
             .max_concurrent_queries
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));

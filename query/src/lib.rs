@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod engine;
 mod error;
 pub mod executor;
+pub mod files_table;
 pub mod format;
 pub mod gate;
 pub mod http;

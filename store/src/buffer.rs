@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{RecordBatch, new_null_array};
+use arrow::array::{Array, AsArray, RecordBatch, TimestampNanosecondArray, new_null_array};
 use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, TimeUnit, TimestampNanosecondType};
 
 use crate::schema::Table;
 use crate::{Result, ingest::WriteBatch};
@@ -71,15 +72,36 @@ pub struct Buffers {
 impl Buffers {
     /// Adds one write.
     pub fn push(&mut self, write: &WriteBatch) -> Result<()> {
+        self.push_where(write, |_| true).map(|_| ())
+    }
+
+    /// Adds the batches of one write whose table passes `keep` (WAL replay skips the tables
+    /// whose commits already cover the segment). Returns how many rows were added.
+    pub fn push_where(
+        &mut self,
+        write: &WriteBatch,
+        keep: impl Fn(Table) -> bool,
+    ) -> Result<usize> {
+        let mut added = 0;
         for (table, batch) in &write.batches {
-            if batch.num_rows() > 0 {
+            if batch.num_rows() > 0 && keep(*table) {
+                added += batch.num_rows();
                 self.tables
                     .entry(*table)
                     .or_default()
-                    .push(*table, batch.clone())?;
+                    .push(*table, to_micros(batch)?)?;
             }
         }
-        Ok(())
+        Ok(added)
+    }
+
+    /// Takes one table's batches out.
+    pub fn take(&mut self, table: Table) -> Buffers {
+        let mut out = Buffers::default();
+        if let Some(t) = self.tables.remove(&table) {
+            out.tables.insert(table, t);
+        }
+        out
     }
 
     /// The batches of one table.
@@ -123,6 +145,32 @@ impl Buffers {
     }
 }
 
+/// `batch` with every nanosecond timestamp cut to whole microseconds (Delta tables hold
+/// microseconds, so a row reads the same before and after it is persisted).
+pub fn to_micros(batch: &RecordBatch) -> Result<RecordBatch> {
+    let mut columns = batch.columns().to_vec();
+    let mut changed = false;
+    for c in columns.iter_mut() {
+        let DataType::Timestamp(TimeUnit::Nanosecond, tz) = c.data_type() else {
+            continue;
+        };
+        let a = c.as_primitive::<TimestampNanosecondType>();
+        if a.values().iter().all(|v| v % 1000 == 0) {
+            continue;
+        }
+        let cut: TimestampNanosecondArray = a
+            .unary::<_, TimestampNanosecondType>(|v| v.div_euclid(1000) * 1000)
+            .with_timezone_opt(tz.clone());
+        debug_assert_eq!(cut.null_count(), a.null_count());
+        *c = Arc::new(cut);
+        changed = true;
+    }
+    if !changed {
+        return Ok(batch.clone());
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
 /// Brings a batch to the table's current schema: columns matched by name, missing ones null.
 pub fn conform(table: Table, batch: RecordBatch) -> Result<RecordBatch> {
     let schema = table.schema();
@@ -145,7 +193,7 @@ mod tests {
     use super::*;
     use crate::ingest::{MetricRow, WriteBatch};
     use arrow::array::AsArray;
-    use arrow::datatypes::Float64Type;
+    use arrow::datatypes::{Float64Type, TimestampNanosecondType};
 
     fn write(i: usize) -> WriteBatch {
         let row = MetricRow {
@@ -168,6 +216,38 @@ mod tests {
                     .to_vec()
             })
             .collect()
+    }
+
+    #[test]
+    fn times_are_kept_to_whole_microseconds() {
+        let mut b = Buffers::default();
+        let mut w = write(0);
+        w.batches[0].1 = {
+            let row = MetricRow {
+                time: 1_795_554_004_039_826_770,
+                metric: "m".into(),
+                value: 1.0,
+                labels: vec![],
+            };
+            WriteBatch::from_rows(&[], &[row]).expect("batch").batches[0]
+                .1
+                .clone()
+        };
+        b.push(&w).expect("push");
+        let t = b.batches(Table::Metrics)[0]
+            .column(0)
+            .as_primitive::<TimestampNanosecondType>()
+            .value(0);
+        assert_eq!(t, 1_795_554_004_039_826_000);
+        let mut other = Buffers::default();
+        assert_eq!(
+            other.push_where(&w, |t| t != Table::Metrics).expect("push"),
+            0
+        );
+        assert!(other.is_empty());
+        let taken = b.take(Table::Metrics);
+        assert!(b.is_empty());
+        assert_eq!(taken.rows(), 1);
     }
 
     #[test]

@@ -53,20 +53,25 @@ pub enum Error {
     #[error("object store error on {location}: {detail}")]
     ObjectStore { location: String, detail: String },
 
-    /// Another server wrote the catalog version this one was about to write: two servers share
-    /// one object store prefix.
-    #[error(
-        "catalog version {version} under {prefix} was already written by {other}: two servers are writing to one prefix; this server stopped persisting to protect the data (its write-ahead log keeps every acknowledged write): stop one of them, give each server its own prefix, then restart this one"
-    )]
-    CatalogConflict {
-        prefix: String,
-        version: u64,
-        other: String,
-    },
+    /// A Delta table's log could not be read or written.
+    #[error("delta log: {0}")]
+    Delta(String),
 
-    /// Persistence stopped after a [`Error::CatalogConflict`]; writes are refused.
+    /// A Delta commit kept meeting concurrent commits it conflicts with (two maintainers, or
+    /// retention racing a persist): nothing was written; the work is retried at the next pass.
+    #[error("delta commit conflict, nothing written, retried at the next pass: {0}")]
+    DeltaConflict(String),
+
+    /// Another process commits under this server's writer id (a copied data directory): this
+    /// server stopped persisting to protect the data; writes are refused.
     #[error("persistence stopped: {0}")]
     Fenced(String),
+
+    /// The server is a query node: it takes no writes.
+    #[error(
+        "this server runs with --role query and takes no writes: send them to a server with --role ingest or all"
+    )]
+    ReadOnly,
 
     /// Arrow failed to build or encode a batch.
     #[error("arrow error: {0}")]

@@ -4,8 +4,8 @@
 //! batches in the table schemas ([`schema`]). [`Store::write`] appends it to the write-ahead log
 //! ([`wal`]), fsyncs, and adds it to the in-memory [`buffer`], where queries see it at once.
 //! [`Store::persist`], run periodically by the server, writes the buffer as sorted, zstd-compressed
-//! Parquet files ([`persist`]), records them in the catalog and truncates the WAL. At start,
-//! [`Store::open`] replays whatever the catalog does not cover. The query engine reads through the
+//! Parquet files ([`persist`]), commits them to the tables' Delta logs ([`delta`]) and truncates
+//! the WAL. At start, [`Store::open`] replays whatever the commits do not cover. The query engine reads through the
 //! narrow [`ReadStore`] trait. [`Store::maintain`], run periodically, merges the small files of
 //! each hour ([`compact`]), builds the `gpu_metrics_1m` and `gpu_metrics_1h` rollups of closed
 //! hours, and drops files past their table's retention.
@@ -13,6 +13,7 @@
 pub mod buffer;
 pub mod clock;
 pub mod compact;
+pub mod delta;
 mod error;
 pub mod ingest;
 pub mod persist;

@@ -190,6 +190,28 @@ static GPU_EVENTS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+static ALERTS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let entries = Field::new(
+        "entries",
+        DataType::Struct(
+            vec![
+                Field::new("keys", DataType::Utf8, false),
+                Field::new("values", DataType::Utf8, true),
+            ]
+            .into(),
+        ),
+        false,
+    );
+    Arc::new(Schema::new(vec![
+        Field::new("time", time_type(), false),
+        Field::new("rule", DataType::Utf8, false),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("labels", DataType::Map(Arc::new(entries), false), true),
+        Field::new("value", DataType::Float64, true),
+        Field::new("fingerprint", DataType::Utf8, false),
+    ]))
+});
+
 /// Rollup columns of one value column: `<col>_min`, `<col>_max`, `<col>_avg`, `<col>_last`.
 pub const ROLLUP_SUFFIXES: [&str; 4] = ["min", "max", "avg", "last"];
 
@@ -234,17 +256,20 @@ pub enum Table {
     GpuProcesses,
     /// One row per GPU event (XID, ECC).
     GpuEvents,
+    /// Alert history: one row per state transition.
+    Alerts,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
         Table::GpuMetrics1h,
         Table::GpuProcesses,
         Table::GpuEvents,
+        Table::Alerts,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -265,6 +290,7 @@ impl Table {
             Table::GpuMetrics1h => "gpu_metrics_1h",
             Table::GpuProcesses => "gpu_processes",
             Table::GpuEvents => "gpu_events",
+            Table::Alerts => "alerts",
         }
     }
 
@@ -287,6 +313,7 @@ impl Table {
             Table::GpuMetrics1h => 4,
             Table::GpuProcesses => 5,
             Table::GpuEvents => 6,
+            Table::Alerts => 7,
         }
     }
 
@@ -303,6 +330,7 @@ impl Table {
             Table::GpuMetrics1m | Table::GpuMetrics1h => GPU_METRICS_ROLLUP.clone(),
             Table::GpuProcesses => GPU_PROCESSES.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
+            Table::Alerts => ALERTS.clone(),
         }
     }
 
@@ -315,6 +343,7 @@ impl Table {
             | Table::GpuProcesses
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
+            Table::Alerts => &["rule", "time"],
         }
     }
 }

@@ -1,34 +1,44 @@
-//! The store: WAL, buffer and Parquet files tied together.
+//! The store: WAL, buffer and Delta tables tied together.
 //!
 //! A write is appended to the WAL and added to the buffer under one lock, so the buffer and the
 //! WAL always hold the same writes; the lock is then released and the writer waits for the WAL's
 //! group commit to make its record durable (one fsync shared by every writer waiting at that
 //! moment) before the write is acknowledged. A persist rotates the WAL, freezes the buffer,
-//! writes the frozen batches as Parquet, records the files and the last covered WAL segment in the
-//! catalog, then drops the frozen batches and the covered segments. Queries see the active buffer,
-//! the frozen one and the catalog's files; the frozen batches are swapped for their files in one
-//! step, so a query never sees a row twice or misses one.
+//! writes each table's frozen rows as Parquet files and commits them to the table's Delta log
+//! together with a `txn` action naming the last WAL segment they cover ([`crate::delta`]); the
+//! table's frozen rows are swapped for its files in one step, so a query never sees a row twice
+//! or misses one. Once every table's commit landed, the covered WAL segments are deleted.
 //!
-//! Every change of the catalog (persist, compaction, retention) is a read-modify-write under one
-//! lock, saved atomically before it is installed, so they never undo each other.
+//! At start the store replays the WAL segments its commits do not cover: per table, a segment's
+//! rows are replayed only when the segment is newer than that table's `txn` version for this
+//! writer, so a crash between two tables' commits (or between a file and its commit) loses and
+//! doubles nothing.
 //!
-//! With an object store ([`StoreConfig::object_store`]) the Parquet files and the catalog live
-//! there and the WAL stays in the data directory. A catalog version another server wrote first
-//! ([`Error::CatalogConflict`]) stops persistence for good in this process: writes are refused
-//! with [`Error::Fenced`] (the WAL keeps what was acknowledged) and [`Store::fenced`] says why.
+//! Several servers may write one set of tables (each with its own data directory, hence its own
+//! writer id and WAL): their commits are blind appends. A process that finds this writer's `txn`
+//! ahead of what it committed itself shares a writer id with another (a copied data directory):
+//! it stops persisting ([`Store::fenced`]) and refuses writes; its WAL keeps what it acknowledged.
+//!
+//! A store opened without ingest ([`StoreConfig::ingest`] false: `--role query`) has no WAL and
+//! takes no writes; [`Store::refresh`] brings its view of the tables up to date.
 
+mod maintain;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
+use deltalake_core::kernel::{Action, Transaction};
 
 use crate::buffer::Buffers;
 use crate::clock::Clock;
-use crate::compact::{self, CompactionConfig, HOUR_NANOS, MaintenanceReport, RetentionConfig};
+use crate::compact::{CompactionConfig, RetentionConfig};
+use crate::delta::{self, DeltaTables, Kind};
 use crate::ingest::WriteBatch;
-use crate::persist::{self, Catalog, FileMeta, Retired, Storage};
+use crate::persist::{self, FileMeta, Storage, Written};
 use crate::schema::Table;
 use crate::wal::{self, GroupCommit, Wal};
 use crate::{Error, Result};
@@ -36,8 +46,10 @@ use crate::{Error, Result};
 /// How the store is set up.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Where the WAL, the catalog and the Parquet files live.
+    /// Where the WAL (and, without an object store, the tables) live.
     pub data_dir: PathBuf,
+    /// This store takes writes (a WAL, persists). False for a query node (`--role query`).
+    pub ingest: bool,
     /// Fsync (group commit) every WAL append before acknowledging it (`--wal-sync always`).
     /// When false (`--wal-sync interval`), writes are acknowledged once in the page cache and the
     /// owner calls [`Store::sync_wal`] periodically: a process crash loses nothing, a machine
@@ -52,9 +64,8 @@ pub struct StoreConfig {
     pub compaction: CompactionConfig,
     /// Retention per table.
     pub retention: RetentionConfig,
-    /// `s3://bucket/prefix`: keep the Parquet files and the catalog there instead of the data
-    /// directory (the WAL stays in the data directory). Credentials and endpoint come from the
-    /// AWS environment variables.
+    /// `s3://bucket/prefix`: keep the tables there instead of the data directory (the WAL stays
+    /// in the data directory). Credentials and endpoint come from the AWS environment variables.
     pub object_store: Option<String>,
     /// Settings of the object store client applied over the environment's, as
     /// `object_store::aws::AmazonS3ConfigKey` names (`aws_endpoint`, `aws_allow_http`, ...).
@@ -62,10 +73,11 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    /// Defaults for a data directory: fsync before ack, 64 MiB segments, 1 GiB buffer.
+    /// Defaults for a data directory: ingest, fsync before ack, 64 MiB segments, 1 GiB buffer.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            ingest: true,
             wal_sync: true,
             wal_segment_bytes: 64 << 20,
             max_buffer_bytes: 1 << 30,
@@ -102,6 +114,14 @@ pub struct StoreStats {
     pub compactions: AtomicU64,
     /// Files removed by retention.
     pub retention_deleted_files: AtomicU64,
+    /// Delta commits made by this process.
+    pub delta_commits: AtomicU64,
+    /// Delta commits that met a concurrent commit they conflict with (nothing written).
+    pub delta_conflicts: AtomicU64,
+    /// Refreshes that found new versions of the tables.
+    pub refreshes: AtomicU64,
+    /// Files deleted by vacuum.
+    pub vacuumed_files: AtomicU64,
 }
 
 /// What the query side reads: a consistent view of one table.
@@ -110,7 +130,7 @@ pub struct TableSnapshot {
     /// Buffered batches (not yet in any file).
     pub batches: Vec<RecordBatch>,
     /// Persisted files: where to read each (an absolute path, or `s3://bucket/prefix/...`) and
-    /// its catalog entry.
+    /// what the store knows of it.
     pub files: Vec<(String, FileMeta)>,
 }
 
@@ -128,10 +148,10 @@ pub trait ReadStore: Send + Sync + std::fmt::Debug {
 
 #[derive(Debug)]
 struct State {
-    wal: Wal,
+    wal: Option<Wal>,
     active: Buffers,
-    frozen: Option<Buffers>,
-    catalog: Catalog,
+    frozen: Buffers,
+    files: BTreeMap<Table, Arc<Vec<FileMeta>>>,
 }
 
 /// What one persist did.
@@ -150,78 +170,28 @@ pub struct PersistReport {
 pub struct Store {
     config: StoreConfig,
     storage: Storage,
-    /// Why persistence stopped (a catalog conflict), if it did.
+    /// Why persistence stopped (another process commits under this writer id), if it did.
     fenced: Mutex<Option<String>>,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     commit: GroupCommit,
     persist_lock: Mutex<()>,
-    catalog_lock: Mutex<()>,
-    /// File count of every closed window that late files reopened, as of the previous pass.
-    maintain_lock: Mutex<std::collections::HashMap<(Table, i64), usize>>,
+    /// The Delta logs; every commit and refresh holds this lock.
+    tables: Mutex<DeltaTables>,
+    /// Per table, the last WAL segment this process saw committed under its writer id.
+    committed: Mutex<BTreeMap<Table, u64>>,
+    maintain: maintain::Maintenance,
     persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves consistent data (every step is all-or-nothing).
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Records that the files cover this writer's WAL through segment `through`.
-fn mark_persisted(storage: &Storage, catalog: &mut Catalog, through: u64) {
-    catalog.wal_persisted_through = through;
-    if let Some(w) = storage.writer() {
-        catalog.wal_persisted_by.insert(w.id.clone(), through);
-    }
-}
-
-/// The last segment of this writer's WAL that the catalog's files cover.
-fn covered(storage: &Storage, catalog: &Catalog) -> u64 {
-    match storage.writer() {
-        None => catalog.wal_persisted_through,
-        Some(w) => catalog.wal_persisted_by.get(&w.id).copied().unwrap_or(0),
-    }
-}
-
-/// Saves `catalog` as the next version, signed by this writer.
-fn save_next(storage: &Storage, catalog: &mut Catalog) -> Result<()> {
-    catalog.generation += 1;
-    catalog.writer = storage.writer().cloned();
-    storage.save_catalog(catalog)
-}
-
-/// Writes `frozen` as Parquet files covering WAL segments up to `through`, and saves a catalog
-/// naming them. Returns the new catalog (not yet installed) and the files.
-fn persist_buffers(
-    storage: &Storage,
-    frozen: &Buffers,
-    through: u64,
-    mut catalog: Catalog,
-) -> Result<(Catalog, Vec<FileMeta>)> {
-    let mut files = Vec::new();
-    for (table, buf) in frozen.tables() {
-        files.extend(persist::write_table(
-            storage,
-            table,
-            buf.batches(),
-            through,
-        )?);
-    }
-    catalog.files.extend(files.iter().cloned());
-    mark_persisted(storage, &mut catalog, through);
-    save_next(storage, &mut catalog)?;
-    Ok((catalog, files))
-}
-
-/// Removes the files of a failed catalog change, unless the change may have landed: on an object
-/// store a failed request may still have written the catalog version, so its files stay (a
-/// leftover is removed at the next start). A conflict is certain not to name them.
-fn discard_files(storage: &Storage, files: &[FileMeta], error: &Error) {
-    if storage.is_object_store() && !matches!(error, Error::CatalogConflict { .. }) {
-        return;
-    }
-    persist::remove_files(storage, files);
+pub(crate) fn now_millis(clock: &dyn Clock) -> i64 {
+    clock.now_nanos().div_euclid(1_000_000)
 }
 
 /// Removes WAL segments up to `through`. A failure only costs disk until the next start, which
@@ -239,78 +209,156 @@ fn remove_segments_through(wal_dir: &Path, through: u64) {
     }
 }
 
+/// Writes one table's rows as files and commits them with this writer's `txn` at `through`.
+/// Checks first that no other process committed under this writer id.
+fn commit_table(
+    storage: &Storage,
+    tables: &mut DeltaTables,
+    committed: &mut BTreeMap<Table, u64>,
+    table: Table,
+    batches: &[RecordBatch],
+    through: u64,
+    now_millis: i64,
+) -> Result<Vec<Written>> {
+    let writer = storage.writer().id.clone();
+    tables.refresh_table(table)?;
+    let seen = tables.txn_version(table, &writer)?;
+    let mine = committed.get(&table).copied().unwrap_or(0);
+    if seen > mine {
+        return Err(Error::Fenced(format!(
+            "table {} already holds WAL segment {seen} of writer {writer}, beyond the {mine} this process committed: another server uses this data directory's writer id (a copied data directory?) on {}; stop one of them and give each its own data directory (delete the copy's {} file), then restart this one",
+            table.name(),
+            storage.describe(),
+            persist::storage::WRITER_ID_FILE
+        )));
+    }
+    let written = persist::write_table(
+        storage,
+        table,
+        batches,
+        &format!("p{through:020}"),
+        now_millis,
+    )?;
+    if written.is_empty() {
+        return Ok(written);
+    }
+    let actions: Vec<Action> = written.iter().map(|w| Action::Add(w.add.clone())).collect();
+    let txn = Transaction::new_with_last_update(
+        writer,
+        i64::try_from(through).unwrap_or(i64::MAX),
+        Some(now_millis),
+    );
+    match tables.commit(table, actions, Kind::Append, Some(txn)) {
+        Ok(_) => {
+            committed.insert(table, through);
+            Ok(written)
+        }
+        Err(e) => {
+            // The commit is known not to have landed (`DeltaTables::commit` looks): its files
+            // go; any left over are vacuumed after the grace period.
+            persist::remove_files(storage, &written);
+            Err(e)
+        }
+    }
+}
+
 impl Store {
-    /// Opens the store: loads the catalog, removes leftovers of an interrupted persist or
-    /// compaction, replays the WAL segments the catalog does not cover (persisting along the way
-    /// whenever the replayed rows reach half the buffer cap, so memory stays bounded however large
-    /// the WAL), and starts a new segment.
+    /// Opens the store: converts an earlier release's catalog to Delta tables if there is one,
+    /// opens the tables (creating them unless this is a query node), replays the WAL segments
+    /// the commits do not cover (persisting along the way whenever the replayed rows reach half
+    /// the buffer cap, so memory stays bounded however large the WAL), and starts a new segment.
     pub fn open(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let started = Instant::now();
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        if config.ingest {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
         let storage = match &config.object_store {
-            Some(url) => Storage::object_store(url, &config.object_store_options, dir)?,
-            None => Storage::local(dir),
+            Some(url) => {
+                Storage::object_store(url, &config.object_store_options, dir, config.ingest)?
+            }
+            None => Storage::local(dir, config.ingest)?,
         };
-        let mut catalog = storage.load_catalog()?;
-        storage.remove_orphans(&catalog, config.compaction.grace)?;
-        if !catalog.retired.is_empty() && !storage.is_object_store() {
-            // No query of an earlier process can still read them, and `remove_orphans` deleted
-            // them; the next catalog change records that if this save cannot (a full disk).
-            // (On an object store they are deleted after their grace period as usual.)
-            catalog.retired.clear();
-            if let Err(e) = save_next(&storage, &mut catalog) {
-                tracing::warn!(error = %e, "could not record the deletion of retired files yet");
-            }
-        }
         let wal_dir = dir.join("wal");
-        let stats = StoreStats::default();
-        let mut active = Buffers::default();
-        let covered_through = covered(&storage, &catalog);
-        let mut last_seq = covered_through;
-        let replay_limit = (config.max_buffer_bytes / 2).max(1);
-        for (seq, path) in wal::list_segments(&wal_dir)? {
-            last_seq = last_seq.max(seq);
-            if seq <= covered_through {
-                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                continue;
-            }
-            let report = wal::read_segment(&path, |payload| {
-                let write = wal::decode_payload(payload)?;
-                active.push(&write)
-            })?;
-            stats
-                .replayed_records
-                .fetch_add(report.records, Ordering::Relaxed);
-            if report.torn_bytes > 0 {
-                tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
-                    "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
-            }
-            if active.bytes() >= replay_limit {
-                let (saved, files) = persist_buffers(&storage, &active, seq, catalog)?;
-                catalog = saved;
-                remove_segments_through(&wal_dir, seq);
-                tracing::info!(
-                    through = seq,
-                    files = files.len(),
-                    "replay reached half the buffer cap: persisted"
-                );
-                stats.persists.fetch_add(1, Ordering::Relaxed);
-                active = Buffers::default();
-            }
+        if config.ingest {
+            delta::convert::run(&storage, now_millis(clock.as_ref()))?;
+        } else if delta::convert::pending(&storage)? {
+            tracing::warn!(root = %storage.describe(),
+                "the tables are still in an earlier release's format: they appear once a server with --role ingest or all has started on them and converted them");
         }
-        let wal = Wal::create(&wal_dir, last_seq + 1)?;
+        let mut tables = DeltaTables::open(&storage, config.ingest)?;
+        let stats = StoreStats::default();
+        let mut committed = BTreeMap::new();
+        let mut active = Buffers::default();
+        let mut wal = None;
+        if config.ingest {
+            let writer = storage.writer().id.clone();
+            for table in Table::ALL {
+                committed.insert(table, tables.txn_version(table, &writer)?);
+            }
+            let mut last_seq = committed.values().copied().max().unwrap_or(0);
+            let replay_limit = (config.max_buffer_bytes / 2).max(1);
+            for (seq, path) in wal::list_segments(&wal_dir)? {
+                last_seq = last_seq.max(seq);
+                let covered = committed.clone();
+                let mut kept = 0;
+                let report = wal::read_segment(&path, |payload| {
+                    let write = wal::decode_payload(payload)?;
+                    kept += active
+                        .push_where(&write, |t| seq > covered.get(&t).copied().unwrap_or(0))?;
+                    Ok(())
+                })?;
+                stats
+                    .replayed_records
+                    .fetch_add(report.records, Ordering::Relaxed);
+                if report.torn_bytes > 0 {
+                    tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
+                        "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
+                }
+                if kept == 0 {
+                    // Every row of it is in committed files.
+                    std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    continue;
+                }
+                if active.bytes() >= replay_limit {
+                    let now = now_millis(clock.as_ref());
+                    for (table, buf) in active.tables() {
+                        commit_table(
+                            &storage,
+                            &mut tables,
+                            &mut committed,
+                            table,
+                            buf.batches(),
+                            seq,
+                            now,
+                        )?;
+                    }
+                    remove_segments_through(&wal_dir, seq);
+                    tracing::info!(
+                        through = seq,
+                        "replay reached half the buffer cap: persisted"
+                    );
+                    stats.persists.fetch_add(1, Ordering::Relaxed);
+                    active = Buffers::default();
+                }
+            }
+            wal = Some(Wal::create(&wal_dir, last_seq + 1)?);
+        }
+        let files: BTreeMap<Table, Arc<Vec<FileMeta>>> =
+            Table::ALL.iter().map(|t| (*t, tables.files(*t))).collect();
         tracing::info!(
             data_dir = %dir.display(),
-            files_in = %storage.describe(),
-            catalog_version = catalog.generation,
-            files = catalog.files.len(),
+            tables_in = %storage.describe(),
+            writer = %storage.writer().id,
+            ingest = config.ingest,
+            files = files.values().map(|f| f.len()).sum::<usize>(),
             replayed_records = stats.replayed_records.load(Ordering::Relaxed),
             replayed_rows = active.rows(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "store opened"
         );
         Ok(Self {
+            maintain: maintain::Maintenance::default(),
             config,
             storage,
             fenced: Mutex::new(None),
@@ -318,13 +366,13 @@ impl Store {
             state: Mutex::new(State {
                 wal,
                 active,
-                frozen: None,
-                catalog,
+                frozen: Buffers::default(),
+                files,
             }),
             commit: GroupCommit::default(),
             persist_lock: Mutex::new(()),
-            catalog_lock: Mutex::new(()),
-            maintain_lock: Mutex::new(Default::default()),
+            tables: Mutex::new(tables),
+            committed: Mutex::new(committed),
             persist_wanted: tokio::sync::Notify::new(),
             stats,
         })
@@ -335,13 +383,18 @@ impl Store {
         &self.config.data_dir
     }
 
-    /// Where the Parquet files and the catalog live.
+    /// Where the tables live.
     pub fn storage(&self) -> &Storage {
         &self.storage
     }
 
-    /// Why persistence stopped, if it did (another server wrote to the same object store
-    /// prefix). Writes are refused from then on; `/readyz` reports it.
+    /// True when this store takes writes.
+    pub fn ingests(&self) -> bool {
+        self.config.ingest
+    }
+
+    /// Why persistence stopped, if it did (another process commits under this writer id).
+    /// Writes are refused from then on; `/readyz` reports it.
     pub fn fenced(&self) -> Option<String> {
         lock(&self.fenced).clone()
     }
@@ -350,6 +403,13 @@ impl Store {
         match self.fenced() {
             Some(why) => Err(Error::Fenced(why)),
             None => Ok(()),
+        }
+    }
+
+    fn fence_on(&self, e: &Error) {
+        if let Error::Fenced(why) = e {
+            tracing::error!(error = %e, "persistence stopped, writes refused");
+            *lock(&self.fenced) = Some(why.clone());
         }
     }
 
@@ -381,22 +441,34 @@ impl Store {
     /// Rows and bytes buffered in memory (active and frozen).
     pub fn buffered(&self) -> (usize, usize) {
         let s = lock(&self.state);
-        let frozen = s
-            .frozen
-            .as_ref()
-            .map(|f| (f.rows(), f.bytes()))
-            .unwrap_or_default();
-        (s.active.rows() + frozen.0, s.active.bytes() + frozen.1)
+        (
+            s.active.rows() + s.frozen.rows(),
+            s.active.bytes() + s.frozen.bytes(),
+        )
     }
 
-    /// Number of persisted files.
+    /// Number of persisted files, over all tables.
     pub fn file_count(&self) -> usize {
-        lock(&self.state).catalog.files.len()
+        lock(&self.state).files.values().map(|f| f.len()).sum()
     }
 
-    /// A copy of the current catalog.
-    pub fn catalog(&self) -> Catalog {
-        lock(&self.state).catalog.clone()
+    /// The active files of `table`.
+    pub fn files(&self, table: Table) -> Arc<Vec<FileMeta>> {
+        lock(&self.state)
+            .files
+            .get(&table)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Each table's Delta version (`None`: not created yet).
+    pub fn table_versions(&self) -> BTreeMap<Table, Option<u64>> {
+        lock(&self.tables).versions()
+    }
+
+    /// The last `txn` version of `app` in `table` (0 when none).
+    pub fn txn_version(&self, table: Table, app: &str) -> Result<u64> {
+        lock(&self.tables).txn_version(table, app)
     }
 
     /// Makes a write durable (WAL, fsynced through the group commit unless `wal_sync` is off) and
@@ -406,6 +478,9 @@ impl Store {
     pub fn write(&self, write: &WriteBatch) -> Result<()> {
         if write.is_empty() {
             return Ok(());
+        }
+        if !self.config.ingest {
+            return Err(Error::ReadOnly);
         }
         self.check_fenced()?;
         // Spans of the write (children of the caller's ingest span): the WAL record appended and
@@ -419,21 +494,25 @@ impl Store {
             .sum();
         let limit = self.config.max_buffer_bytes;
         let pos = {
-            let mut s = lock(&self.state);
-            let held = s.active.bytes() + s.frozen.as_ref().map(Buffers::bytes).unwrap_or(0);
+            let mut guard = lock(&self.state);
+            let s = &mut *guard;
+            let held = s.active.bytes() + s.frozen.bytes();
             if held > 0 && held + incoming > limit {
-                drop(s);
+                drop(guard);
                 self.persist_wanted.notify_one();
                 self.stats
                     .rejected_buffer_full
                     .fetch_add(1, Ordering::Relaxed);
                 return Err(Error::BufferFull { held, limit });
             }
-            let pos = match wal_span.in_scope(|| s.wal.append(&payload)) {
+            let Some(wal) = s.wal.as_mut() else {
+                return Err(Error::ReadOnly);
+            };
+            let pos = match wal_span.in_scope(|| wal.append(&payload)) {
                 Ok(p) => p,
                 Err(e) => {
-                    if s.wal.is_broken() {
-                        self.commit.fail(s.wal.seq(), &e.to_string());
+                    if wal.is_broken() {
+                        self.commit.fail(wal.seq(), &e.to_string());
                     }
                     if e.is_disk_full() {
                         self.stats
@@ -443,26 +522,22 @@ impl Store {
                     return Err(e);
                 }
             };
+            if wal.bytes() >= self.config.wal_segment_bytes
+                && let Err(e) = wal.rotate()
+            {
+                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the current one");
+            }
             // Cannot fail for a batch of the table's schema; if it did, the record would be
             // replayed at the next start although the write was refused (at least once).
             tracing::info_span!("buffer").in_scope(|| s.active.push(write))?;
             if s.active.bytes() >= limit / 2 {
                 self.persist_wanted.notify_one();
             }
-            if s.wal.bytes() >= self.config.wal_segment_bytes
-                && let Err(e) = s.wal.rotate()
-            {
-                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the current one");
-            }
             pos
         };
         if self.config.wal_sync {
             let _durable = wal_span.enter();
-            self.commit.wait_durable(
-                pos,
-                || lock(&self.state).wal.sync_target(),
-                |seq| lock(&self.state).wal.mark_broken(seq),
-            )?;
+            self.wait_durable(pos)?;
         }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -474,347 +549,158 @@ impl Store {
         Ok(())
     }
 
-    /// Makes every write appended so far durable (used with `wal_sync` off, on a timer).
-    pub fn sync_wal(&self) -> Result<()> {
-        let pos = lock(&self.state).wal.position();
+    fn wait_durable(&self, pos: wal::Position) -> Result<()> {
         self.commit.wait_durable(
             pos,
-            || lock(&self.state).wal.sync_target(),
-            |seq| lock(&self.state).wal.mark_broken(seq),
+            || lock(&self.state).wal.as_ref().map(Wal::sync_target),
+            |seq| {
+                if let Some(w) = lock(&self.state).wal.as_mut() {
+                    w.mark_broken(seq);
+                }
+            },
         )
     }
 
-    /// Applies `change` to a copy of the current catalog, saves it atomically, then installs it
-    /// (together with `install`, under the state lock). Serialised with every other catalog
-    /// change.
-    fn change_catalog<T>(
-        &self,
-        change: impl FnOnce(&mut Catalog) -> Result<T>,
-        install: impl FnOnce(&mut State),
-    ) -> Result<T> {
-        let _serial = lock(&self.catalog_lock);
-        self.check_fenced()?;
-        let mut catalog = lock(&self.state).catalog.clone();
-        let out = change(&mut catalog)?;
-        if let Err(e) = save_next(&self.storage, &mut catalog) {
-            if let Error::CatalogConflict { .. } = &e {
-                tracing::error!(error = %e, prefix = %self.storage.describe(),
-                    "another server writes to this object store prefix: persistence stopped, writes refused");
-                *lock(&self.fenced) = Some(e.to_string());
-            }
-            return Err(e);
-        }
-        let mut s = lock(&self.state);
-        s.catalog = catalog;
-        install(&mut s);
-        Ok(out)
+    /// Makes every write appended so far durable (used with `wal_sync` off, on a timer).
+    pub fn sync_wal(&self) -> Result<()> {
+        let Some(pos) = lock(&self.state).wal.as_ref().map(Wal::position) else {
+            return Ok(());
+        };
+        self.wait_durable(pos)
     }
 
-    /// Writes everything buffered to Parquet and truncates the WAL. Returns `None` when there was
-    /// nothing to persist.
+    /// Writes everything buffered to the tables and truncates the WAL. Returns `None` when there
+    /// was nothing to persist.
     pub fn persist(&self) -> Result<Option<PersistReport>> {
         let _one_at_a_time = lock(&self.persist_lock);
+        if !self.config.ingest {
+            return Ok(None);
+        }
         self.check_fenced()?;
         let (frozen, through) = {
             let mut s = lock(&self.state);
             if s.active.is_empty() {
                 return Ok(None);
             }
-            let through = s.wal.rotate()?;
+            let Some(wal) = s.wal.as_mut() else {
+                return Ok(None);
+            };
+            let through = wal.rotate()?;
             let frozen = std::mem::take(&mut s.active);
-            s.frozen = Some(frozen.clone());
+            s.frozen = frozen.clone();
             (frozen, through)
         };
-        match self.write_frozen(&frozen, through) {
-            Ok(report) => {
-                self.stats.persists.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .persisted_rows
-                    .fetch_add(report.rows, Ordering::Relaxed);
-                remove_segments_through(&self.config.data_dir.join("wal"), through);
-                Ok(Some(report))
-            }
-            Err(e) => {
-                self.stats.persist_failures.fetch_add(1, Ordering::Relaxed);
-                let mut s = lock(&self.state);
-                s.frozen = None;
-                s.active.prepend(frozen);
-                Err(e)
-            }
-        }
-    }
-
-    fn write_frozen(&self, frozen: &Buffers, through: u64) -> Result<PersistReport> {
-        let storage = &self.storage;
-        let mut files = Vec::new();
-        for (table, buf) in frozen.tables() {
-            match persist::write_table(storage, table, buf.batches(), through) {
-                Ok(f) => files.extend(f),
-                Err(e) => {
-                    persist::remove_files(storage, &files);
-                    return Err(e);
-                }
-            }
-        }
-        let saved = self.change_catalog(
-            |c| {
-                c.files.extend(files.iter().cloned());
-                mark_persisted(storage, c, through);
-                Ok(())
-            },
-            |s| s.frozen = None,
-        );
-        if let Err(e) = saved {
-            discard_files(storage, &files, &e);
-            return Err(e);
-        }
-        let rows = files.iter().map(|f| f.rows).sum();
-        Ok(PersistReport {
-            files,
-            rows,
+        let mut report = PersistReport {
             wal_persisted_through: through,
-        })
-    }
-}
-
-fn nanos(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}
-
-impl Store {
-    /// One maintenance pass: retention, then compaction and rollups of the windows that need
-    /// it, then deletion of retired files whose grace period is over. Safe to run beside
-    /// writes, persists and queries.
-    pub fn maintain(&self) -> Result<MaintenanceReport> {
-        let mut reopened = lock(&self.maintain_lock);
-        self.check_fenced()?;
-        let now = self.clock.now_nanos();
-        let mut report = MaintenanceReport::default();
-        self.expire(now, &mut report)?;
-        self.compact(now, &mut reopened, &mut report)?;
-        self.delete_retired(now, &mut report)?;
-        let current = lock(&self.state).catalog.generation;
-        match self
-            .storage
-            .delete_old_catalogs(current, self.config.compaction.grace)
-        {
-            Ok(n) => report.catalogs_deleted += n,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not delete old catalog versions; retrying later")
-            }
-        }
-        Ok(report)
-    }
-
-    fn expire(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
-        let retention = &self.config.retention;
-        let doomed: Vec<String> = self
-            .catalog()
-            .files
-            .iter()
-            .filter(|f| {
-                let Some(table) = Table::from_name(&f.table) else {
-                    return false;
-                };
-                let Some(keep) = retention.keep_nanos(table) else {
-                    return false;
-                };
-                // Raw samples go only once their hour is rolled up.
-                let rolled = table != Table::GpuMetrics || f.level >= 1;
-                f.max_time < now.saturating_sub(keep) && rolled
-            })
-            .map(|f| f.path.clone())
-            .collect();
-        if doomed.is_empty() {
-            return Ok(());
-        }
-        self.change_catalog(
-            |c| {
-                c.files.retain(|f| !doomed.contains(&f.path));
-                c.retired.extend(doomed.iter().map(|p| Retired {
-                    path: p.clone(),
-                    at: now,
-                }));
-                Ok(())
-            },
-            |_| {},
-        )?;
-        report.files_expired += doomed.len();
-        self.stats
-            .retention_deleted_files
-            .fetch_add(doomed.len() as u64, Ordering::Relaxed);
-        tracing::info!(
-            files = doomed.len(),
-            "retention: files past their table's retention dropped"
-        );
-        Ok(())
-    }
-
-    fn compact(
-        &self,
-        now: i64,
-        reopened: &mut std::collections::HashMap<(Table, i64), usize>,
-        report: &mut MaintenanceReport,
-    ) -> Result<()> {
-        let cfg = &self.config.compaction;
-        let mut windows: std::collections::BTreeMap<(Table, i64), Vec<FileMeta>> =
-            Default::default();
-        for f in self.catalog().files {
-            if let Some(t) = Table::from_name(&f.table).filter(|t| t.is_ingested()) {
-                windows
-                    .entry((t, compact::window_of(&f)))
-                    .or_default()
-                    .push(f);
-            }
-        }
-        let mut still_reopened = std::collections::HashMap::new();
-        for ((table, hour), files) in windows {
-            let end = (hour + 1).saturating_mul(HOUR_NANOS);
-            let closed = end.saturating_add(nanos(cfg.close_after)) <= now;
-            let full = files.len() >= cfg.max_files_per_window.max(2);
-            let needed = if !closed {
-                full
-            } else if files.iter().any(|f| f.level >= 1) {
-                // Late files reopened a closed window: merge it again (rewriting the hour and
-                // its rollups) once no new file arrived for a whole pass, so that a backfill
-                // streaming into an old hour does not rewrite it at every persist.
-                let quiet = reopened.get(&(table, hour)) == Some(&files.len());
-                let again = files.len() > 1 && (full || quiet);
-                if files.len() > 1 && !again {
-                    still_reopened.insert((table, hour), files.len());
-                }
-                again
-            } else {
-                true
-            };
-            if needed {
-                self.compact_window(table, hour, &files, closed, now, report)?;
-            }
-        }
-        *reopened = still_reopened;
-        Ok(())
-    }
-
-    fn compact_window(
-        &self,
-        table: Table,
-        hour: i64,
-        inputs: &[FileMeta],
-        closed: bool,
-        now: i64,
-        report: &mut MaintenanceReport,
-    ) -> Result<()> {
-        let storage = &self.storage;
-        let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
-        let id = self.catalog().next_id;
-        let name = storage.file_name(&format!("c{id:020}"));
-        let mut written: Vec<FileMeta> = Vec::new();
-        let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
-            let mut meta = persist::write_file(storage, t, batch, hour, &name)?;
-            meta.level = u8::from(closed);
-            written.push(meta);
-            Ok(())
+            ..Default::default()
         };
-        let mut result = write(table, &merged);
-        if closed && table == Table::GpuMetrics {
-            for rollup in [Table::GpuMetrics1m, Table::GpuMetrics1h] {
-                result =
-                    result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
+        let mut failure = None;
+        let mut failed = Buffers::default();
+        let now = now_millis(self.clock.as_ref());
+        for (table, buf) in frozen.tables() {
+            let result = {
+                let mut tables = lock(&self.tables);
+                let mut committed = lock(&self.committed);
+                let r = commit_table(
+                    &self.storage,
+                    &mut tables,
+                    &mut committed,
+                    table,
+                    buf.batches(),
+                    through,
+                    now,
+                );
+                let mut s = lock(&self.state);
+                if r.is_ok() {
+                    // The rows leave the buffer as their files enter the view, in one step.
+                    s.frozen.take(table);
+                }
+                // A refresh may have brought other servers' files too.
+                s.files.insert(table, tables.files(table));
+                r
+            };
+            match result {
+                Ok(written) => {
+                    self.stats.delta_commits.fetch_add(1, Ordering::Relaxed);
+                    report.rows += written.iter().map(|w| w.meta.rows).sum::<u64>();
+                    report.files.extend(written.into_iter().map(|w| w.meta));
+                }
+                Err(e) => {
+                    tracing::warn!(table = table.name(), error = %e, "persisting a table failed; its rows stay buffered and in the write-ahead log");
+                    if matches!(e, Error::DeltaConflict(_)) {
+                        self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.fence_on(&e);
+                    failed.prepend(lock(&self.state).frozen.take(table));
+                    failure.get_or_insert(e);
+                }
             }
         }
-        if let Err(e) = result {
-            persist::remove_files(storage, &written);
+        {
+            let mut s = lock(&self.state);
+            s.frozen = Buffers::default();
+            if !failed.is_empty() {
+                s.active.prepend(failed);
+            }
+        }
+        if let Some(e) = failure {
+            self.stats.persist_failures.fetch_add(1, Ordering::Relaxed);
             return Err(e);
         }
-        let input_paths: Vec<&str> = inputs.iter().map(|f| f.path.as_str()).collect();
-        let rollups = written.len() - 1;
-        let changed = self.change_catalog(
-            |c| {
-                // A concurrent change (retention) took an input away: leave the window be.
-                if !input_paths
-                    .iter()
-                    .all(|p| c.files.iter().any(|f| f.path == *p))
-                {
-                    return Ok(false);
-                }
-                let replaced = |f: &FileMeta| {
-                    input_paths.contains(&f.path.as_str())
-                        || (rollups > 0
-                            && (f.table == Table::GpuMetrics1m.name()
-                                || f.table == Table::GpuMetrics1h.name())
-                            && compact::window_of(f) == hour)
-                };
-                let gone: Vec<String> = c
-                    .files
-                    .iter()
-                    .filter(|f| replaced(f))
-                    .map(|f| f.path.clone())
-                    .collect();
-                c.files.retain(|f| !replaced(f));
-                c.files.extend(written.iter().cloned());
-                c.retired
-                    .extend(gone.into_iter().map(|path| Retired { path, at: now }));
-                c.next_id = id + 1;
-                Ok(true)
-            },
-            |_| {},
-        );
-        match changed {
-            Ok(true) => {
-                report.windows_compacted += 1;
-                report.files_merged += inputs.len();
-                report.rollup_files += rollups;
-                self.stats.compactions.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    table = table.name(),
-                    hour,
-                    files = inputs.len(),
-                    closed,
-                    "window compacted"
-                );
-                Ok(())
-            }
-            Ok(false) => {
-                persist::remove_files(storage, &written);
-                Ok(())
-            }
-            Err(e) => {
-                discard_files(storage, &written, &e);
-                Err(e)
-            }
-        }
+        self.stats.persists.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .persisted_rows
+            .fetch_add(report.rows, Ordering::Relaxed);
+        remove_segments_through(&self.config.data_dir.join("wal"), through);
+        Ok(Some(report))
     }
 
-    fn delete_retired(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
-        let grace = nanos(self.config.compaction.grace);
-        let due: Vec<String> = self
-            .catalog()
-            .retired
-            .iter()
-            .filter(|r| r.at.saturating_add(grace) <= now)
-            .map(|r| r.path.clone())
-            .collect();
-        let mut deleted = Vec::new();
-        for rel in due {
-            match self.storage.delete(&rel) {
-                Ok(()) => deleted.push(rel),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not delete a retired file; retrying later")
-                }
+    /// Brings the view of the tables to their newest versions (commits of other servers).
+    /// Returns how many tables changed.
+    pub fn refresh(&self) -> Result<usize> {
+        let mut tables = lock(&self.tables);
+        tables.refresh()?;
+        // Install every table whose files changed, by this refresh or by an earlier step that
+        // brought a table forward without installing it (a commit that met a conflict).
+        let mut s = lock(&self.state);
+        let mut changed = 0;
+        for t in Table::ALL {
+            let files = tables.files(t);
+            if s.files.get(&t).is_none_or(|f| !Arc::ptr_eq(f, &files)) {
+                s.files.insert(t, files);
+                changed += 1;
             }
         }
-        if deleted.is_empty() {
-            return Ok(());
+        drop(s);
+        if changed > 0 {
+            self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
         }
-        self.change_catalog(
-            |c| {
-                c.retired.retain(|r| !deleted.contains(&r.path));
-                Ok(())
-            },
-            |_| {},
-        )?;
-        report.files_deleted += deleted.len();
-        Ok(())
+        Ok(changed)
+    }
+
+    /// Imports `batches` into `table` once: a commit with the `txn` `(app, 1)`, skipped when the
+    /// table already holds it (an earlier release's alert history, say). Returns whether it
+    /// imported.
+    pub fn import_once(&self, table: Table, batches: &[RecordBatch], app: &str) -> Result<bool> {
+        let mut tables = lock(&self.tables);
+        if tables.txn_version(table, app)? >= 1 {
+            return Ok(false);
+        }
+        let now = now_millis(self.clock.as_ref());
+        let batches: Vec<RecordBatch> = batches
+            .iter()
+            .map(crate::buffer::to_micros)
+            .collect::<Result<_>>()?;
+        let written = persist::write_table(&self.storage, table, &batches, "import", now)?;
+        let actions = written.iter().map(|w| Action::Add(w.add.clone())).collect();
+        let txn = Transaction::new_with_last_update(app, 1, Some(now));
+        if let Err(e) = tables.commit(table, actions, Kind::Append, Some(txn)) {
+            persist::remove_files(&self.storage, &written);
+            return Err(e);
+        }
+        let files = tables.files(table);
+        lock(&self.state).files.insert(table, files);
+        Ok(true)
     }
 }
 
@@ -822,17 +708,17 @@ impl ReadStore for Store {
     fn snapshot(&self, table: Table) -> TableSnapshot {
         let s = lock(&self.state);
         let mut batches: Vec<RecordBatch> = Vec::new();
-        if let Some(f) = &s.frozen {
-            batches.extend(f.batches(table).iter().cloned());
-        }
+        batches.extend(s.frozen.batches(table).iter().cloned());
         batches.extend(s.active.batches(table).iter().cloned());
         let files = s
-            .catalog
             .files
-            .iter()
-            .filter(|f| f.table == table.name())
-            .map(|f| (self.storage.location(&f.path), f.clone()))
-            .collect();
+            .get(&table)
+            .map(|f| {
+                f.iter()
+                    .map(|m| (self.storage.location(&m.path), m.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         TableSnapshot { batches, files }
     }
 

@@ -68,7 +68,7 @@ fn flag_beats_env_beats_file_beats_default() {
         let _s = start(None, None);
         assert!(wait_ready(file_addr), "the file's http_addr is used");
         assert!(
-            data.join("catalog.json").exists() || data.join("wal").exists(),
+            data.join("writer-id").exists() || data.join("wal").exists(),
             "the file's data_dir is used"
         );
     }

@@ -78,9 +78,7 @@ async fn acknowledged_writes_survive_kill_9_across_a_parquet_persist() {
     let t0 = now_ns();
     write_acked(&server, 0, 100, t0).await;
     eventually(Duration::from_secs(20), "a persist to parquet", || async {
-        std::fs::read_to_string(data.join("catalog.json"))
-            .unwrap_or_default()
-            .contains("gpu_metrics")
+        crate::persisted(&data, "gpu_metrics")
     })
     .await;
     write_acked(&server, 100, 150, t0).await;

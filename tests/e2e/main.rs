@@ -16,6 +16,7 @@ mod config;
 mod console;
 mod crash_stress;
 mod dashboards;
+mod delta;
 mod durability;
 mod golden;
 mod grpc;
@@ -28,6 +29,7 @@ mod postgres;
 mod python_sdk;
 mod remote_write;
 mod restart_config;
+mod scale_out;
 mod self_telemetry;
 mod sql_recipes;
 mod sql_refusals;
@@ -159,4 +161,21 @@ pub fn now_ns() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or_default()
+}
+
+/// True when the local Delta table `table` under `data` has a commit that adds a file (a
+/// persist landed).
+pub fn persisted(data: &std::path::Path, table: &str) -> bool {
+    let log = data.join("tables").join(table).join("_delta_log");
+    std::fs::read_dir(&log)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .any(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.starts_with("{\"add\""))
+        })
 }

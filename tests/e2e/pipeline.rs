@@ -41,11 +41,7 @@ async fn synthetic_agent_data_answers_sql_in_every_format() {
         "samples from every GPU and a persisted file",
         || async {
             let n = scalar(&server, "SELECT count(*) FROM gpu_metrics").await;
-            n >= (GPUS * 12) as f64
-                && dir.path().join("data/catalog.json").exists()
-                && std::fs::read_to_string(dir.path().join("data/catalog.json"))
-                    .unwrap_or_default()
-                    .contains("gpu_metrics")
+            n >= (GPUS * 12) as f64 && crate::persisted(&dir.path().join("data"), "gpu_metrics")
         },
     )
     .await;
@@ -202,22 +198,14 @@ async fn synthetic_agent_data_answers_sql_in_every_format() {
     assert_eq!(pairs(&batches), expected);
 
     // The files on disk are Parquet that another reader opens, sorted by host, gpu, time.
-    let catalog: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("data/catalog.json")).expect("catalog"),
+    let files = crate::rows(
+        &server,
+        "SELECT location FROM table_files WHERE table_name = 'gpu_metrics'",
     )
-    .expect("json");
-    let file = catalog["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .find(|f| f["table"] == "gpu_metrics")
-        .expect("a gpu file");
-    let path = dir
-        .path()
-        .join("data")
-        .join(file["path"].as_str().expect("path"));
+    .await;
+    let path = std::path::PathBuf::from(files[0]["location"].as_str().expect("location"));
     assert!(
-        path.to_string_lossy().contains("/tables/gpu_metrics/"),
+        path.to_string_lossy().contains("/tables/gpu_metrics/date="),
         "{}",
         path.display()
     );

@@ -72,10 +72,9 @@ async fn restart_with_a_changed_config_keeps_every_row_once() {
     assert_exactly(&server, 120).await;
     server.stop();
     drop(server);
-    let catalog = std::fs::read_to_string(data.join("catalog.json")).unwrap_or_default();
     assert!(
-        catalog.contains("gpu_metrics"),
-        "SIGTERM did not persist to Parquet: {catalog}"
+        crate::persisted(&data, "gpu_metrics"),
+        "SIGTERM did not persist to the gpu_metrics table"
     );
 
     // 2. Second configuration: other persist interval, retention, WAL sync mode and the

@@ -143,9 +143,7 @@ async fn a_small_buffer_cap_persists_early_and_sheds_load_with_retry_after() {
     }
     // The persist interval is an hour away: only the cap can have written files.
     eventually(Duration::from_secs(10), "an early persist", || async {
-        std::fs::read_to_string(data.join("catalog.json"))
-            .unwrap_or_default()
-            .contains("gpu_metrics")
+        crate::persisted(&data, "gpu_metrics")
     })
     .await;
     eprintln!("buffer cap: {shed} writes shed with 503 while persisting");

@@ -89,7 +89,7 @@ async fn pending_firing_resolved_as_prometheus() {
     assert_eq!(states(&e), vec![("a".into(), State::Pending)]);
 
     let hist: Vec<String> = {
-        let b = e.history().batches.read().expect("read").clone();
+        let b = e.history().memory_batches();
         let mut v = Vec::new();
         for batch in b {
             let s = batch
@@ -137,8 +137,15 @@ async fn zero_for_fires_at_once_and_keep_firing_for_holds() {
 async fn state_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state.json");
-    let hist = dir.path().join("history.jsonl");
     let clock = Arc::new(ManualClock::new(0));
+    let history = || {
+        let store = gpuwatch_store::Store::open(
+            gpuwatch_store::StoreConfig::new(dir.path().join("data")),
+            clock.clone(),
+        )
+        .expect("store");
+        History::in_store(Arc::new(store), None).expect("history")
+    };
     let src = Scripted::default();
     src.set(&["a"]);
     {
@@ -146,7 +153,7 @@ async fn state_survives_a_restart() {
             rules("1m", "0s"),
             clock.clone(),
             Some(state.clone()),
-            History::open(&hist).expect("history"),
+            history(),
         )
         .expect("engine");
         e.evaluate_all(&src).await.expect("eval");
@@ -158,7 +165,7 @@ async fn state_survives_a_restart() {
         rules("1m", "0s"),
         clock.clone(),
         Some(state.clone()),
-        History::open(&hist).expect("history"),
+        history(),
     )
     .expect("engine");
     assert_eq!(states(&e), vec![("a".into(), State::Firing)]);

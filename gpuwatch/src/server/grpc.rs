@@ -51,7 +51,7 @@ impl MetricsService for Otlp {
         let store = self
             .app
             .writable()
-            .map_err(|refused| tonic::Status::unavailable(refused.message()))?;
+            .map_err(|refused| refused.grpc_status())?;
         let req = request.into_inner();
         let now = self.app.clock.now_nanos();
         let span = tracing::info_span!("ingest", protocol = "otlp_grpc");

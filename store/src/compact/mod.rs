@@ -6,15 +6,17 @@
 //!   holds more than `max_files_per_window` files, and a closed one holds one. Late files that
 //!   reopen a closed window are merged in once a whole pass saw no new one (or the bound is
 //!   reached), so a backfill streaming into an old hour does not rewrite it at every persist.
+//!   In Delta terms: `remove` of the inputs and `add` of the merged file, `dataChange=false`.
 //! - **Rollups.** When a closed `gpu_metrics` hour is merged, its `gpu_metrics_1m` and
-//!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) and written in the same
-//!   catalog update, replacing any earlier rollup of that hour (late data re-closes the hour).
-//! - **Retention.** Whole files whose newest row is older than their table's retention leave the
-//!   catalog (raw `gpu_metrics` only once its hour is rolled up).
+//!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) and committed to those
+//!   tables first, replacing any earlier rollup of that hour (late data re-closes the hour); the
+//!   raw hour is marked rolled up (its file's `gpuwatch.level` tag is 1) by its own commit after.
+//! - **Retention.** Whole files whose newest row is older than their table's retention are
+//!   removed from their table (raw `gpu_metrics` only once its hour is rolled up).
 //!
-//! Every change is one atomic catalog update (see `Store::maintain`). Files that leave the catalog
-//! are not deleted at once: a query may hold a snapshot naming them. They are listed as retired
-//! and deleted `grace` later (longer than any query may run), or at the next start.
+//! Files removed from a table are not deleted at once: a query (here or in another engine) may
+//! be reading a version that names them. Vacuum deletes them `grace` later (longer than any
+//! query may run), together with files no commit names (left by a failed persist or compaction).
 
 pub mod rollup;
 
@@ -24,7 +26,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::buffer::conform;
+use crate::delta::schema::from_file_batch;
 use crate::persist::{FileMeta, Storage};
 use crate::schema::Table;
 use crate::{Error, Result};
@@ -68,13 +70,16 @@ pub struct RetentionConfig {
     pub gpu_processes: Option<Duration>,
     /// `gpu_events`.
     pub gpu_events: Option<Duration>,
+    /// `alerts` (the alert history).
+    pub alerts: Option<Duration>,
 }
 
 const DAY: u64 = 24 * 3600;
 
 impl Default for RetentionConfig {
     /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years; processes 30 days,
-    /// events a year (they are few, and a GPU's XID history matters when it is replaced).
+    /// events and alert history a year (they are few, and a GPU's XID history matters when it
+    /// is replaced).
     fn default() -> Self {
         Self {
             gpu_metrics: Some(Duration::from_secs(30 * DAY)),
@@ -83,6 +88,7 @@ impl Default for RetentionConfig {
             gpu_metrics_1h: Some(Duration::from_secs(5 * 365 * DAY)),
             gpu_processes: Some(Duration::from_secs(30 * DAY)),
             gpu_events: Some(Duration::from_secs(365 * DAY)),
+            alerts: Some(Duration::from_secs(365 * DAY)),
         }
     }
 }
@@ -97,6 +103,7 @@ impl RetentionConfig {
             Table::GpuMetrics1h => self.gpu_metrics_1h,
             Table::GpuProcesses => self.gpu_processes,
             Table::GpuEvents => self.gpu_events,
+            Table::Alerts => self.alerts,
         }?;
         Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
     }
@@ -113,10 +120,9 @@ pub struct MaintenanceReport {
     pub rollup_files: usize,
     /// Files dropped by retention.
     pub files_expired: usize,
-    /// Retired files deleted from disk.
+    /// Files deleted by vacuum (removed from their table more than the grace period ago, or
+    /// named by no commit).
     pub files_deleted: usize,
-    /// Old catalog versions deleted (object store).
-    pub catalogs_deleted: usize,
 }
 
 /// The hour window a file belongs to (files never span hours).
@@ -124,33 +130,20 @@ pub fn window_of(file: &FileMeta) -> i64 {
     file.min_time.div_euclid(HOUR_NANOS)
 }
 
-/// Reads files of `table` into one batch in the table's current schema.
+/// Reads files of `table` into one batch in the table's SQL schema.
 pub fn read_files(storage: &Storage, table: Table, files: &[FileMeta]) -> Result<RecordBatch> {
     let mut batches = Vec::new();
     for f in files {
         let bytes = storage.read(&f.path)?;
-        let path = storage.location(&f.path);
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
         for b in reader {
             let b = b?;
-            // A column of another type would be read back as nulls: refuse instead of losing it.
-            for field in table.schema().fields() {
-                if let Some(c) = b.column_by_name(field.name())
-                    && c.data_type() != field.data_type()
-                {
-                    return Err(Error::malformed(
-                        "parquet file",
-                        format!(
-                            "{}: column {} is {} where {} is expected; compaction of this window is skipped so that no value is lost",
-                            path,
-                            field.name(),
-                            c.data_type(),
-                            field.data_type()
-                        ),
-                    ));
-                }
-            }
-            batches.push(conform(table, b)?);
+            batches.push(from_file_batch(table, &b).map_err(|e| {
+                Error::malformed(
+                    "parquet file",
+                    format!("{}: {e}", storage.location(&f.path)),
+                )
+            })?);
         }
     }
     Ok(concat_batches(&table.schema(), &batches)?)

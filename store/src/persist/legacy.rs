@@ -1,30 +1,31 @@
-//! The catalog: which Parquet files hold which data, and how much of the WAL they cover.
+//! The catalog of earlier releases, read once to convert a data directory or prefix to Delta
+//! tables (see `delta::convert`).
 //!
-//! On local disk it is one JSON file, `catalog.json`, replaced atomically (write a temporary file,
-//! fsync, rename, fsync the directory), so a crash leaves either the old or the new catalog. On an
-//! object store each change is a new object, `catalog/<generation:020>.json`, written create-only
-//! (see [`super::storage`]). Files that the catalog does not name are leftovers of an interrupted
-//! persist and are removed at start.
+//! On local disk it was one JSON file, `catalog.json`; on an object store a series of versions,
+//! `catalog/<version:020>.json`, the highest being current. It named every Parquet file (written
+//! under `tables/<table>/<YYYY-MM-DD>/<HH>/`, times in nanoseconds) and the last WAL segment the
+//! files covered, per writer on an object store.
 
-use std::fs;
-use std::io::{ErrorKind, Write};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use super::storage::Writer;
-use crate::wal::sync_dir;
+use super::storage::Storage;
 use crate::{Error, Result};
 
-/// The catalog file's name in the data directory.
+/// The catalog file's name in the data directory or under the prefix.
 pub const CATALOG_FILE: &str = "catalog.json";
 
-/// One persisted Parquet file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileMeta {
+/// The folder of catalog versions under an object store prefix.
+pub const CATALOG_DIR: &str = "catalog";
+
+/// One Parquet file named by the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LegacyFile {
     /// Table name.
     pub table: String,
-    /// Path relative to the data directory, `/`-separated.
+    /// Path relative to the data directory or prefix, `/`-separated.
     pub path: String,
     /// Smallest `time` in the file (ns).
     pub min_time: i64,
@@ -32,86 +33,102 @@ pub struct FileMeta {
     pub max_time: i64,
     /// Rows.
     pub rows: u64,
-    /// Size in bytes.
-    pub bytes: u64,
-    /// 0: written by a persist; 1: the result of compacting a window (whose rollups exist).
+    /// 0: written by a persist; 1: a compacted window whose rollups exist.
     #[serde(default)]
     pub level: u8,
 }
 
-/// A file no longer in the catalog, kept on disk until no query can still be reading it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Retired {
-    /// Path relative to the data directory.
+/// A file that had left the catalog, kept until its grace period ended.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LegacyRetired {
+    /// Path relative to the data directory or prefix.
     pub path: String,
-    /// When it left the catalog (ns since the epoch, the store's clock).
-    pub at: i64,
 }
 
-/// The catalog's content.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Catalog {
-    /// Format version.
-    pub version: u32,
-    /// Every WAL segment up to and including this one is in the files below.
+/// What conversion needs of an earlier release's catalog.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct LegacyCatalog {
+    /// Every WAL segment up to this one is in the files (local disk).
+    #[serde(default)]
     pub wal_persisted_through: u64,
-    /// The files, in the order they were written.
-    pub files: Vec<FileMeta>,
-    /// Files replaced by compaction or dropped by retention, deleted after a grace period.
+    /// The files.
     #[serde(default)]
-    pub retired: Vec<Retired>,
-    /// The next number for a compacted file's name.
+    pub files: Vec<LegacyFile>,
+    /// Files no longer named, not yet deleted.
     #[serde(default)]
-    pub next_id: u64,
-    /// Incremented by every change: on an object store, the version in the object's name.
+    pub retired: Vec<LegacyRetired>,
+    /// Object store: per writer id, the last WAL segment of that writer the files cover.
     #[serde(default)]
-    pub generation: u64,
-    /// Who wrote this version (object store only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub writer: Option<Writer>,
-    /// Object store only: per writer id (one per data directory, hence per WAL), the last WAL
-    /// segment of that writer covered by the files. A server replays its own WAL against its own
-    /// entry, so a catalog written by another server never makes it skip a segment.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub wal_persisted_by: std::collections::BTreeMap<String, u64>,
+    pub wal_persisted_by: BTreeMap<String, u64>,
 }
 
-impl Catalog {
-    /// Loads the catalog of `data_dir`, or an empty one if there is none yet.
-    pub fn load(data_dir: &Path) -> Result<Self> {
-        let path = data_dir.join(CATALOG_FILE);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::Catalog {
-                path,
-                detail: e.to_string(),
-            }),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Catalog {
-                version: 1,
-                ..Default::default()
-            }),
-            Err(e) => Err(Error::io(path, e)),
+fn catalog_version_of(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".json")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+impl LegacyCatalog {
+    /// The last WAL segment of `writer` that the files cover.
+    pub fn covered(&self, writer: &str, object_store: bool) -> u64 {
+        if object_store {
+            self.wal_persisted_by.get(writer).copied().unwrap_or(0)
+        } else {
+            self.wal_persisted_through
         }
     }
 
-    /// Replaces the catalog of `data_dir` atomically.
-    pub fn save(&self, data_dir: &Path) -> Result<()> {
-        let path = data_dir.join(CATALOG_FILE);
-        let tmp = data_dir.join(format!("{CATALOG_FILE}.tmp"));
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Catalog {
-            path: path.clone(),
-            detail: e.to_string(),
-        })?;
-        let mut f = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| Error::io(&tmp, e))?;
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        sync_dir(data_dir)
+    /// Every object the earlier release's catalog kept: `catalog.json` or all catalog versions.
+    pub fn catalog_objects(storage: &Storage) -> Result<Vec<String>> {
+        if storage.is_object_store() {
+            return Ok(storage
+                .list(CATALOG_DIR)?
+                .into_iter()
+                .filter(|l| {
+                    l.rel
+                        .rsplit('/')
+                        .next()
+                        .and_then(catalog_version_of)
+                        .is_some()
+                })
+                .map(|l| l.rel)
+                .collect());
+        }
+        Ok(match storage.read(CATALOG_FILE) {
+            Ok(_) => vec![CATALOG_FILE.to_string()],
+            Err(_) => Vec::new(),
+        })
     }
 
-    /// Absolute path of a file of this catalog.
-    pub fn absolute(data_dir: &Path, file: &FileMeta) -> PathBuf {
-        data_dir.join(&file.path)
+    /// The current catalog of an earlier release, if there is one.
+    pub fn load(storage: &Storage) -> Result<Option<Self>> {
+        let current = if storage.is_object_store() {
+            let mut versions: Vec<(u64, String)> = Self::catalog_objects(storage)?
+                .into_iter()
+                .filter_map(|rel| {
+                    let v = rel.rsplit('/').next().and_then(catalog_version_of)?;
+                    Some((v, rel))
+                })
+                .collect();
+            versions.sort();
+            match versions.pop() {
+                Some((_, rel)) => rel,
+                None => return Ok(None),
+            }
+        } else {
+            if Self::catalog_objects(storage)?.is_empty() {
+                return Ok(None);
+            }
+            CATALOG_FILE.to_string()
+        };
+        let bytes = storage.read(&current)?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Catalog {
+                path: PathBuf::from(storage.location(&current)),
+                detail: e.to_string(),
+            })
     }
 }
 
@@ -120,33 +137,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn save_and_load() {
+    fn reads_an_earlier_release_catalog() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert_eq!(Catalog::load(dir.path()).expect("empty").files.len(), 0);
-        let c = Catalog {
-            version: 1,
-            wal_persisted_through: 4,
-            files: vec![FileMeta {
-                table: "gpu_metrics".into(),
-                path: "tables/gpu_metrics/x.parquet".into(),
-                min_time: 1,
-                max_time: 2,
-                rows: 3,
-                bytes: 4,
-                level: 0,
-            }],
-            retired: vec![Retired {
-                path: "tables/gpu_metrics/y.parquet".into(),
-                at: 9,
-            }],
-            next_id: 2,
-            generation: 7,
-            ..Default::default()
-        };
-        c.save(dir.path()).expect("save");
-        assert_eq!(Catalog::load(dir.path()).expect("load"), c);
-        fs::write(dir.path().join(CATALOG_FILE), b"{").expect("write");
-        let err = Catalog::load(dir.path()).expect_err("corrupt");
+        let storage = Storage::local(dir.path(), true).expect("storage");
+        assert_eq!(LegacyCatalog::load(&storage).expect("none"), None);
+        std::fs::write(
+            dir.path().join(CATALOG_FILE),
+            r#"{"version":1,"wal_persisted_through":4,"files":[{"table":"gpu_metrics","path":"tables/gpu_metrics/2026-11-24/21/00000000000000000001.parquet","min_time":1,"max_time":2,"rows":3,"bytes":4,"level":1}],"retired":[{"path":"x","at":9}],"next_id":2,"generation":7}"#,
+        )
+        .expect("write");
+        let c = LegacyCatalog::load(&storage).expect("load").expect("some");
+        assert_eq!(c.covered("any", false), 4);
+        assert_eq!(c.files[0].level, 1);
+        assert_eq!(c.retired[0].path, "x");
+        std::fs::write(dir.path().join(CATALOG_FILE), b"{").expect("write");
+        let err = LegacyCatalog::load(&storage).expect_err("corrupt");
         assert!(err.to_string().contains("unreadable"), "{err}");
+        assert_eq!(catalog_version_of("00000000000000000042.json"), Some(42));
+        assert_eq!(catalog_version_of("42.json"), None);
     }
 }

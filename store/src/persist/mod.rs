@@ -1,17 +1,17 @@
-//! Persistence: buffered batches written as Parquet files, one per table and hour.
+//! Persistence: buffered batches written as Parquet data files of the Delta tables, one file per
+//! table and hour.
 //!
-//! Layout: `<data-dir>/tables/<table>/<YYYY-MM-DD>/<HH>/<wal-seq:020>.parquet`, rows sorted by the
-//! table's sort columns (host, gpu_uuid, time for `gpu_metrics`), zstd, dictionary-encoded labels,
-//! delta-encoded timestamps. The name carries the last WAL segment the file covers, so names never
-//! collide and a leftover of an interrupted persist is recognisable. With an object store the same
-//! layout sits under the prefix, each name followed by `-<writer id>` ([`storage`]).
+//! Layout: `<root>/tables/<table>/date=<YYYY-MM-DD>/h<HH>-<kind><n>-<writer>.parquet` (`kind`
+//! `p` for a persist, whose `n` is the last WAL segment it covers; `c` for compaction and
+//! rollups), rows sorted by the table's sort columns (host, gpu_uuid, time for `gpu_metrics`),
+//! zstd, dictionary-encoded labels, delta-encoded timestamps and counters, `time` in
+//! microseconds (`delta::schema`). Writing a file does not make it part of a table: the Delta
+//! commit that names it does (`delta`).
 
-mod catalog;
+pub mod legacy;
 pub mod storage;
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::path::Path;
 
 use bytes::Bytes;
 
@@ -20,22 +20,65 @@ use arrow::compute::{
     SortColumn, concat_batches, filter_record_batch, lexsort_to_indices, take_record_batch,
 };
 use arrow::datatypes::TimestampNanosecondType;
+use deltalake_core::kernel::Add;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::WriterProperties;
 
-pub use catalog::{CATALOG_FILE, Catalog, FileMeta, Retired};
 pub use storage::Storage;
 
+use crate::Result;
+use crate::delta::{files, schema};
 use crate::schema::Table;
-use crate::{Error, Result};
 
 const NANOS_PER_HOUR: i64 = 3_600_000_000_000;
 
-/// The directory holding a table's files.
-pub fn table_dir(data_dir: &Path, table: Table) -> std::path::PathBuf {
-    data_dir.join("tables").join(table.name())
+/// One data file of a table, as the store and the query engine see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMeta {
+    /// Table name.
+    pub table: String,
+    /// Path relative to the data directory or prefix, `/`-separated
+    /// (`tables/<table>/date=…/….parquet`).
+    pub path: String,
+    /// Smallest `time` in the file (ns); `i64::MIN` when unknown.
+    pub min_time: i64,
+    /// Largest `time` in the file (ns), or a little above; `i64::MAX` when unknown.
+    pub max_time: i64,
+    /// Rows.
+    pub rows: u64,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// 0: written by a persist; 1: the result of compacting a closed hour (whose rollups exist).
+    pub level: u8,
+}
+
+impl FileMeta {
+    /// The file's path relative to its table's directory, as Delta names it.
+    pub fn path_in_table(&self) -> &str {
+        let dir = format!("tables/{}/", self.table);
+        self.path.strip_prefix(dir.as_str()).unwrap_or(&self.path)
+    }
+
+    /// The `date` partition of the file, from its path.
+    pub fn date(&self) -> Option<&str> {
+        self.path.split('/').find_map(|p| p.strip_prefix("date="))
+    }
+
+    /// True when the statistics gave the file's time range.
+    pub fn has_time_range(&self) -> bool {
+        self.min_time != i64::MIN && self.max_time != i64::MAX
+    }
+}
+
+/// A file written, and the `add` that makes it part of its table.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// What the store keeps of it.
+    pub meta: FileMeta,
+    /// Its Delta action.
+    pub add: Add,
 }
 
 /// Sorts batches by the table's sort columns.
@@ -93,14 +136,15 @@ fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
     props.build()
 }
 
-/// Writes one table's batches as Parquet files, one per hour, named after `seq`. Each file is
-/// durable before this returns ([`Storage::put_new`]); the catalog is not touched.
+/// Writes one table's batches as Parquet files, one per hour, named `h<HH>-<name>-<writer>`.
+/// Each file is durable before this returns ([`Storage::put_new`]); no table names it yet.
 pub fn write_table(
     storage: &Storage,
     table: Table,
     batches: &[RecordBatch],
-    seq: u64,
-) -> Result<Vec<FileMeta>> {
+    name: &str,
+    now_millis: i64,
+) -> Result<Vec<Written>> {
     if batches.is_empty() {
         return Ok(Vec::new());
     }
@@ -127,99 +171,66 @@ pub fn write_table(
             filter_record_batch(&sorted, &mask)?
         };
         out.push(write_file(
-            storage,
-            table,
-            &part,
-            *hour,
-            &storage.file_name(&format!("{seq:020}")),
+            storage, table, &part, *hour, name, 0, now_millis,
         )?);
     }
     Ok(out)
 }
 
-/// Writes `batch` (rows of one hour, sorted) as `tables/<table>/<date>/<HH>/<name>.parquet`,
-/// durable before this returns ([`Storage::put_new`]); the catalog is not touched.
+/// Writes `batch` (rows of one hour, sorted, in the table's SQL schema) as
+/// `tables/<table>/date=<date>/h<HH>-<name>-<writer>.parquet`, durable before this returns.
 pub fn write_file(
     storage: &Storage,
     table: Table,
     batch: &RecordBatch,
     hour: i64,
     name: &str,
-) -> Result<FileMeta> {
+    level: u8,
+    now_millis: i64,
+) -> Result<Written> {
     let start = chrono::DateTime::from_timestamp(hour * 3600, 0).unwrap_or_default();
-    let rel = format!(
-        "tables/{}/{}/{}/{name}.parquet",
-        table.name(),
-        start.format("%Y-%m-%d"),
-        start.format("%H")
+    let date = start.format("%Y-%m-%d").to_string();
+    let path_in_table = format!(
+        "date={date}/h{}-{name}-{}.parquet",
+        start.format("%H"),
+        storage.writer().id
     );
+    let rel = format!("tables/{}/{path_in_table}", table.name());
+    let file_batch = schema::to_file_batch(table, batch)?;
     let mut buf = Vec::new();
     let mut writer = ArrowWriter::try_new(
         &mut buf,
-        batch.schema(),
-        Some(writer_properties(table, batch)),
+        file_batch.schema(),
+        Some(writer_properties(table, &file_batch)),
     )?;
-    writer.write(batch)?;
+    writer.write(&file_batch)?;
     writer.close()?;
     let bytes = buf.len() as u64;
     storage.put_new(&rel, Bytes::from(buf))?;
+    let stats = files::stats(&file_batch);
     let times = batch.column(0).as_primitive::<TimestampNanosecondType>();
     let min_time = times.values().iter().copied().min().unwrap_or_default();
     let max_time = times.values().iter().copied().max().unwrap_or_default();
-    Ok(FileMeta {
-        table: table.name().to_string(),
-        path: rel,
-        min_time,
-        max_time,
-        rows: batch.num_rows() as u64,
-        bytes,
-        level: 0,
+    Ok(Written {
+        meta: FileMeta {
+            table: table.name().to_string(),
+            path: rel,
+            min_time,
+            max_time,
+            rows: batch.num_rows() as u64,
+            bytes,
+            level,
+        },
+        add: files::add(path_in_table, &date, bytes, stats, level, now_millis),
     })
 }
 
-/// Removes files just written whose catalog update failed (best effort: a leftover is removed at
-/// the next start).
-pub fn remove_files(storage: &Storage, files: &[FileMeta]) {
+/// Removes files just written whose commit failed (best effort: the maintainer's vacuum removes
+/// what is left after the grace period).
+pub fn remove_files(storage: &Storage, files: &[Written]) {
     for f in files {
-        if let Err(e) = storage.delete(&f.path) {
-            tracing::warn!(error = %e, "could not remove a file whose catalog update failed");
+        if let Err(e) = storage.delete(&f.meta.path) {
+            tracing::warn!(error = %e, "could not remove a file whose commit failed");
         }
     }
-}
-
-/// Removes files under `tables/` that the catalog does not name (leftovers of an interrupted
-/// persist). Returns how many were removed.
-pub fn remove_orphans(data_dir: &Path, catalog: &Catalog) -> Result<usize> {
-    let known: std::collections::HashSet<&str> =
-        catalog.files.iter().map(|f| f.path.as_str()).collect();
-    let root = data_dir.join("tables");
-    let mut removed = 0;
-    let mut stack = vec![root];
-    while let Some(dir) = stack.pop() {
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(&dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&dir, e))?;
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let rel = path
-                .strip_prefix(data_dir)
-                .ok()
-                .and_then(|p| p.to_str())
-                .map(|p| p.replace('\\', "/"))
-                .unwrap_or_default();
-            if !known.contains(rel.as_str()) {
-                tracing::warn!(file = %path.display(), "removing a file no catalog entry names (left by an interrupted persist)");
-                fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                removed += 1;
-            }
-        }
-    }
-    Ok(removed)
 }

@@ -89,7 +89,7 @@ macro_rules! on_both {
 on_both!(
     writes_survive_reopen_without_persist,
     persist_moves_rows_to_parquet_exactly_once,
-    a_file_the_catalog_does_not_name_is_removed_and_its_rows_come_from_the_wal,
+    a_file_no_commit_names_is_vacuumed_and_its_rows_come_from_the_wal,
     parquet_files_are_sorted_and_zstd,
     segments_rotate_by_size_and_replay_persists_within_the_buffer_cap,
     compaction_merges_windows_builds_rollups_and_deletes_after_grace,
@@ -197,19 +197,28 @@ fn persist_moves_rows_to_parquet_exactly_once(p: &Place) {
     assert!(segs.len() <= 2, "{segs:?}");
 }
 
-fn a_file_the_catalog_does_not_name_is_removed_and_its_rows_come_from_the_wal(p: &Place) {
-    {
+fn a_file_no_commit_names_is_vacuumed_and_its_rows_come_from_the_wal(p: &Place) {
+    let orphan = {
         let s = open(p);
         for i in 0..4 {
             s.write(&write_of(i)).expect("write");
         }
-        // As if a persist wrote its file and crashed before the catalog update.
+        // As if a persist wrote its file and crashed before its commit.
         let snap = s.snapshot(Table::GpuMetrics);
-        persist::write_table(s.storage(), Table::GpuMetrics, &snap.batches, 1).expect("file");
-    }
+        persist::write_table(s.storage(), Table::GpuMetrics, &snap.batches, "p1", 0)
+            .expect("file")
+            .remove(0)
+            .meta
+    };
     let s = open(p);
     assert_eq!(powers(&s), expected(4));
     assert_eq!(s.file_count(), 0);
+    assert!(exists(&s, &orphan.path));
+    // The test clock is in the future of the file's modification time: past the grace period.
+    let r = s.maintain().expect("maintain");
+    assert_eq!(r.files_deleted, 1, "{r:?}");
+    assert!(!exists(&s, &orphan.path));
+    assert_eq!(powers(&s), expected(4));
 }
 
 fn parquet_files_are_sorted_and_zstd(p: &Place) {
@@ -240,7 +249,7 @@ fn parquet_files_are_sorted_and_zstd(p: &Place) {
         .as_string::<i32>();
     let times = batch
         .column(0)
-        .as_primitive::<arrow::datatypes::TimestampNanosecondType>();
+        .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
     for i in 1..batch.num_rows() {
         let a = (uuids.value(i - 1), times.value(i - 1));
         let b = (uuids.value(i), times.value(i));
@@ -346,11 +355,7 @@ fn write_at(i: usize, step_secs: i64) -> WriteBatch {
 }
 
 fn files_of(s: &Store, table: Table) -> Vec<FileMeta> {
-    s.catalog()
-        .files
-        .into_iter()
-        .filter(|f| f.table == table.name())
-        .collect()
+    s.files(table).as_ref().clone()
 }
 
 fn compaction_merges_windows_builds_rollups_and_deletes_after_grace(p: &Place) {
@@ -367,6 +372,7 @@ fn compaction_merges_windows_builds_rollups_and_deletes_after_grace(p: &Place) {
     // Both hours still open: 6 < 8 files each, nothing to do.
     assert_eq!(s.maintain().expect("maintain").windows_compacted, 0);
     // The first hour closes (its end + 10 min): merged into one file, rolled up.
+    let before = files_of(&s, Table::GpuMetrics);
     clock.advance(3_600_000_000_000 + 11 * 60_000_000_000);
     let r = s.maintain().expect("maintain");
     assert_eq!(
@@ -381,14 +387,17 @@ fn compaction_merges_windows_builds_rollups_and_deletes_after_grace(p: &Place) {
     assert_eq!(m1[0].rows, 120);
     assert_eq!(files_of(&s, Table::GpuMetrics1h)[0].rows, 3);
     // Replaced files stay on disk for the grace period, then go.
-    let retired = s.catalog().retired;
+    let retired: Vec<FileMeta> = before
+        .iter()
+        .filter(|f| !files_of(&s, Table::GpuMetrics).contains(f))
+        .cloned()
+        .collect();
     assert_eq!(retired.len(), 6);
     assert!(retired.iter().all(|r| exists(&s, &r.path)));
     clock.advance(11 * 60_000_000_000);
     let r = s.maintain().expect("maintain");
     assert_eq!(r.files_deleted, 6);
     assert!(retired.iter().all(|r| !exists(&s, &r.path)));
-    assert!(s.catalog().retired.is_empty());
     // Late data for the closed hour re-closes it: one file again, rollups replaced.
     s.write(&write_at(240, 0)).expect("late write");
     s.persist().expect("persist");
@@ -535,7 +544,7 @@ fn compaction_keeps_metrics_labels(p: &Place) {
     assert_eq!(s.maintain().expect("maintain").windows_compacted, 1);
     let files = files_of(&s, Table::Metrics);
     assert_eq!(files.len(), 1);
-    let batch = compact::read_files(s.storage(), Table::Metrics, &files)
+    let batch = crate::compact::read_files(s.storage(), Table::Metrics, &files)
         .expect("read back the merged file");
     assert_eq!(batch.num_rows(), 4);
     let labels = batch
@@ -556,94 +565,187 @@ fn sharing(a: &Place) -> Place {
 }
 
 #[test]
-fn a_second_writer_on_one_prefix_is_stopped_and_loses_nothing() {
+fn two_writers_on_one_prefix_append_to_the_same_tables_and_lose_nothing() {
     let a_place = Place::s3();
     let b_place = sharing(&a_place);
     let a = open(&a_place);
-    for i in 0..5 {
-        a.write(&write_of(i)).expect("write a");
-    }
-    a.persist().expect("persist a");
-    // B starts on the same prefix and loads A's catalog; A moves on.
     let b = open(&b_place);
-    assert_eq!(powers(&b), expected(5));
-    for i in 5..10 {
-        a.write(&write_of(i)).expect("write a");
+    std::thread::scope(|scope| {
+        for (store, base) in [(&a, 0), (&b, 1000)] {
+            scope.spawn(move || {
+                for round in 0..4 {
+                    for i in 0..5 {
+                        store.write(&write_of(base + round * 5 + i)).expect("write");
+                    }
+                    store.persist().expect("persist");
+                }
+            });
+        }
+    });
+    let mut want: Vec<f64> = (0..20).chain(1000..1020).map(|i| i as f64).collect();
+    want.sort_by(f64::total_cmp);
+    for s in [&a, &b] {
+        s.refresh().expect("refresh");
+        assert_eq!(powers(s), want, "each sees both writers' rows once");
     }
-    a.persist().expect("persist a");
-    // B's first catalog change meets A's version: refused, loudly, and B stops.
-    for i in 100..103 {
-        b.write(&write_of(i)).expect("acknowledged by b's wal");
-    }
-    let err = b.persist().expect_err("conflict");
-    assert!(matches!(err, Error::CatalogConflict { .. }), "{err}");
-    let msg = err.to_string();
-    let (prefix, _) = a_place.s3.clone().expect("s3");
-    assert!(msg.contains(&prefix), "{msg}");
-    let a_writer = a.storage().writer().expect("writer").clone();
-    assert!(msg.contains(&a_writer.id), "names the other writer: {msg}");
-    assert!(msg.contains(&a_writer.data_dir), "{msg}");
-    let why = b.fenced().expect("fenced");
-    assert!(why.contains("two servers"), "{why}");
-    let refused = b.write(&write_of(103)).expect_err("writes refused");
-    assert!(matches!(refused, Error::Fenced(_)), "{refused}");
-    assert!(matches!(b.persist(), Err(Error::Fenced(_))));
-    assert!(matches!(b.maintain(), Err(Error::Fenced(_))));
-    // A is untouched and goes on.
-    for i in 10..15 {
-        a.write(&write_of(i)).expect("write a");
-    }
-    a.persist().expect("persist a");
-    assert_eq!(powers(&a), expected(15));
-    assert!(a.fenced().is_none());
-    // Once A is gone, B restarts on the prefix: its WAL still holds what it acknowledged, and
-    // A's files were not touched.
-    drop(a);
+    // Each writer's coverage is its own `txn` in the table.
+    let gm = Table::GpuMetrics;
+    assert!(a.txn_version(gm, &a.storage().writer().id).expect("txn") > 0);
+    assert!(b.txn_version(gm, &b.storage().writer().id).expect("txn") > 0);
+    // A restart of one replays only its own unpersisted rows.
+    b.write(&write_of(2000)).expect("write");
     drop(b);
     let b = open(&b_place);
-    let mut want = expected(15);
-    want.extend([100.0, 101.0, 102.0]);
+    want.push(2000.0);
     assert_eq!(powers(&b), want);
-    b.persist().expect("persist b");
-    drop(b);
-    let b = open(&b_place);
-    assert_eq!(powers(&b), want, "each row exactly once after the restart");
+    // A query node on the prefix sees the persisted rows, takes no writes.
+    let q = Store::open(
+        StoreConfig {
+            ingest: false,
+            ..sharing(&a_place).config()
+        },
+        Arc::new(ManualClock::new(T0)),
+    )
+    .expect("query node");
+    want.retain(|v| *v != 2000.0);
+    assert_eq!(powers(&q), want);
+    assert!(matches!(q.write(&write_of(1)), Err(Error::ReadOnly)));
+    assert!(q.persist().expect("nothing to persist").is_none());
+    b.persist().expect("persist");
+    assert_eq!(q.refresh().expect("refresh"), 1);
+    want.push(2000.0);
+    assert_eq!(powers(&q), want);
 }
 
 #[test]
-fn old_catalog_versions_go_after_the_grace_period_and_a_stale_writer_still_fails() {
+fn a_copied_data_directory_is_stopped_and_loses_nothing() {
+    let a_place = Place::s3();
+    let a = open(&a_place);
+    a.write(&write_of(0)).expect("write");
+    a.persist().expect("persist");
+    // A second server on a copy of A's data directory: same writer id.
+    let copy = sharing(&a_place);
+    std::fs::copy(
+        a_place.path().join(persist::storage::WRITER_ID_FILE),
+        copy.path().join(persist::storage::WRITER_ID_FILE),
+    )
+    .expect("copy the writer id");
+    let b = open(&copy);
+    for i in 1..4 {
+        a.write(&write_of(i)).expect("write a");
+    }
+    a.persist().expect("persist a");
+    b.write(&write_of(100)).expect("acknowledged by b's wal");
+    let err = b.persist().expect_err("fenced");
+    assert!(matches!(err, Error::Fenced(_)), "{err}");
+    assert!(err.to_string().contains("writer id"), "{err}");
+    // B's rows stay in its buffer and WAL.
+    assert!(powers(&b).contains(&100.0));
+    assert!(b.fenced().is_some());
+    assert!(matches!(b.write(&write_of(101)), Err(Error::Fenced(_))));
+    // A goes on untouched.
+    a.write(&write_of(4)).expect("write a");
+    a.persist().expect("persist a");
+    assert_eq!(powers(&a), expected(5));
+    assert!(a.fenced().is_none());
+}
+
+#[test]
+fn a_second_maintainer_conflicts_writes_nothing_and_the_first_goes_on() {
     let a_place = Place::s3();
     let b_place = sharing(&a_place);
     let clock = Arc::new(ManualClock::new(T0));
-    let zero_grace = |p: &Place| StoreConfig {
-        compaction: crate::CompactionConfig {
-            grace: std::time::Duration::ZERO,
-            ..Default::default()
-        },
-        ..p.config()
-    };
-    let a = Store::open(zero_grace(&a_place), clock.clone()).expect("open a");
-    a.write(&write_of(0)).expect("write");
-    a.persist().expect("persist");
-    // B loads version 1, then sits idle while A writes versions 2 and 3 and deletes 1 and 2.
-    let b = Store::open(zero_grace(&b_place), clock.clone()).expect("open b");
-    for i in 1..3 {
-        a.write(&write_of(i)).expect("write");
+    let a = Store::open(a_place.config(), clock.clone()).expect("open a");
+    let b = Store::open(b_place.config(), clock.clone()).expect("open b");
+    for slice in 0..4 {
+        for i in slice * 30..(slice + 1) * 30 {
+            a.write(&write_at(i, 30)).expect("write");
+        }
         a.persist().expect("persist");
     }
-    assert_eq!(a.catalog().generation, 3);
-    let r = a.maintain().expect("maintain");
-    assert_eq!(r.catalogs_deleted, 2, "{r:?}");
-    // B's version 2 can be created (it was deleted), but its predecessor is gone: B stops.
-    b.write(&write_of(50)).expect("write b");
-    let err = b.persist().expect_err("stale writer");
-    assert!(matches!(err, Error::CatalogConflict { .. }), "{err}");
-    assert!(b.fenced().is_some());
-    // The newest version is still A's, and a fresh reader sees A's rows only.
-    drop(b);
-    let c = Store::open(zero_grace(&Place::s3_at(&a_place)), clock).expect("open c");
-    assert_eq!(c.catalog().generation, 3);
-    assert_eq!(powers(&c), expected(3));
+    b.refresh().expect("refresh");
+    // Both see the same closed hours and race to compact them: B took its view of the tables
+    // before A's maintenance commits, so its own commits meet A's maintenance `txn`.
+    clock.advance(2 * 3_600_000_000_000 + 11 * 60_000_000_000);
+    let r = a.maintain().expect("a maintains");
+    assert_eq!(r.windows_compacted, 1, "{r:?}");
+    let b_pass = b.maintain_without_refresh();
+    assert!(matches!(b_pass, Err(Error::DeltaConflict(_))), "{b_pass:?}");
+    assert!(b.stats().delta_conflicts.load(Ordering::Relaxed) >= 1);
+    b.refresh().expect("refresh");
+    assert_eq!(powers(&b), expected(120), "nothing doubled or lost");
+    assert_eq!(files_of(&b, Table::GpuMetrics1m).len(), 1);
+    assert_eq!(files_of(&b, Table::GpuMetrics).len(), 1);
+    // A later pass of B sees A's work and has nothing to do.
+    assert_eq!(b.maintain().expect("b").windows_compacted, 0);
+}
+
+#[test]
+fn an_earlier_release_data_directory_is_converted_once_and_nothing_is_lost_or_doubled() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/pre-delta/local/data");
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_dir(&fixture, dir.path());
+    let expected = pre_delta_rows("local");
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = || StoreConfig {
+        retention: crate::RetentionConfig {
+            gpu_metrics: None,
+            gpu_processes: None,
+            gpu_events: None,
+            metrics: None,
+            gpu_metrics_1m: None,
+            gpu_metrics_1h: None,
+            alerts: None,
+        },
+        ..StoreConfig::new(dir.path())
+    };
+    let s = Store::open(config(), clock.clone()).expect("open converts");
+    assert!(!dir.path().join("catalog.json").exists());
+    for (table, n) in &expected {
+        assert_eq!(rows_of(&s, *table), *n, "{}", table.name());
+    }
+    assert!(
+        s.files(Table::GpuMetrics)
+            .iter()
+            .all(|f| f.path.contains("/date=")),
+        "rewritten in the Delta layout"
+    );
+    s.persist().expect("persist the replayed rows");
+    drop(s);
+    let s = Store::open(config(), clock).expect("reopen");
+    for (table, n) in &expected {
+        assert_eq!(rows_of(&s, *table), *n, "{} after a restart", table.name());
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Rows per table the earlier release answered for the fixture (its `expected.jsonl`).
+fn pre_delta_rows(which: &str) -> Vec<(Table, usize)> {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        format!("../tests/fixtures/pre-delta/{which}/expected.jsonl"),
+    ))
+    .expect("expected.jsonl");
+    text.lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let table = Table::from_name(v["t"].as_str()?)?;
+            // The alert history was not a store table then.
+            (table != Table::Alerts).then(|| (table, v["n"].as_u64().unwrap_or(0) as usize))
+        })
+        .collect()
 }
 
 #[test]
@@ -651,7 +753,7 @@ fn a_create_only_put_that_meets_its_own_bytes_succeeds_and_other_bytes_fail() {
     let p = Place::s3();
     let s = open(&p);
     let st = s.storage();
-    let rel = "tables/x/2027-01-01/00/a.parquet";
+    let rel = "tables/x/date=2027-01-01/a.parquet";
     st.put_new(rel, bytes::Bytes::from_static(b"one"))
         .expect("first");
     st.put_new(rel, bytes::Bytes::from_static(b"one"))

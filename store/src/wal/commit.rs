@@ -78,7 +78,7 @@ impl GroupCommit {
     pub fn wait_durable(
         &self,
         pos: Position,
-        target: impl Fn() -> SyncTarget,
+        target: impl Fn() -> Option<SyncTarget>,
         on_failure: impl Fn(u64),
     ) -> Result<()> {
         let mut s = self.lock();
@@ -102,7 +102,12 @@ impl GroupCommit {
             }
             s.leader = true;
             drop(s);
-            let t = target();
+            let Some(t) = target() else {
+                s = self.lock();
+                s.leader = false;
+                self.cv.notify_all();
+                return Err(Error::ReadOnly);
+            };
             let synced = t.file.sync_data();
             self.fsyncs.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = &synced {
@@ -144,8 +149,12 @@ mod tests {
                     for i in 0..per_writer {
                         let payload = vec![w as u8; 100 + i];
                         let pos = wal.lock().expect("lock").append(&payload).expect("append");
-                        gc.wait_durable(pos, || wal.lock().expect("lock").sync_target(), |_| {})
-                            .expect("durable");
+                        gc.wait_durable(
+                            pos,
+                            || Some(wal.lock().expect("lock").sync_target()),
+                            |_| {},
+                        )
+                        .expect("durable");
                         assert!(gc.durable() >= pos);
                     }
                 });
@@ -172,14 +181,14 @@ mod tests {
         let gc = GroupCommit::default();
         gc.fail(3, "injected");
         let err = gc
-            .wait_durable(pos, || wal.sync_target(), |_| {})
+            .wait_durable(pos, || Some(wal.sync_target()), |_| {})
             .expect_err("failed segment");
         assert!(err.to_string().contains("not acknowledged"), "{err}");
         // A new segment is acknowledged again.
         wal.mark_broken(3);
         let pos = wal.append(b"y").expect("append");
         assert_eq!(pos.seq, 4);
-        gc.wait_durable(pos, || wal.sync_target(), |_| {})
+        gc.wait_durable(pos, || Some(wal.sync_target()), |_| {})
             .expect("durable");
     }
 }

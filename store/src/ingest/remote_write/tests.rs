@@ -426,8 +426,8 @@ proptest! {
                 Table::GpuMetrics1m | Table::GpuMetrics1h => {
                     prop_assert!(false, "ingest never writes rollup tables");
                 }
-                Table::GpuProcesses | Table::GpuEvents => {
-                    prop_assert!(false, "remote write has no process or event series");
+                Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {
+                    prop_assert!(false, "remote write has no process, event or alert series");
                 }
             }
         }

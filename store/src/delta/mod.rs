@@ -1,0 +1,544 @@
+//! The persisted tables as Delta Lake tables, one per table at `<root>/tables/<table>/`
+//! (`<root>` = the data directory or the `--object-store` prefix), through `deltalake-core`.
+//!
+//! - **Commits.** A persist is one commit per table of `add` actions (a blind append) with a
+//!   `txn` action whose app id is the writer's id and whose version is the last WAL segment the
+//!   files cover, so the WAL coverage lands in the same atomic commit as the files. Compaction is
+//!   `remove` + `add` with `dataChange=false`; rollups replace their hour (`remove` + `add`);
+//!   retention is `remove`, and the files go at the next vacuum after the grace period.
+//! - **Who may commit at once.** Any number of writers append concurrently; Delta's conflict
+//!   rules let blind appends through, and an append that meets a concurrent `remove` is simply
+//!   committed again on the new version. Every maintenance commit (compaction, rollups,
+//!   retention) carries a `txn` of the app id [`MAINTENANCE_APP`], so two maintainers always
+//!   conflict: the second one's commit fails, writes nothing, and its pass is retried.
+//! - **Exactly once.** A commit that fails in a way that may have landed (a timeout; a retried
+//!   put that met its own first attempt) is checked against the log before it is reported:
+//!   an append by its `txn` version, other commits by their files.
+//! - **Checkpoints** every `delta.checkpointInterval` (100) commits and expired log cleanup are
+//!   deltalake's post-commit hooks; a failure there never fails the commit.
+//!
+//! The store calls these methods synchronously; they run on the storage runtime.
+
+pub mod convert;
+pub mod durable;
+pub mod files;
+pub mod schema;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake_core::kernel::{Action, Transaction};
+use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
+use deltalake_core::operations::create::CreateBuilder;
+use deltalake_core::operations::vacuum::VacuumMode;
+use deltalake_core::protocol::{DeltaOperation, SaveMode};
+use deltalake_core::{DeltaTable, DeltaTableError};
+use object_store::prefix::PrefixStore;
+
+use crate::persist::{FileMeta, Storage};
+use crate::schema::Table;
+use crate::{Error, Result};
+
+/// The `txn` app id of every maintenance commit (compaction, rollups, retention).
+pub const MAINTENANCE_APP: &str = "gpuwatch-maintenance";
+
+/// How many times an append is committed again after meeting a concurrent `remove`.
+const APPEND_ATTEMPTS: usize = 5;
+
+/// What a commit does, which decides its Delta operation and how its conflicts are judged.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// New rows (a persist, an import): a blind append.
+    Append,
+    /// Files merged (`dataChange=false`): OPTIMIZE.
+    Compact,
+    /// The rollups of one hour rebuilt.
+    Replace {
+        /// The replaced range, for the commit's record (`time >= … AND time < …`).
+        predicate: String,
+    },
+    /// Files past retention removed.
+    Expire {
+        /// The removed range, for the commit's record.
+        predicate: String,
+    },
+}
+
+impl Kind {
+    fn operation(&self) -> DeltaOperation {
+        let partition_by = Some(vec![schema::PARTITION_COLUMN.to_string()]);
+        match self {
+            Kind::Append => DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by,
+                predicate: None,
+            },
+            Kind::Compact => DeltaOperation::Optimize {
+                predicate: None,
+                target_size: 0,
+            },
+            Kind::Replace { predicate } => DeltaOperation::Write {
+                mode: SaveMode::Overwrite,
+                partition_by,
+                predicate: Some(predicate.clone()),
+            },
+            Kind::Expire { predicate } => DeltaOperation::Delete {
+                predicate: Some(predicate.clone()),
+            },
+        }
+    }
+}
+
+/// One table's log and what the store knows of its files.
+#[derive(Clone)]
+struct TableLog {
+    table: DeltaTable,
+    /// `FileMeta` of every active file, by its path in the table.
+    known: HashMap<String, FileMeta>,
+    /// The active files.
+    files: Arc<Vec<FileMeta>>,
+}
+
+impl TableLog {
+    fn version(&self) -> Option<u64> {
+        self.table.state.as_ref().map(|s| s.version())
+    }
+}
+
+/// Every table's Delta log.
+pub struct DeltaTables {
+    storage: Storage,
+    logs: BTreeMap<Table, TableLog>,
+}
+
+impl std::fmt::Debug for DeltaTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let versions: BTreeMap<&str, Option<u64>> = self
+            .logs
+            .iter()
+            .map(|(t, l)| (t.name(), l.version()))
+            .collect();
+        f.debug_struct("DeltaTables")
+            .field("storage", &self.storage)
+            .field("versions", &versions)
+            .finish()
+    }
+}
+
+fn delta_error(storage: &Storage, table: Table, e: DeltaTableError) -> Error {
+    if let DeltaTableError::ObjectStore { source } = &e
+        && source.to_string().contains("No space left on device")
+    {
+        return Error::io(
+            storage.location(&table_dir(table)),
+            std::io::Error::from(std::io::ErrorKind::StorageFull),
+        );
+    }
+    Error::Delta(format!(
+        "table {} at {}: {e}",
+        table.name(),
+        storage.location(&table_dir(table))
+    ))
+}
+
+/// A table's directory, relative to the root.
+pub fn table_dir(table: Table) -> String {
+    format!("tables/{}", table.name())
+}
+
+/// True for the errors that say another commit got in the way (the commit did not land).
+fn is_conflict(e: &DeltaTableError) -> bool {
+    matches!(
+        e,
+        DeltaTableError::Transaction {
+            source: TransactionError::CommitConflict(_) | TransactionError::MaxCommitAttempts(_)
+        }
+    )
+}
+
+/// The log store of `table`: the storage's root store, seen from the table's directory.
+fn log_store(storage: &Storage, table: Table) -> Result<LogStoreRef> {
+    let rel = table_dir(table);
+    let url = storage.url(&rel)?;
+    let root = storage.root_store();
+    let prefixed: Arc<dyn object_store::ObjectStore> =
+        Arc::new(PrefixStore::new(Arc::clone(&root), storage.key(&rel)?));
+    Ok(default_logstore(
+        prefixed,
+        root,
+        &url,
+        &StorageConfig::default(),
+    ))
+}
+
+/// Loads `table`'s log; creates the table when it does not exist and `create` is set.
+async fn load_or_create(
+    log_store: LogStoreRef,
+    table: Table,
+    create: bool,
+    extra: Vec<Action>,
+    txn: Option<Transaction>,
+) -> std::result::Result<DeltaTable, DeltaTableError> {
+    let mut delta = DeltaTable::new(Arc::clone(&log_store));
+    if log_store.is_delta_table_location().await? {
+        delta.load().await?;
+        return Ok(delta);
+    }
+    if !create {
+        return Ok(delta);
+    }
+    let mut props = CommitProperties::default();
+    if let Some(t) = txn {
+        props = props.with_application_transaction(t);
+    }
+    let created = CreateBuilder::new()
+        .with_log_store(Arc::clone(&log_store))
+        .with_table_name(table.name())
+        .with_comment(format!(
+            "gpuwatch table {}: see docs/schema.md and docs/scale-out.md",
+            table.name()
+        ))
+        .with_columns(
+            schema::delta_columns(table).map_err(|e| DeltaTableError::Generic(e.to_string()))?,
+        )
+        .with_partition_columns([schema::PARTITION_COLUMN])
+        .with_actions(extra)
+        .with_commit_properties(props)
+        .with_save_mode(SaveMode::Ignore)
+        .await;
+    match created {
+        Ok(t) => Ok(t),
+        // Another server created it first: use theirs.
+        Err(_) if log_store.is_delta_table_location().await? => {
+            delta.load().await?;
+            Ok(delta)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl DeltaTables {
+    /// Opens every table's log. With `create`, missing tables are created (an ingest node);
+    /// without, a missing table reads as empty until it appears (a query node).
+    pub fn open(storage: &Storage, create: bool) -> Result<Self> {
+        let mut logs = BTreeMap::new();
+        for table in Table::ALL {
+            let store = log_store(storage, table)?;
+            let delta = storage
+                .block(load_or_create(store, table, create, Vec::new(), None))?
+                .map_err(|e| delta_error(storage, table, e))?;
+            let mut log = TableLog {
+                table: delta,
+                known: HashMap::new(),
+                files: Arc::default(),
+            };
+            rebuild_files(table, &mut log);
+            logs.insert(table, log);
+        }
+        Ok(Self {
+            storage: storage.clone(),
+            logs,
+        })
+    }
+
+    /// True when `table` exists as a Delta table.
+    pub fn exists(storage: &Storage, table: Table) -> Result<bool> {
+        let store = log_store(storage, table)?;
+        storage
+            .block(async move { store.is_delta_table_location().await })?
+            .map_err(|e| delta_error(storage, table, e))
+    }
+
+    /// Creates `table` with `adds` and a `txn` in its first commit (conversion of an earlier
+    /// release's files). Does nothing if the table exists.
+    pub fn create_with(
+        storage: &Storage,
+        table: Table,
+        adds: Vec<Action>,
+        txn: Option<Transaction>,
+    ) -> Result<()> {
+        let store = log_store(storage, table)?;
+        storage
+            .block(load_or_create(store, table, true, adds, txn))?
+            .map(|_| ())
+            .map_err(|e| delta_error(storage, table, e))
+    }
+
+    fn log(&self, table: Table) -> Result<&TableLog> {
+        self.logs
+            .get(&table)
+            .ok_or_else(|| Error::Delta(format!("table {} is not open", table.name())))
+    }
+
+    /// The active files of `table`.
+    pub fn files(&self, table: Table) -> Arc<Vec<FileMeta>> {
+        self.logs
+            .get(&table)
+            .map(|l| Arc::clone(&l.files))
+            .unwrap_or_default()
+    }
+
+    /// The table versions, for `/metrics` and logs.
+    pub fn versions(&self) -> BTreeMap<Table, Option<u64>> {
+        self.logs.iter().map(|(t, l)| (*t, l.version())).collect()
+    }
+
+    /// The last `txn` version of `app` in `table` (0 when none).
+    pub fn txn_version(&self, table: Table, app: &str) -> Result<u64> {
+        let log = self.log(table)?;
+        let Some(state) = log.table.state.clone() else {
+            return Ok(0);
+        };
+        let store = log.table.log_store();
+        let app = app.to_string();
+        let v = self
+            .storage
+            .block(async move { state.transaction_version(store.as_ref(), app).await })?
+            .map_err(|e| delta_error(&self.storage, table, e))?;
+        Ok(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0))
+    }
+
+    /// Brings every table to its newest version. Returns the tables whose files changed.
+    pub fn refresh(&mut self) -> Result<Vec<Table>> {
+        let mut changed = Vec::new();
+        let tables: Vec<Table> = self.logs.keys().copied().collect();
+        for table in tables {
+            if self.refresh_table(table)? {
+                changed.push(table);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Brings `table` to its newest version. Returns whether its files changed.
+    pub fn refresh_table(&mut self, table: Table) -> Result<bool> {
+        let storage = self.storage.clone();
+        let log = self
+            .logs
+            .get_mut(&table)
+            .ok_or_else(|| Error::Delta(format!("table {} is not open", table.name())))?;
+        let before = log.version();
+        let mut delta = log.table.clone();
+        let updated = storage
+            .block(async move {
+                if delta.state.is_none() && !delta.log_store().is_delta_table_location().await? {
+                    return Ok(delta);
+                }
+                delta.update_incremental(None).await.map(|()| delta)
+            })?
+            .map_err(|e| delta_error(&storage, table, e))?;
+        log.table = updated;
+        if log.version() == before {
+            return Ok(false);
+        }
+        rebuild_files(table, log);
+        Ok(true)
+    }
+
+    /// Commits `actions` to `table` (with `txn`, if any), and brings the table to the version
+    /// committed. Returns the version.
+    pub fn commit(
+        &mut self,
+        table: Table,
+        actions: Vec<Action>,
+        kind: Kind,
+        txn: Option<Transaction>,
+    ) -> Result<u64> {
+        let attempts = if matches!(kind, Kind::Append) {
+            APPEND_ATTEMPTS
+        } else {
+            1
+        };
+        let mut last = None;
+        for _ in 0..attempts {
+            match self.commit_once(table, actions.clone(), &kind, txn.clone()) {
+                Ok(v) => return Ok(v),
+                Err(e) if is_conflict(&e) => {
+                    // A concurrent commit got in the way: the commit did not land. Appends
+                    // read nothing, so they are committed again on the new version.
+                    tracing::info!(table = table.name(), error = %e, "delta commit met a concurrent commit");
+                    last = Some(e);
+                    self.refresh_table(table)?;
+                }
+                Err(e) => {
+                    // It may have landed (a timeout after the put went through): look.
+                    self.refresh_table(table)?;
+                    if self.landed(table, &actions, &kind, txn.as_ref())? {
+                        tracing::warn!(table = table.name(), error = %e,
+                            "a delta commit reported a failure but is in the log: counted as done");
+                        return self
+                            .log(table)?
+                            .version()
+                            .ok_or_else(|| delta_error(&self.storage, table, e));
+                    }
+                    return Err(delta_error(&self.storage, table, e));
+                }
+            }
+        }
+        let e = last.unwrap_or_else(|| DeltaTableError::Generic("no commit attempt".into()));
+        Err(Error::DeltaConflict(format!("table {}: {e}", table.name())))
+    }
+
+    fn commit_once(
+        &mut self,
+        table: Table,
+        actions: Vec<Action>,
+        kind: &Kind,
+        txn: Option<Transaction>,
+    ) -> std::result::Result<u64, DeltaTableError> {
+        let log = self.logs.get_mut(&table).ok_or_else(|| {
+            DeltaTableError::Generic(format!("table {} is not open", table.name()))
+        })?;
+        let Some(state) = log.table.state.clone() else {
+            return Err(DeltaTableError::NotATable(format!(
+                "{} has no Delta log yet",
+                table.name()
+            )));
+        };
+        let store = log.table.log_store();
+        let mut props = CommitProperties::default();
+        if let Some(t) = txn {
+            props = props.with_application_transaction(t);
+        }
+        if matches!(kind, Kind::Append) {
+            props = props.with_metadata([("isBlindAppend".to_string(), serde_json::json!(true))]);
+        }
+        let operation = kind.operation();
+        let outcome = self
+            .storage
+            .block(async move {
+                let post = CommitBuilder::from(props)
+                    .with_actions(actions)
+                    .build(Some(&state), Arc::clone(&store), operation)
+                    .into_prepared_commit_future()
+                    .await?
+                    .await?;
+                let version = post.version;
+                // The commit is in the log: a failure of the post-commit hooks (checkpoint,
+                // log cleanup) does not undo it.
+                let snapshot = post.await.map(|f| f.snapshot);
+                Ok::<_, DeltaTableError>((version, snapshot))
+            })
+            .map_err(|e| DeltaTableError::Generic(e.to_string()))??;
+        let (version, snapshot) = outcome;
+        match snapshot {
+            Ok(s) => {
+                log.table.state = Some(s);
+                rebuild_files(table, log);
+            }
+            Err(e) => {
+                tracing::warn!(table = table.name(), version, error = %e,
+                    "delta commit done, its checkpoint or log cleanup failed; retried at a later commit");
+                self.refresh_table(table)
+                    .map_err(|e| DeltaTableError::Generic(e.to_string()))?;
+            }
+        }
+        Ok(version)
+    }
+
+    /// After a failed commit: is it in the log anyway?
+    fn landed(
+        &self,
+        table: Table,
+        actions: &[Action],
+        kind: &Kind,
+        txn: Option<&Transaction>,
+    ) -> Result<bool> {
+        if let (Kind::Append, Some(t)) = (kind, txn) {
+            let have = self.txn_version(table, &t.app_id)?;
+            return Ok(u64::try_from(t.version).is_ok_and(|v| have >= v));
+        }
+        let log = self.log(table)?;
+        let present: HashSet<&str> = log.known.keys().map(String::as_str).collect();
+        let mut any = false;
+        for a in actions {
+            match a {
+                Action::Add(add) => {
+                    any = true;
+                    if !present.contains(add.path.as_str()) {
+                        return Ok(false);
+                    }
+                }
+                Action::Remove(r) => {
+                    any = true;
+                    if present.contains(r.path.as_str()) {
+                        return Ok(false);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(any)
+    }
+
+    /// Deletes files no version within `retention` needs: those removed more than `retention`
+    /// ago, and files no commit names (left by a persist or compaction that failed before its
+    /// commit) older than `retention`. Returns how many were deleted.
+    pub fn vacuum(&mut self, table: Table, retention: Duration, now_millis: i64) -> Result<usize> {
+        #[derive(Debug)]
+        struct At(i64);
+        impl deltalake_core::operations::vacuum::Clock for At {
+            fn current_timestamp_millis(&self) -> i64 {
+                self.0
+            }
+        }
+        let log = self.log(table)?;
+        if log.table.state.is_none() {
+            return Ok(0);
+        }
+        let delta = log.table.clone();
+        let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+        let deleted = self
+            .storage
+            .block(async move {
+                delta
+                    .vacuum()
+                    .with_retention_period(retention)
+                    .with_enforce_retention_duration(false)
+                    .with_mode(VacuumMode::Full)
+                    .with_clock(Arc::new(At(now_millis)))
+                    .await
+                    .map(|(_, metrics)| metrics.files_deleted.len())
+            })?
+            .map_err(|e| delta_error(&self.storage, table, e))?;
+        if deleted > 0 {
+            self.refresh_table(table)?;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Rebuilds the list of active files from the log's snapshot, parsing the statistics only of
+/// files not seen before.
+fn rebuild_files(table: Table, log: &mut TableLog) {
+    let Some(state) = &log.table.state else {
+        log.known.clear();
+        log.files = Arc::default();
+        return;
+    };
+    let mut known = HashMap::with_capacity(log.known.len() + 8);
+    let mut files = Vec::with_capacity(log.known.len() + 8);
+    for view in state.log_data().iter() {
+        let path = view.path().into_owned();
+        let meta = match log.known.remove(&path) {
+            Some(m) => m,
+            None => {
+                #[allow(deprecated)]
+                let add = view.add_action();
+                let level = add
+                    .tags
+                    .as_ref()
+                    .and_then(|t| t.get(files::LEVEL_TAG))
+                    .and_then(|v| v.as_deref());
+                files::file_meta(table, &path, add.size, add.stats.as_deref(), level)
+            }
+        };
+        files.push(meta.clone());
+        known.insert(path, meta);
+    }
+    files.sort_by(|a, b| (a.min_time, &a.path).cmp(&(b.min_time, &b.path)));
+    log.known = known;
+    log.files = Arc::new(files);
+}

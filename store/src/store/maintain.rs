@@ -1,0 +1,341 @@
+//! Maintenance of the tables: retention, compaction and rollups, vacuum (see [`crate::compact`]
+//! for the rules). Each step is a Delta commit carrying the `txn` of
+//! [`crate::delta::MAINTENANCE_APP`], so a second maintainer on the same tables conflicts at its
+//! first commit, writes nothing and retries at its next pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use deltalake_core::kernel::{Action, Transaction};
+
+use super::{Store, lock, now_millis};
+use crate::compact::{self, HOUR_NANOS, MaintenanceReport};
+use crate::delta::{DeltaTables, Kind, MAINTENANCE_APP, files};
+use crate::persist::{self, FileMeta, Written, storage::random_hex};
+use crate::schema::Table;
+use crate::{Error, Result};
+
+/// What maintenance remembers between passes.
+#[derive(Debug, Default)]
+pub(super) struct Maintenance {
+    /// File count of every closed window that late files reopened, as of the previous pass.
+    reopened: Mutex<HashMap<(Table, i64), usize>>,
+    /// When the last vacuum ran (ns, the store's clock).
+    last_vacuum: Mutex<Option<i64>>,
+}
+
+fn nanos(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+fn time_text(nanos: i64) -> String {
+    files::timestamp_text(nanos.div_euclid(1000))
+}
+
+fn maintenance_txn(now_millis: i64) -> Transaction {
+    Transaction::new_with_last_update(MAINTENANCE_APP, now_millis, Some(now_millis))
+}
+
+fn removes(files: &[FileMeta], data_change: bool, now_millis: i64) -> Vec<Action> {
+    files
+        .iter()
+        .map(|f| {
+            Action::Remove(files::remove(
+                f.path_in_table(),
+                f.bytes,
+                f.date(),
+                data_change,
+                now_millis,
+            ))
+        })
+        .collect()
+}
+
+impl Store {
+    /// One maintenance pass: retention, then compaction and rollups of the windows that need
+    /// it, then (once per grace period) vacuum. Safe to run beside writes, persists, queries
+    /// and other servers' appends; a second maintainer's commits fail with
+    /// [`Error::DeltaConflict`] and write nothing.
+    pub fn maintain(&self) -> Result<MaintenanceReport> {
+        self.refresh()?;
+        self.maintenance_pass()
+    }
+
+    /// A pass on the view of the tables as it is (a maintainer whose view is stale).
+    #[cfg(test)]
+    pub(crate) fn maintain_without_refresh(&self) -> Result<MaintenanceReport> {
+        self.maintenance_pass()
+    }
+
+    fn maintenance_pass(&self) -> Result<MaintenanceReport> {
+        let mut reopened = lock(&self.maintain.reopened);
+        self.check_fenced()?;
+        let now = self.clock.now_nanos();
+        let mut report = MaintenanceReport::default();
+        let done = self
+            .expire(now, &mut report)
+            .and_then(|()| self.compact(now, &mut reopened, &mut report))
+            .and_then(|()| self.vacuum(now, &mut report));
+        if let Err(e) = done {
+            if matches!(e, Error::DeltaConflict(_)) {
+                self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        Ok(report)
+    }
+
+    /// Commits `actions` to `table` as maintenance and shows the table's new files.
+    fn maintenance_commit(
+        &self,
+        tables: &mut DeltaTables,
+        table: Table,
+        actions: Vec<Action>,
+        kind: Kind,
+        now: i64,
+    ) -> Result<()> {
+        tables.commit(
+            table,
+            actions,
+            kind,
+            Some(maintenance_txn(now.div_euclid(1_000_000))),
+        )?;
+        self.stats.delta_commits.fetch_add(1, Ordering::Relaxed);
+        let files = tables.files(table);
+        lock(&self.state).files.insert(table, files);
+        Ok(())
+    }
+
+    fn expire(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let retention = &self.config.retention;
+        for table in Table::ALL {
+            let Some(keep) = retention.keep_nanos(table) else {
+                continue;
+            };
+            let cutoff = now.saturating_sub(keep);
+            let doomed: Vec<FileMeta> = self
+                .files(table)
+                .iter()
+                .filter(|f| {
+                    // Raw samples go only once their hour is rolled up.
+                    let rolled = table != Table::GpuMetrics || f.level >= 1;
+                    f.has_time_range() && f.max_time < cutoff && rolled
+                })
+                .cloned()
+                .collect();
+            if doomed.is_empty() {
+                continue;
+            }
+            let mut tables = lock(&self.tables);
+            let ms = now.div_euclid(1_000_000);
+            self.maintenance_commit(
+                &mut tables,
+                table,
+                removes(&doomed, true, ms),
+                Kind::Expire {
+                    predicate: format!("time < '{}'", time_text(cutoff)),
+                },
+                now,
+            )?;
+            report.files_expired += doomed.len();
+            self.stats
+                .retention_deleted_files
+                .fetch_add(doomed.len() as u64, Ordering::Relaxed);
+            tracing::info!(
+                table = table.name(),
+                files = doomed.len(),
+                "retention: files past their table's retention removed"
+            );
+        }
+        Ok(())
+    }
+
+    fn compact(
+        &self,
+        now: i64,
+        reopened: &mut HashMap<(Table, i64), usize>,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let cfg = &self.config.compaction;
+        let mut windows: BTreeMap<(Table, i64), Vec<FileMeta>> = BTreeMap::new();
+        for table in Table::ALL.into_iter().filter(|t| t.is_ingested()) {
+            for f in self.files(table).iter().filter(|f| f.has_time_range()) {
+                windows
+                    .entry((table, compact::window_of(f)))
+                    .or_default()
+                    .push(f.clone());
+            }
+        }
+        let mut still_reopened = HashMap::new();
+        for ((table, hour), files) in windows {
+            let end = (hour + 1).saturating_mul(HOUR_NANOS);
+            let closed = end.saturating_add(nanos(cfg.close_after)) <= now;
+            let full = files.len() >= cfg.max_files_per_window.max(2);
+            let needed = if !closed {
+                full
+            } else if files.iter().any(|f| f.level >= 1) {
+                // Late files reopened a closed window: merge it again (rewriting the hour and
+                // its rollups) once no new file arrived for a whole pass, so that a backfill
+                // streaming into an old hour does not rewrite it at every persist.
+                let quiet = reopened.get(&(table, hour)) == Some(&files.len());
+                let again = files.len() > 1 && (full || quiet);
+                if files.len() > 1 && !again {
+                    still_reopened.insert((table, hour), files.len());
+                }
+                again
+            } else {
+                true
+            };
+            if needed {
+                self.compact_window(table, hour, &files, closed, now, report)?;
+            }
+        }
+        *reopened = still_reopened;
+        Ok(())
+    }
+
+    fn compact_window(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+        now: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let storage = &self.storage;
+        let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
+        let name = format!("c{}", random_hex());
+        let ms = now_millis(self.clock.as_ref());
+        let mut written: Vec<(Table, Written)> = Vec::new();
+        let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
+            let level = u8::from(closed);
+            let w = persist::write_file(storage, t, batch, hour, &name, level, ms)?;
+            written.push((t, w));
+            Ok(())
+        };
+        let mut result = write(table, &merged);
+        if closed && table == Table::GpuMetrics {
+            for rollup in [Table::GpuMetrics1m, Table::GpuMetrics1h] {
+                result =
+                    result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
+            }
+        }
+        let discard = |written: &[(Table, Written)]| {
+            let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
+            persist::remove_files(storage, &files);
+        };
+        if let Err(e) = result {
+            discard(&written);
+            return Err(e);
+        }
+        let mut tables = lock(&self.tables);
+        // Another maintainer (or retention) took an input away: leave the window be.
+        let current = tables.files(table);
+        if !inputs
+            .iter()
+            .all(|i| current.iter().any(|f| f.path == i.path))
+        {
+            drop(tables);
+            discard(&written);
+            return Ok(());
+        }
+        let start = time_text(hour.saturating_mul(HOUR_NANOS));
+        let end = time_text((hour + 1).saturating_mul(HOUR_NANOS));
+        // Rollups first: a crash before the raw hour's commit leaves it unmarked, so the next
+        // pass builds its rollups again (replacing these), never an hour marked without them.
+        let mut committed = 0;
+        let mut outcome = Ok(());
+        for (t, w) in written.iter().filter(|(t, _)| *t != table) {
+            let old: Vec<FileMeta> = tables
+                .files(*t)
+                .iter()
+                .filter(|f| f.has_time_range() && compact::window_of(f) == hour)
+                .cloned()
+                .collect();
+            let mut actions = removes(&old, true, ms);
+            actions.push(Action::Add(w.add.clone()));
+            outcome = self.maintenance_commit(
+                &mut tables,
+                *t,
+                actions,
+                Kind::Replace {
+                    predicate: format!("time >= '{start}' AND time < '{end}'"),
+                },
+                now,
+            );
+            if outcome.is_err() {
+                break;
+            }
+            committed += 1;
+        }
+        if outcome.is_ok()
+            && let Some((_, w)) = written.iter().find(|(t, _)| *t == table)
+        {
+            let mut add = w.add.clone();
+            add.data_change = false;
+            let mut actions = removes(inputs, false, ms);
+            actions.push(Action::Add(add));
+            outcome = self.maintenance_commit(&mut tables, table, actions, Kind::Compact, now);
+        }
+        drop(tables);
+        if let Err(e) = outcome {
+            // Files of commits that did not land go; those that landed stay.
+            let rollups: Vec<(Table, Written)> = written
+                .iter()
+                .filter(|(t, _)| *t != table)
+                .skip(committed)
+                .cloned()
+                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
+                .collect();
+            discard(&rollups);
+            return Err(e);
+        }
+        let rollups = written.len() - 1;
+        report.windows_compacted += 1;
+        report.files_merged += inputs.len();
+        report.rollup_files += rollups;
+        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            table = table.name(),
+            hour,
+            files = inputs.len(),
+            closed,
+            "window compacted"
+        );
+        Ok(())
+    }
+
+    fn vacuum(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        let grace = self.config.compaction.grace;
+        {
+            let mut last = lock(&self.maintain.last_vacuum);
+            if last.is_some_and(|at| now < at.saturating_add(nanos(grace))) {
+                return Ok(());
+            }
+            *last = Some(now);
+        }
+        let ms = now.div_euclid(1_000_000);
+        for table in Table::ALL {
+            let mut tables = lock(&self.tables);
+            match tables.vacuum(table, grace, ms) {
+                Ok(n) => {
+                    report.files_deleted += n;
+                    self.stats
+                        .vacuumed_files
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    if n > 0 {
+                        let files = tables.files(table);
+                        lock(&self.state).files.insert(table, files);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(table = table.name(), error = %e, "vacuum failed; retried after the next grace period")
+                }
+            }
+        }
+        Ok(())
+    }
+}
