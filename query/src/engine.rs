@@ -143,7 +143,9 @@ impl TableProvider for StoreTable {
                 .with_file_extension(".parquet");
             let config = ListingTableConfig::new_with_multi_paths(urls)
                 .with_listing_options(options)
-                .with_schema(Arc::clone(&schema));
+                .with_schema(Arc::clone(&schema))
+                // The files' times are microseconds: read into nanoseconds by a multiplication.
+                .with_expr_adapter_factory(Arc::new(crate::micros::MicrosAdapterFactory));
             // File statistics are kept between queries (files are immutable; an entry is
             // checked against the file's size and modification time before use).
             let listing = ListingTable::try_new(config)?

@@ -16,6 +16,7 @@ pub mod format;
 pub mod gate;
 pub mod http;
 pub mod memory;
+pub mod micros;
 pub mod pg;
 pub mod pg_functions;
 pub mod pg_information_schema;
