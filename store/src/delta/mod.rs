@@ -32,7 +32,6 @@ use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, Trans
 use deltalake_core::kernel::{Action, Transaction};
 use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
 use deltalake_core::operations::create::CreateBuilder;
-use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
 use object_store::prefix::PrefixStore;
@@ -473,38 +472,58 @@ impl DeltaTables {
         Ok(any)
     }
 
-    /// Deletes files no version within `retention` needs: those removed more than `retention`
-    /// ago, and files no commit names (left by a persist or compaction that failed before its
-    /// commit) older than `retention`. Returns how many were deleted.
+    /// Deletes files no version within `retention` needs: files removed from the table more
+    /// than `retention` ago, and files no commit names (left by a persist or compaction that
+    /// failed before its commit) written more than `retention` ago. The log is not written
+    /// (Delta's VACUUM audit commits are optional), so a vacuum with nothing to do costs one
+    /// listing. Returns how many files were deleted.
     pub fn vacuum(&mut self, table: Table, retention: Duration, now_millis: i64) -> Result<usize> {
-        #[derive(Debug)]
-        struct At(i64);
-        impl deltalake_core::operations::vacuum::Clock for At {
-            fn current_timestamp_millis(&self) -> i64 {
-                self.0
-            }
-        }
+        use futures::TryStreamExt;
         let log = self.log(table)?;
-        if log.table.state.is_none() {
+        let Some(state) = log.table.state.clone() else {
             return Ok(0);
-        }
-        let delta = log.table.clone();
-        let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
-        let deleted = self
+        };
+        let cutoff = now_millis.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        let store = log.table.log_store();
+        let tombstones: HashMap<String, i64> = self
             .storage
             .block(async move {
-                delta
-                    .vacuum()
-                    .with_retention_period(retention)
-                    .with_enforce_retention_duration(false)
-                    .with_mode(VacuumMode::Full)
-                    .with_clock(Arc::new(At(now_millis)))
+                state
+                    .all_tombstones(store.as_ref())
+                    .map_ok(|t| (t.path().into_owned(), t.deletion_timestamp().unwrap_or(0)))
+                    .try_collect::<HashMap<String, i64>>()
                     .await
-                    .map(|(_, metrics)| metrics.files_deleted.len())
             })?
             .map_err(|e| delta_error(&self.storage, table, e))?;
-        if deleted > 0 {
-            self.refresh_table(table)?;
+        let dir = table_dir(table);
+        let active: HashSet<&str> = log.known.keys().map(String::as_str).collect();
+        let mut deleted = 0;
+        for listed in self.storage.list(&dir)? {
+            let Some(in_table) = listed.rel.strip_prefix(&format!("{dir}/")) else {
+                continue;
+            };
+            // The log and hidden files are not data files; a temporary file of an interrupted
+            // write (`.<name>.<pid>.<n>.tmp`) is a leftover like an unnamed data file.
+            let name = in_table.rsplit('/').next().unwrap_or(in_table);
+            let leftover = name.starts_with('.') && name.ends_with(".tmp");
+            if in_table.starts_with("_delta_log/")
+                || name.starts_with('_')
+                || (name.starts_with('.') && !leftover)
+                || active.contains(in_table)
+            {
+                continue;
+            }
+            let gone_at = tombstones
+                .get(in_table)
+                .copied()
+                .unwrap_or_else(|| listed.last_modified.timestamp_millis());
+            if gone_at >= cutoff {
+                continue;
+            }
+            match self.storage.delete(&listed.rel) {
+                Ok(()) => deleted += 1,
+                Err(e) => tracing::warn!(file = %listed.rel, error = %e, "vacuum could not delete a file; retried later"),
+            }
         }
         Ok(deleted)
     }

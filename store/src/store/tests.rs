@@ -849,3 +849,35 @@ fn processes_and_events_are_persisted_compacted_and_expired() {
     assert_eq!(files_of(&s, Table::GpuEvents).len(), 2);
     assert_eq!(rows_of(&s, Table::GpuEvents), 120);
 }
+
+#[test]
+fn checkpoints_keep_the_log_short_and_a_reopen_reads_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("open");
+    // Version 0 creates the table; 100 persists make versions 1..=100; Delta checkpoints every
+    // 100 commits (`delta.checkpointInterval`), at version 99.
+    for i in 0..100 {
+        s.write(&write_of(i)).expect("write");
+        s.persist().expect("persist");
+    }
+    let log = dir.path().join("tables/gpu_metrics/_delta_log");
+    assert!(
+        log.join("00000000000000000099.checkpoint.parquet").exists(),
+        "{:?}",
+        std::fs::read_dir(&log)
+            .expect("log")
+            .map(|e| e.expect("entry").file_name())
+            .collect::<Vec<_>>()
+    );
+    assert!(log.join("_last_checkpoint").exists());
+    drop(s);
+    let s = Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    assert_eq!(powers(&s), expected(100));
+    assert_eq!(s.file_count(), 100);
+    assert_eq!(
+        s.txn_version(Table::GpuMetrics, &s.storage().writer().id)
+            .expect("txn"),
+        100,
+        "the WAL coverage survives the checkpoint"
+    );
+}
