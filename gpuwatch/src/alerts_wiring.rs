@@ -89,7 +89,7 @@ pub async fn start(
     engine: &QueryEngine,
     rules: RuleFile,
     config: &AlertsConfig,
-    data_dir: &Path,
+    data_dir: Option<&Path>,
     store: Option<Arc<gpuwatch_store::Store>>,
     clock: Arc<dyn Clock>,
     query_timeout: Duration,
@@ -110,7 +110,7 @@ pub async fn start(
         Alerting::open(
             rules,
             config.alerting.clone(),
-            Some(&data_dir.join("alerts")),
+            data_dir.map(|d| d.join("alerts")).as_deref(),
             clock,
             store,
         )

@@ -62,7 +62,9 @@ pub(super) async fn run(b: Background) {
         &engine,
         b.rules,
         &b.alerts,
-        &b.data_dir,
+        // A query node keeps alerting state in memory only (it runs no rules): the data
+        // directory may be another server's.
+        b.ingest.then_some(b.data_dir.as_path()),
         history_store,
         b.clock,
         query_timeout,

@@ -95,9 +95,13 @@ impl LegacyCatalog {
                 .map(|l| l.rel)
                 .collect());
         }
-        Ok(match storage.read(CATALOG_FILE) {
-            Ok(_) => vec![CATALOG_FILE.to_string()],
-            Err(_) => Vec::new(),
+        let exists = storage
+            .local_dir()
+            .is_some_and(|d| d.join(CATALOG_FILE).exists());
+        Ok(if exists {
+            vec![CATALOG_FILE.to_string()]
+        } else {
+            Vec::new()
         })
     }
 
