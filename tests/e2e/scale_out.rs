@@ -222,3 +222,44 @@ async fn a_query_node_refuses_alert_rules() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--rules needs --role all or ingest"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_role_comes_from_the_flag_the_environment_or_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "role = \"query\"\nmaintenance = \"off\"\nrefresh_interval = \"1s\"\n",
+    )
+    .expect("config");
+    let write = |server: &TestServer| {
+        let body = otlp_json("hw.power", 1.0, now_ns(), &[("hw.id", "GPU-role")]);
+        let url = server.url();
+        async move { post_otlp(&url, "application/json", None, body.into_bytes()).await.0 }
+    };
+    let from_file = TestServer::builder()
+        .data_dir(&dir.path().join("a"))
+        .arg("--config")
+        .arg(config.to_str().expect("utf-8"))
+        .start();
+    assert_eq!(write(&from_file).await, 403, "role from the file");
+    assert_eq!(
+        gpuwatch_e2e::metric(from_file.http, "gpuwatch_ingest"),
+        Some(0.0)
+    );
+    drop(from_file);
+    let flag_wins = TestServer::builder()
+        .data_dir(&dir.path().join("b"))
+        .arg("--config")
+        .arg(config.to_str().expect("utf-8"))
+        .arg("--role")
+        .arg("all")
+        .start();
+    assert_eq!(write(&flag_wins).await, 200, "the flag beats the file");
+    drop(flag_wins);
+    let from_env = TestServer::builder()
+        .data_dir(&dir.path().join("c"))
+        .env("GPUWATCH_ROLE", "query")
+        .start();
+    assert_eq!(write(&from_env).await, 403, "role from the environment");
+}
