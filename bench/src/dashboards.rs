@@ -157,6 +157,7 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
         python: args.python.clone(),
         probes: 0,
         settle_timeout: args.settle_timeout,
+        query_node: false,
     };
     let earlier = query::earlier_load(&load_args, interval_ms)?;
     let (server, pg_port) = start_server(&args, log.clone())?;

@@ -47,6 +47,11 @@ pub struct QueryArgs {
     /// Longest wait for the load to be persisted.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
+    /// Time the queries on a second server started with `--role query` (and the same
+    /// `--gpuwatch-arg`s, e.g. `--object-store`) once the load is persisted, instead of on the
+    /// server that took the load. DuckDB is left out when the files are in an object store.
+    #[arg(long)]
+    pub query_node: bool,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
@@ -224,8 +229,8 @@ pub(crate) async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker
 
 /// The three queries, for gpuwatch (DataFusion) and DuckDB. `{T}` is the reference time (the end
 /// of the loaded data) as a timestamp, `{T_NS}` as ns since the epoch, `{AGO:<interval>}` (DuckDB)
-/// the reference time minus an interval as a `TIMESTAMPTZ_NS` constant: DuckDB compares the
-/// files' nanosecond column only with that type, and prunes row groups with a constant.
+/// the reference time minus an interval as a `TIMESTAMPTZ` constant: the files' column is
+/// microseconds (Delta's `timestamp`), and DuckDB prunes row groups with a constant of its type.
 struct Query {
     name: &'static str,
     gpuwatch: &'static str,
@@ -328,7 +333,7 @@ pub(crate) fn iso(ms: i64) -> String {
     )
 }
 
-/// Replaces each `{AGO:<interval>}` with `CAST(<t> - INTERVAL '<interval>' AS TIMESTAMPTZ_NS)`.
+/// Replaces each `{AGO:<interval>}` with `CAST(<t> - INTERVAL '<interval>' AS TIMESTAMPTZ)`.
 fn duck_ago(sql: &str, t: &str) -> String {
     let mut out = String::with_capacity(sql.len());
     let mut rest = sql;
@@ -340,7 +345,7 @@ fn duck_ago(sql: &str, t: &str) -> String {
             return out;
         };
         out.push_str(&format!(
-            "CAST({t} - INTERVAL '{}' AS TIMESTAMPTZ_NS)",
+            "CAST({t} - INTERVAL '{}' AS TIMESTAMPTZ)",
             &after[..j]
         ));
         rest = &after[j + 1..];
@@ -483,7 +488,13 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     // timed while it works in the background would measure that work too.
     tokio::time::sleep(Duration::from_secs(12)).await;
     wait_idle(&server, Duration::from_secs(120)).await?;
-    let files: Vec<crate::ingest::TableFile> = crate::ingest::table_files(&server.url)
+    let query_node = if args.query_node {
+        Some(start_query_node(&args, &parent, rows).await?)
+    } else {
+        None
+    };
+    let timed: &Server = query_node.as_ref().unwrap_or(&server);
+    let files: Vec<crate::ingest::TableFile> = crate::ingest::table_files(&timed.url)
         .await?
         .into_iter()
         .filter(|f| f.table_name == "gpu_metrics")
@@ -518,11 +529,11 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     let client = send::client()?;
     let mut gw_results = Vec::new();
     for (q, sql) in QUERIES.iter().zip(&gw_queries) {
-        let warm = sql_json(&client, &server.url, sql).await?;
+        let warm = sql_json(&client, &timed.url, sql).await?;
         let mut times = Vec::new();
         for _ in 0..args.runs.max(1) {
             let t = Instant::now();
-            let r = sql_json(&client, &server.url, sql).await?;
+            let r = sql_json(&client, &timed.url, sql).await?;
             times.push(t.elapsed().as_secs_f64());
             if r.len() != warm.len() {
                 return Err(format!("{}: {} rows then {}", q.name, warm.len(), r.len()));
@@ -530,9 +541,39 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         }
         gw_results.push((median(&mut times), warm.len()));
     }
+    if files.iter().any(|f| f.location.contains("://")) {
+        println!(
+            "\n{} (files in an object store; DuckDB is compared on local disk only)",
+            if args.query_node { "query node" } else { "gpuwatch" }
+        );
+        println!("\n| query | gpuwatch median (s) | rows |");
+        println!("| --- | ---: | ---: |");
+        for (q, (gw, gw_rows)) in QUERIES.iter().zip(&gw_results) {
+            println!("| {} | {gw:.3} | {gw_rows} |", q.name);
+        }
+    } else {
+        compare_with_duckdb(&args, &files, &duck_queries, &gw_results).await?;
+    }
+    if let Some(mut q) = query_node {
+        q.stop();
+    }
+
+    freshness(&args, &server).await?;
+    server.stop();
+    Ok(())
+}
+
+/// Times the same queries with DuckDB over the same files and prints both side by side.
+async fn compare_with_duckdb(
+    args: &QueryArgs,
+    files: &[crate::ingest::TableFile],
+    duck_queries: &[String],
+    gw_results: &[(f64, usize)],
+) -> Result<()> {
     let duck_files: Vec<String> = files.iter().map(|f| f.location.clone()).collect();
     let duck = tokio::task::spawn_blocking({
         let args = args.clone();
+        let duck_queries = duck_queries.to_vec();
         move || run_duckdb(&args, &duck_files, &duck_queries)
     })
     .await
@@ -545,7 +586,7 @@ pub async fn run(args: QueryArgs) -> Result<()> {
         "\n| query | gpuwatch median (s) | DuckDB median (s) | gpuwatch/DuckDB | rows (gpuwatch / DuckDB) |"
     );
     println!("| --- | ---: | ---: | ---: | --- |");
-    for ((q, (gw, gw_rows)), d) in QUERIES.iter().zip(&gw_results).zip(&duck.results) {
+    for ((q, (gw, gw_rows)), d) in QUERIES.iter().zip(gw_results).zip(&duck.results) {
         let mut dt = d.times.clone();
         let dm = median(&mut dt);
         println!(
@@ -561,10 +602,48 @@ pub async fn run(args: QueryArgs) -> Result<()> {
             );
         }
     }
-
-    freshness(&args, &server).await?;
-    server.stop();
     Ok(())
+}
+
+/// Starts `gpuwatch serve --role query` beside the loaded server (same extra arguments) and
+/// waits until it sees all `rows`.
+async fn start_query_node(args: &QueryArgs, parent: &Path, rows: u64) -> Result<Server> {
+    let port = free_port()?;
+    let mut cmd_args: Vec<String> = vec![
+        "serve".into(),
+        "--role".into(),
+        "query".into(),
+        "--http-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--otlp-http-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
+        "--otlp-grpc-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
+        "--pg-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
+        "--data-dir".into(),
+        parent.join("query-node-data").display().to_string(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    cmd_args.extend(args.gpuwatch_args.iter().cloned());
+    let node = Server::start(
+        "gpuwatch (query node)",
+        &args.gpuwatch,
+        &cmd_args,
+        format!("http://127.0.0.1:{port}"),
+        "/readyz",
+        parent.join("query-node.log"),
+    )?;
+    let deadline = Instant::now() + args.settle_timeout;
+    while persisted_rows(&node.url).await < rows {
+        if Instant::now() > deadline {
+            return Err("the query node did not see every row".into());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("query node (--role query) pid {}, sees every row", node.pid());
+    Ok(node)
 }
 
 /// Writes `probes` samples with unique values and polls SQL until each appears.
@@ -624,10 +703,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn duckdb_constants_are_nanosecond_timestamps() {
+    fn duckdb_constants_are_microsecond_timestamps() {
         assert_eq!(
             duck_ago("a > {AGO:3 hours} AND b", "T"),
-            "a > CAST(T - INTERVAL '3 hours' AS TIMESTAMPTZ_NS) AND b"
+            "a > CAST(T - INTERVAL '3 hours' AS TIMESTAMPTZ) AND b"
         );
         assert_eq!(duck_ago("no marker", "T"), "no marker");
     }
