@@ -206,6 +206,9 @@ pub struct RuleEngine {
     state_path: Option<PathBuf>,
     history: History,
     saved: Mutex<Saved>,
+    /// Held from taking a snapshot of `saved` to its rename: groups evaluated at the same time
+    /// save one after the other, and the file ends with the newest snapshot.
+    save_order: Mutex<()>,
     errors: Mutex<HashMap<String, String>>,
     /// Rule evaluations run.
     pub evaluations: std::sync::atomic::AtomicU64,
@@ -221,8 +224,11 @@ impl std::fmt::Debug for RuleEngine {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file, fsynced, renamed over it.
+/// Writes `bytes` to `path` atomically: a temporary file, fsynced, renamed over it. The
+/// temporary name is unique to the call, so writers of the same path at the same time do not
+/// replace each other's temporary file (the last rename wins).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     use std::io::Write;
     let io = |what: &'static str| {
         let path = path.to_path_buf();
@@ -231,11 +237,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io("cannot create directory for"))?;
     }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io("cannot write"))?;
-    f.write_all(bytes).map_err(io("cannot write"))?;
-    f.sync_all().map_err(io("cannot sync"))?;
-    std::fs::rename(&tmp, path).map_err(io("cannot replace"))?;
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{}-{seq}.tmp", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(io("cannot write"))?;
+        f.write_all(bytes).map_err(io("cannot write"))?;
+        f.sync_all().map_err(io("cannot sync"))?;
+        std::fs::rename(&tmp, path).map_err(io("cannot replace"))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
     if let Some(dir) = path.parent()
         && let Ok(d) = std::fs::File::open(dir)
     {
@@ -276,6 +289,7 @@ impl RuleEngine {
             state_path,
             history,
             saved: Mutex::new(saved),
+            save_order: Mutex::new(()),
             errors: Mutex::new(HashMap::new()),
             evaluations: Default::default(),
             evaluation_failures: Default::default(),
@@ -356,6 +370,7 @@ impl RuleEngine {
         let Some(p) = &self.state_path else {
             return Ok(());
         };
+        let _order = self.save_order.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = serde_json::to_vec(&*self.lock())
             .map_err(|e| Error::Other(format!("cannot encode alert state: {e}")))?;
         write_atomic(p, &bytes)

@@ -192,3 +192,32 @@ fn fingerprint_is_stable_and_label_sensitive() {
     assert_ne!(a, fingerprint(&l));
     assert_eq!(a.len(), 16);
 }
+
+#[test]
+fn writers_of_the_same_file_at_the_same_time_all_succeed_and_leave_one_whole_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.json");
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let path = &path;
+            s.spawn(move || {
+                for i in 0..50u8 {
+                    let body = vec![t.wrapping_mul(31).wrapping_add(i); 4096];
+                    write_atomic(path, &body).expect("every write succeeds");
+                }
+            });
+        }
+    });
+    let got = std::fs::read(&path).expect("read");
+    assert_eq!(got.len(), 4096);
+    assert!(got.iter().all(|b| *b == got[0]), "one writer's whole copy");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("state.json")],
+        "no temporary file left"
+    );
+}
