@@ -3,7 +3,7 @@
 selectors that match their pods, Service and probe ports that exist, ConfigMaps and Secrets
 that mounts name, rules files that GPUWATCH_RULES names, the tokens file's format, the agents'
 token file (a read-only, owner/group-only Secret directory mount holding an ingest token of the
-server's tokens file), the
+server's tokens file), no mapping key given twice, the
 ServiceMonitor/PodMonitor (no OpenAPI schema offline) against their targets, and the server's
 PodSecurity "restricted" settings. Usage: objects.py MANIFEST.yaml...
 """
@@ -13,6 +13,21 @@ import tomllib
 import yaml
 
 errors = []
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """Refuses a mapping key given twice, as kustomize and other YAML v1.2 parsers do (PyYAML
+    and Kubernetes' own decoder keep the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"mapping key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def err(where, msg):
@@ -68,7 +83,7 @@ def check_agent_token(where, c, env, mounts, secrets, auth_on):
 
 def check(path):
     with open(path) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+        docs = [d for d in yaml.load_all(f, Loader=UniqueKeyLoader) if d]
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
