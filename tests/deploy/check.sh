@@ -2,7 +2,8 @@
 # Checks every deployment artefact with the real tools (installed by .ci/run's "deploy linters"
 # block): shellcheck on every shell script, hadolint on the Dockerfiles, systemd-analyze verify
 # on the units, Helm's lint and template engine (helm-python-sdk) on the chart with its default
-# values and with tests/deploy/values-s3-monitoring.yaml, kubernetes-validate (strict, offline
+# values and with tests/deploy/values-s3-monitoring.yaml (object store, query nodes), the chart's
+# refusal of query nodes without an object store, kubernetes-validate (strict, offline
 # OpenAPI schemas) on every rendered object and on the plain manifests, the chart's file copies
 # and the plain manifests against their sources, and `gpuwatch rules check` on the chart's rules.
 # Exits non-zero on the first failing step. Run from anywhere: bash tests/deploy/check.sh
@@ -115,6 +116,19 @@ python3 tests/deploy/helm_sdk.py lint "$chart" tests/deploy/values-noauth.yaml
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/default.yaml"
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/s3.yaml" tests/deploy/values-s3-monitoring.yaml
 python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/noauth.yaml" tests/deploy/values-noauth.yaml
+# Query nodes read the tables from the object store: without server.objectStore.url the chart
+# refuses to render them.
+printf 'queryNodes:\n  enabled: true\n' > "$work/query-no-s3.values.yaml"
+if out="$(python3 tests/deploy/helm_sdk.py template "$chart" gw gpuwatch "$work/query-no-s3.yaml" "$work/query-no-s3.values.yaml" 2>&1)"; then
+  echo "queryNodes.enabled without server.objectStore.url rendered; it must fail" >&2
+  exit 1
+fi
+if ! grep -qF 'queryNodes.enabled needs server.objectStore.url' <<< "$out"; then
+  echo "$out" >&2
+  echo "queryNodes.enabled without server.objectStore.url failed without saying why" >&2
+  exit 1
+fi
+echo "queryNodes.enabled without server.objectStore.url: refused: $(grep -F 'queryNodes.enabled needs' <<< "$out" | head -n 1)"
 
 step "rendered objects: consistency (selectors, ports, mounts, rules, tokens)"
 python3 tests/deploy/objects.py "$work/default.yaml" "$work/s3.yaml" "$work/noauth.yaml" deploy/kubernetes/gpuwatch.yaml deploy/kubernetes/gpuwatch-agent.yaml

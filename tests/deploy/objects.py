@@ -3,9 +3,9 @@
 selectors that match their pods, Service and probe ports that exist, ConfigMaps and Secrets
 that mounts name, rules files that GPUWATCH_RULES names, the tokens file's format, the agents'
 token file (a read-only, owner/group-only Secret directory mount holding an ingest token of the
-server's tokens file), the
-ServiceMonitor/PodMonitor (no OpenAPI schema offline) against their targets, and the server's
-PodSecurity "restricted" settings. Usage: objects.py MANIFEST.yaml...
+server's tokens file), no mapping key given twice, the query nodes' Deployment against the
+server (check_query_node), the ServiceMonitor/PodMonitor (no OpenAPI schema offline) against
+their targets, and the PodSecurity "restricted" settings of the server and query pods. Usage: objects.py MANIFEST.yaml...
 """
 import sys
 import tomllib
@@ -13,6 +13,21 @@ import tomllib
 import yaml
 
 errors = []
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """Refuses a mapping key given twice, as kustomize and other YAML v1.2 parsers do (PyYAML
+    and Kubernetes' own decoder keep the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"mapping key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def err(where, msg):
@@ -66,13 +81,64 @@ def check_agent_token(where, c, env, mounts, secrets, auth_on):
             err(where, "the agent's token is not an ingest (or admin) token of tokens.toml")
 
 
+def flag(args, name):
+    """The value of --name=VALUE in args, or None."""
+    return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
+
+
+def secrets_of(container, spec):
+    """The Secrets a container gets: envFrom, and its pod's Secret volumes."""
+    return ([r["secretRef"]["name"] for r in container.get("envFrom", [])],
+            sorted(v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v))
+
+
+def check_query_node(where, w, c, env, mounts, by_kind):
+    """A query Deployment: --role=query on the server's object-store prefix, with its
+    credentials, tokens and config; no rules, no maintenance, no claim; probes on /readyz and
+    /healthz; its Services expose HTTP and Postgres only."""
+    args = c.get("args", [])
+    if flag(args, "role") != "query" or flag(args, "maintenance") != "off":
+        err(where, "a Deployment of gpuwatch must run --role=query --maintenance=off (the server is the one maintainer)")
+    url = flag(args, "object-store")
+    if not url or not url.startswith("s3://"):
+        err(where, "a query node needs --object-store=s3://...: it cannot read the server's volume")
+    if any(a.startswith("--rules") for a in args) or "GPUWATCH_RULES" in env:
+        err(where, "a query node refuses --rules")
+    spec = pod_spec(w)[0]
+    if any("persistentVolumeClaim" in v for v in spec.get("volumes", [])):
+        err(where, "a query node needs no claim")
+    data_dir = env.get("GPUWATCH_DATA_DIR", "")
+    if not any((data_dir == m or data_dir.startswith(m + "/")) and v and "emptyDir" in v for m, v in mounts.items()):
+        err(where, f"data directory {data_dir!r} is not in an emptyDir (the root filesystem is read-only)")
+    if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz" or \
+            c.get("livenessProbe", {}).get("httpGet", {}).get("path") != "/healthz":
+        err(where, "probes: readiness on /readyz, liveness on /healthz")
+    for name, sts in by_kind.get("StatefulSet", {}).items():
+        sspec = pod_spec(sts)[0]
+        sc = sspec["containers"][0]
+        senv = {e["name"]: e.get("value") for e in sc.get("env", [])}
+        if senv.get("GPUWATCH_OBJECT_STORE") != url:
+            err(where, f"--object-store {url} is not the server's ({senv.get('GPUWATCH_OBJECT_STORE')})")
+        if secrets_of(sc, sspec) != secrets_of(c, spec):
+            err(where, f"object-store and token Secrets {secrets_of(c, spec)} differ from the server's {secrets_of(sc, sspec)}")
+        for k in ("GPUWATCH_AUTH_TOKENS", "GPUWATCH_INSECURE_NO_AUTH"):
+            if senv.get(k) != env.get(k):
+                err(where, f"{k} differs from the server's")
+    for name, svc in by_kind.get("Service", {}).items():
+        if matches(svc["spec"]["selector"], pod_spec(w)[1]):
+            extra = {p["name"] for p in svc["spec"]["ports"]} - {"http", "postgres"}
+            if extra:
+                err(f"{where}: Service/{name}", f"exposes {sorted(extra)}: a query node takes no writes")
+
+
 def check(path):
     with open(path) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+        docs = [d for d in yaml.load_all(f, Loader=UniqueKeyLoader) if d]
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
-    workloads = {**by_kind.get("StatefulSet", {}), **by_kind.get("DaemonSet", {})}
+    workloads = {**by_kind.get("StatefulSet", {}), **by_kind.get("DaemonSet", {}),
+                 **by_kind.get("Deployment", {})}
     # Auth is on when the server has tokens, or, for the agent alone, when the agent has a token.
     servers = [pod_spec(s)[0]["containers"][0] for s in by_kind.get("StatefulSet", {}).values()]
     auth_on = any(e["name"] == "GPUWATCH_AUTH_TOKENS" for c in servers for e in c.get("env", []))
@@ -114,18 +180,20 @@ def check(path):
                     err(where, f"rules file {rule}: ConfigMap {vol['configMap']['name']} has no key {key}")
                 else:
                     yaml.safe_load(cm["data"][key])
-            if w["kind"] == "StatefulSet":
+            if w["kind"] in ("StatefulSet", "Deployment"):
                 sc, psc = c.get("securityContext", {}), spec.get("securityContext", {})
                 if not (psc.get("runAsNonRoot") and sc.get("readOnlyRootFilesystem")
                         and sc.get("allowPrivilegeEscalation") is False
                         and sc.get("capabilities", {}).get("drop") == ["ALL"]
                         and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault"):
-                    err(where, "server pod is not PodSecurity 'restricted'")
+                    err(where, "pod is not PodSecurity 'restricted'")
                 if not ("GPUWATCH_AUTH_TOKENS" in env or env.get("GPUWATCH_INSECURE_NO_AUTH") == "true"):
                     err(where, "binds 0.0.0.0 without GPUWATCH_AUTH_TOKENS: the server would refuse to start")
                 if "/etc/gpuwatch/gpuwatch.toml" in mounts:
                     cm = configmaps[mounts["/etc/gpuwatch/gpuwatch.toml"]["configMap"]["name"]]
                     tomllib.loads(cm["data"]["gpuwatch.toml"])
+            if w["kind"] == "Deployment":
+                check_query_node(where, w, c, env, mounts, by_kind)
             if w["kind"] == "DaemonSet":
                 m = next((m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources"), None)
                 if not m or not m.get("readOnly"):

@@ -11,6 +11,10 @@ For the agent DaemonSet: its env and its token Secret volume (written out like t
 it (endpoint moved to the server's local OTLP port of the rendered protocol) with the token file
 the chart mounts, and the server must store its samples: the agents' token of the chart is one
 the server accepts. Alone (gpuwatch-agent.yaml), it runs --once, which checks the token file.
+For the query nodes' Deployment (--role query, after the server has stopped and so persisted what
+the agent sent): its args, env and files as for the server, on the same local S3 server. /readyz
+answers, SQL without a token gets 401, with the admin token 200 and at least the rows the agent
+had stored, and an OTLP write 403.
 
 Usage: run_rendered.py BIN_DIR MANIFEST.yaml
 """
@@ -61,17 +65,61 @@ def main(bin_dir, manifest):
     tmp = tempfile.mkdtemp(prefix="gpuwatch-rendered-")
     servers = [d for d in docs if d["kind"] == "StatefulSet"]
     agents = [d for d in docs if d["kind"] == "DaemonSet"]
+    queries = [d for d in docs if d["kind"] == "Deployment"]
     if not servers and not agents:
         sys.exit(f"{manifest}: no StatefulSet or DaemonSet")
-    for s in servers:
-        then = None
-        if agents:
-            def then(ports, token, ds=agents[0]):
-                run_agent(bin_dir, ds, objs, tmp, (ports, token))
-        run_server(bin_dir, s, objs, tmp, then)
-    if agents and not servers:
-        run_agent(bin_dir, agents[0], objs, tmp, None)
+    s3 = S3()
+    stored = [0]
+    try:
+        for s in servers:
+            then = None
+            if agents:
+                def then(ports, token, ds=agents[0]):
+                    stored[0] = run_agent(bin_dir, ds, objs, tmp, (ports, token))
+            run_server(bin_dir, s, objs, tmp, s3, then)
+        if agents and not servers:
+            run_agent(bin_dir, agents[0], objs, tmp, None)
+        for d in queries:
+            run_query(bin_dir, d, objs, tmp, s3, stored[0])
+    finally:
+        s3.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+class S3:
+    """A local S3 server (moto, as the object-store e2e tests use), started on first use and
+    shared by the server and the query nodes of one manifest."""
+
+    def __init__(self):
+        self.proc = None
+        self.endpoint = None
+
+    def env(self, url):
+        """AWS_* variables pointing at it, with the bucket of url created."""
+        if self.proc is None:
+            port = free_port()
+            self.proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.endpoint = f"http://127.0.0.1:{port}"
+        bucket = url.removeprefix("s3://").split("/")[0]
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT"), timeout=2)
+                break
+            except urllib.error.HTTPError as e:
+                if e.code == 409:  # BucketAlreadyOwnedByYou
+                    break
+                time.sleep(0.1)
+            except OSError:
+                time.sleep(0.1)
+        else:
+            sys.exit("moto_server did not start")
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
 
 
 def mount_files(spec, container, objs, tmp):
@@ -131,58 +179,116 @@ def remap(value, mapping):
     return value
 
 
-def run_server(bin_dir, sts, objs, tmp, then=None):
-    spec = sts["spec"]["template"]["spec"]
-    c = spec["containers"][0]
-    mapping, token = mount_files(spec, c, objs, tmp)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
-    ports = {}
-    for e in c["env"]:
+def admin_token(objs):
+    """The admin token of the tokens Secret in the manifest, if there is one."""
+    secret = next((d for (k, _), d in objs.items() if k == "Secret" and "tokens.toml" in d.get("stringData", {})), None)
+    if secret:
+        toks = tomllib.loads(secret["stringData"]["tokens.toml"])["tokens"]
+        return next(t["token"] for t in toks if "admin" in t["scopes"])
+    return None
+
+
+def pod_env(c, objs, mapping, ports):
+    """The container's env (pod paths remapped, listeners moved to free loopback ports, named
+    in ports) and the AWS_* variables of its envFrom Secrets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_") and not k.startswith("AWS_")}
+    for e in c.get("env", []):
         if "value" not in e:
             continue
         value = remap(e["value"], mapping)
-        if value.startswith("0.0.0.0:"):
+        if e["name"].endswith("_ADDR") and value.split(":")[0] in ("0.0.0.0", "127.0.0.1"):
             ports[e["name"]] = free_port()
             value = f"127.0.0.1:{ports[e['name']]}"
         env[e["name"]] = value
-    if not token:
-        secret = next((d for (k, _), d in objs.items() if k == "Secret" and "tokens.toml" in d.get("stringData", {})), None)
-        if secret:
-            toks = tomllib.loads(secret["stringData"]["tokens.toml"])["tokens"]
-            token = next(t["token"] for t in toks if "admin" in t["scopes"])
+    for ref in c.get("envFrom", []):
+        env.update(objs[("Secret", ref["secretRef"]["name"])]["stringData"])
+    return env
+
+
+def stop(p):
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+def wait_ready(p, http, log):
+    for _ in range(300):
+        if p.poll() is not None:
+            sys.exit(f"{os.path.basename(log)} exited {p.returncode}:\n{open(log).read()}")
+        if get(f"{http}/readyz")[0] == 200:
+            return
+        time.sleep(0.1)
+    sys.exit(f"not ready:\n{open(log).read()}")
+
+
+def run_query(bin_dir, dep, objs, tmp, s3, stored):
+    """A query node of the rendered Deployment on the server's prefix; stored: rows the agent
+    had stored through the server (persisted when it stopped)."""
+    spec = dep["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    mapping, token = mount_files(spec, c, objs, tmp)
+    ports = {}
+    env = pod_env(c, objs, mapping, ports)
+    token = token or admin_token(objs)
     args = [remap(a, mapping) for a in c.get("args", [])]
-    moto = None
-    if "GPUWATCH_OBJECT_STORE" in env:
-        # The AWS_* variables of the chart's Secret (envFrom), with the endpoint moved to a local
-        # S3 server (moto, as the object-store e2e tests use) holding the URL's bucket.
-        for ref in c.get("envFrom", []):
-            env.update(objs[("Secret", ref["secretRef"]["name"])]["stringData"])
-        s3 = free_port()
-        moto = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(s3)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        bucket = env["GPUWATCH_OBJECT_STORE"].removeprefix("s3://").split("/")[0]
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{s3}/{bucket}", method="PUT"), timeout=2)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("moto_server did not start")
-        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{s3}"
-        env["AWS_ALLOW_HTTP"] = "true"
-    log = open(os.path.join(tmp, "server.log"), "w")
-    p = subprocess.Popen([os.path.join(bin_dir, "gpuwatch")] + args, env=env, stdout=log, stderr=log)
+    url = next(a.split("=", 1)[1] for a in args if a.startswith("--object-store="))
+    env.update(s3.env(url))
+    log = os.path.join(tmp, "query.log")
+    with open(log, "w") as out:
+        p = subprocess.Popen([os.path.join(bin_dir, "gpuwatch")] + args, env=env, stdout=out, stderr=out)
     http = f"http://127.0.0.1:{ports['GPUWATCH_HTTP_ADDR']}"
     try:
-        for _ in range(300):
-            if p.poll() is not None:
-                sys.exit(f"server exited {p.returncode}:\n{open(log.name).read()}")
-            if get(f"{http}/readyz")[0] == 200:
-                break
-            time.sleep(0.1)
-        else:
-            sys.exit(f"server not ready:\n{open(log.name).read()}")
+        wait_ready(p, http, log)
+        q = f"{http}/api/v1/sql?format=json&q=SELECT+count(*)+AS+n+FROM+gpu_metrics"
+        auth = "GPUWATCH_AUTH_TOKENS" in env
+        if auth and get(q)[0] != 401:
+            sys.exit("query node: SQL without a token did not get 401")
+        status, body = get(q, token if auth else None)
+        if status != 200:
+            sys.exit(f"query node: SQL answered {status}: {body}")
+        n = json.loads(body)[0]["n"]
+        if n < stored:
+            sys.exit(f"query node: {n} gpu_metrics rows, the server had stored {stored}")
+        req = urllib.request.Request(f"{http}/v1/metrics", data=b"", method="POST",
+                                     headers={"content-type": "application/x-protobuf",
+                                              **({"authorization": f"Bearer {token}"} if auth else {})})
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status = e.code
+        if status != 403:
+            sys.exit(f"query node: an OTLP write answered {status}, not 403")
+        errors = [line for line in open(log).read().splitlines() if " ERROR " in line]
+        if errors:
+            sys.exit("query node log has errors:\n" + "\n".join(errors))
+        print(f"query node: started with the rendered args, env and files on {url} (moto); /readyz 200, "
+              f"{n} gpu_metrics rows persisted by the server, OTLP write 403, "
+              f"auth {'on' if auth else 'off'}")
+    finally:
+        stop(p)
+
+
+def run_server(bin_dir, sts, objs, tmp, s3, then=None):
+    spec = sts["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    mapping, token = mount_files(spec, c, objs, tmp)
+    ports = {}
+    env = pod_env(c, objs, mapping, ports)
+    token = token or admin_token(objs)
+    args = [remap(a, mapping) for a in c.get("args", [])]
+    if "GPUWATCH_OBJECT_STORE" in env:
+        # The AWS_* variables of the chart's Secret (envFrom), with the endpoint moved to the
+        # local S3 server holding the URL's bucket.
+        env.update(s3.env(env["GPUWATCH_OBJECT_STORE"]))
+    log = os.path.join(tmp, "server.log")
+    with open(log, "w") as out:
+        p = subprocess.Popen([os.path.join(bin_dir, "gpuwatch")] + args, env=env, stdout=out, stderr=out)
+    http = f"http://127.0.0.1:{ports['GPUWATCH_HTTP_ADDR']}"
+    try:
+        wait_ready(p, http, log)
         rules = [r for r in env.get("GPUWATCH_RULES", "").split(",") if r]
         status, _ = get(f"{http}/api/v1/sql?q=SELECT+1")
         if "GPUWATCH_AUTH_TOKENS" in env:
@@ -191,7 +297,7 @@ def run_server(bin_dir, sts, objs, tmp, then=None):
             status, body = get(f"{http}/api/v1/sql?q=SELECT+1+AS+one", token)
         if status != 200:
             sys.exit(f"server: SQL answered {status}")
-        text = open(log.name).read()
+        text = open(log).read()
         for r in rules:
             if not os.path.exists(r):
                 sys.exit(f"server: rules file {r} missing")
@@ -205,18 +311,12 @@ def run_server(bin_dir, sts, objs, tmp, then=None):
         print(f"server: started with the rendered args, env and files; /readyz 200, "
               f"{len(rules)} rules files with {expected} rules loaded, "
               f"auth {'on' if 'GPUWATCH_AUTH_TOKENS' in env else 'off'}"
-              + (f", object store {env['GPUWATCH_OBJECT_STORE']} (moto)" if moto else ""))
+              + (f", object store {env['GPUWATCH_OBJECT_STORE']} (moto)" if "GPUWATCH_OBJECT_STORE" in env else ""))
         if then:
             then({k: v for k, v in ports.items()}, token if "GPUWATCH_AUTH_TOKENS" in env else None)
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-        if moto:
-            moto.terminate()
-            moto.wait()
+        # SIGTERM: the server persists what it buffered before it exits.
+        stop(p)
 
 
 def run_agent(bin_dir, ds, objs, tmp, server):
@@ -276,6 +376,7 @@ def run_agent(bin_dir, ds, objs, tmp, server):
         sys.exit(f"agent: a send was refused:\n{text}")
     print(f"agent: with the rendered env{' and token file' if token_file else ''}, "
           f"{env['GPUWATCH_PROTOCOL']} to the rendered server: {n} samples stored")
+    return n
 
 
 if __name__ == "__main__":

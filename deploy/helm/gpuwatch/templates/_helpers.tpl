@@ -40,6 +40,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: server
 {{- end }}
 
+{{- define "gpuwatch.querySelector" -}}
+app.kubernetes.io/name: {{ include "gpuwatch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: query
+{{- end }}
+
+{{- define "gpuwatch.queryName" -}}
+{{- printf "%s-query" (include "gpuwatch.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The object-store URL the query nodes read; fails the render without one. */}}
+{{- define "gpuwatch.queryObjectStore" -}}
+{{- if not .Values.server.objectStore.url }}
+{{- fail "queryNodes.enabled needs server.objectStore.url (s3://bucket/prefix): query nodes read the tables from the object store; they cannot read the server's PersistentVolumeClaim" }}
+{{- end }}
+{{- .Values.server.objectStore.url }}
+{{- end }}
+
+{{/* Whether the server's ConfigMap and Secrets are rendered: for the server or the query nodes. */}}
+{{- define "gpuwatch.serverShared" -}}
+{{- if or .Values.server.enabled .Values.queryNodes.enabled }}true{{ end }}
+{{- end }}
+
 {{- define "gpuwatch.agentSelector" -}}
 app.kubernetes.io/name: {{ include "gpuwatch.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
