@@ -57,8 +57,7 @@ impl fmt::Display for MicrosToNanos {
 
 fn to_nanos(a: &dyn Array, tz: Option<Arc<str>>) -> Arc<dyn Array> {
     let micros = a.as_primitive::<TimestampMicrosecondType>();
-    let nanos: PrimitiveArray<TimestampNanosecondType> =
-        micros.unary(|v| v.saturating_mul(1000));
+    let nanos: PrimitiveArray<TimestampNanosecondType> = micros.unary(|v| v.saturating_mul(1000));
     Arc::new(nanos.with_timezone_opt(tz))
 }
 
@@ -78,9 +77,9 @@ impl PhysicalExpr for MicrosToNanos {
         };
         match self.input.evaluate(batch)? {
             ColumnarValue::Array(a) => Ok(ColumnarValue::Array(to_nanos(a.as_ref(), tz))),
-            ColumnarValue::Scalar(s) => Ok(ColumnarValue::Scalar(
-                s.cast_to(self.field.data_type())?,
-            )),
+            ColumnarValue::Scalar(s) => {
+                Ok(ColumnarValue::Scalar(s.cast_to(self.field.data_type())?))
+            }
         }
     }
 
@@ -92,7 +91,10 @@ impl PhysicalExpr for MicrosToNanos {
         self: Arc<Self>,
         children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> DfResult<Arc<dyn PhysicalExpr>> {
-        let input = children.into_iter().next().unwrap_or(Arc::clone(&self.input));
+        let input = children
+            .into_iter()
+            .next()
+            .unwrap_or(Arc::clone(&self.input));
         Ok(Arc::new(Self {
             input,
             field: Arc::clone(&self.field),
@@ -135,7 +137,11 @@ impl MicrosAdapter {
     fn micros_column_cast(&self, expr: &Arc<dyn PhysicalExpr>) -> Option<MicrosToNanos> {
         let cast = (expr.as_ref() as &dyn Any).downcast_ref::<CastExpr>()?;
         let column = (cast.expr().as_ref() as &dyn Any).downcast_ref::<Column>()?;
-        let file_type = self.physical.field_with_name(column.name()).ok()?.data_type();
+        let file_type = self
+            .physical
+            .field_with_name(column.name())
+            .ok()?
+            .data_type();
         let target = cast.target_field();
         match (file_type, target.data_type()) {
             (

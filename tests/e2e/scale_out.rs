@@ -235,7 +235,11 @@ async fn the_role_comes_from_the_flag_the_environment_or_the_config_file() {
     let write = |server: &TestServer| {
         let body = otlp_json("hw.power", 1.0, now_ns(), &[("hw.id", "GPU-role")]);
         let url = server.url();
-        async move { post_otlp(&url, "application/json", None, body.into_bytes()).await.0 }
+        async move {
+            post_otlp(&url, "application/json", None, body.into_bytes())
+                .await
+                .0
+        }
     };
     let from_file = TestServer::builder()
         .data_dir(&dir.path().join("a"))

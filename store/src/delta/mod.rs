@@ -483,7 +483,8 @@ impl DeltaTables {
         let Some(state) = log.table.state.clone() else {
             return Ok(0);
         };
-        let cutoff = now_millis.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        let cutoff =
+            now_millis.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
         let store = log.table.log_store();
         let tombstones: HashMap<String, i64> = self
             .storage
@@ -522,7 +523,9 @@ impl DeltaTables {
             }
             match self.storage.delete(&listed.rel) {
                 Ok(()) => deleted += 1,
-                Err(e) => tracing::warn!(file = %listed.rel, error = %e, "vacuum could not delete a file; retried later"),
+                Err(e) => {
+                    tracing::warn!(file = %listed.rel, error = %e, "vacuum could not delete a file; retried later")
+                }
             }
         }
         Ok(deleted)

@@ -664,13 +664,22 @@ mod tests {
     fn json_doubles_are_the_exact_values_sent() {
         // Values whose shortest decimal form the default serde_json parser reads one unit in the
         // last place off.
-        for v in [1002.3515436649323_f64, 1000.7359268665314, 0.1 + 0.2, 123456.78901234567] {
+        for v in [
+            1002.3515436649323_f64,
+            1000.7359268665314,
+            0.1 + 0.2,
+            123456.78901234567,
+        ] {
             let body = format!(
                 r#"{{"resourceMetrics":[{{"scopeMetrics":[{{"metrics":[{{"name":"x","gauge":{{"dataPoints":[{{"timeUnixNano":"1","asDouble":{v}}}]}}}}]}}]}}]}}"#
             );
             let req = decode_json(body.as_bytes()).expect("json");
             let (wb, _) = to_write_batch(&req, 99).expect("decodes");
-            let got = wb.batches[0].1.column(2).as_primitive::<Float64Type>().value(0);
+            let got = wb.batches[0]
+                .1
+                .column(2)
+                .as_primitive::<Float64Type>()
+                .value(0);
             assert_eq!(got.to_bits(), v.to_bits(), "{v} read as {got}");
         }
     }

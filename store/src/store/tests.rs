@@ -853,7 +853,8 @@ fn processes_and_events_are_persisted_compacted_and_expired() {
 #[test]
 fn checkpoints_keep_the_log_short_and_a_reopen_reads_them() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("open");
+    let s =
+        Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("open");
     // Version 0 creates the table; 100 persists make versions 1..=100; Delta checkpoints every
     // 100 commits (`delta.checkpointInterval`), at version 99.
     for i in 0..100 {
@@ -871,7 +872,8 @@ fn checkpoints_keep_the_log_short_and_a_reopen_reads_them() {
     );
     assert!(log.join("_last_checkpoint").exists());
     drop(s);
-    let s = Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    let s =
+        Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
     assert_eq!(powers(&s), expected(100));
     assert_eq!(s.file_count(), 100);
     assert_eq!(
