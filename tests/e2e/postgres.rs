@@ -872,6 +872,7 @@ async fn grafana_connection_test_and_editor_queries() {
                 "bigint",
                 "double precision",
                 "integer",
+                "smallint",
                 "text",
                 "timestamp with time zone",
                 "USER-DEFINED"

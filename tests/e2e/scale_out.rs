@@ -4,7 +4,7 @@
 //! persists every 300 ms. Every acknowledged sample is present exactly once in every reader:
 //! each gpuwatch node and delta-rs, Polars and DuckDB reading the bucket.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuwatch_e2e::{S3Server, TestAgent, TestServer, TestServerBuilder};
 
@@ -142,15 +142,27 @@ async fn ingest_and_query_nodes_on_one_bucket_keep_every_acknowledged_sample_onc
         })
         .await;
     }
-    let want_rows = scalar(&b, "SELECT count(*) FROM gpu_metrics").await;
-    for q in [&q1, &q2, &a] {
-        eventually(
-            Duration::from_secs(30),
-            "every node sees every row",
-            || async { scalar(q, "SELECT count(*) FROM gpu_metrics").await == want_rows },
-        )
-        .await;
-    }
+    // Every commit is in the log now; each node sees it after its next refresh. The rows are
+    // those all four nodes agree on twice, a second apart (a node between refreshes may answer
+    // from the snapshot before the last commits).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut agreed_before = None;
+    let want_rows = loop {
+        let mut counts = Vec::new();
+        for n in [&a, &b, &q1, &q2] {
+            counts.push(scalar(n, "SELECT count(*) FROM gpu_metrics").await);
+        }
+        let agreed = counts.iter().all(|c| *c == counts[0]).then_some(counts[0]);
+        if agreed.is_some() && agreed == agreed_before {
+            break counts[0];
+        }
+        agreed_before = agreed;
+        assert!(
+            Instant::now() < deadline,
+            "the nodes do not agree on the rows (a, b, q1, q2): {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     for (name, n) in [("a", &a), ("b", &b), ("q1", &q1), ("q2", &q2)] {
         assert_eq!(
             marked(n, "GPU-mark-a").await,
