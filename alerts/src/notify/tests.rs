@@ -172,9 +172,12 @@ async fn retry_after_on_429_is_honoured() {
     let (stop, rx) = watch::channel(false);
     let _tasks = outbox.start(rx);
     outbox.enqueue("w", &message(1)).expect("enqueue");
-    wait_for(Duration::from_secs(5), "delivery after 429", || {
-        r.got().len() == 1
-    })
+    // The receiver holds the message before the sender has read the answer and counted it.
+    wait_for(
+        Duration::from_secs(5),
+        "delivery after 429, counted",
+        || r.got().len() == 1 && outbox.stats("w").is_some_and(|(sent, _, _)| sent == 1),
+    )
     .await;
     let calls = r.calls();
     assert_eq!(calls.len(), 2);
