@@ -544,7 +544,11 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     if files.iter().any(|f| f.location.contains("://")) {
         println!(
             "\n{} (files in an object store; DuckDB is compared on local disk only)",
-            if args.query_node { "query node" } else { "gpuwatch" }
+            if args.query_node {
+                "query node"
+            } else {
+                "gpuwatch"
+            }
         );
         println!("\n| query | gpuwatch median (s) | rows |");
         println!("| --- | ---: | ---: |");
@@ -642,7 +646,10 @@ async fn start_query_node(args: &QueryArgs, parent: &Path, rows: u64) -> Result<
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    println!("query node (--role query) pid {}, sees every row", node.pid());
+    println!(
+        "query node (--role query) pid {}, sees every row",
+        node.pid()
+    );
     Ok(node)
 }
 
