@@ -135,7 +135,12 @@ pub fn rules_digest(rules: &[PathBuf]) -> Result<String> {
         }
     };
     for r in rules {
-        let text = std::fs::read(r).map_err(|e| format!("rules file {}: {e}", r.display()))?;
+        let text = std::fs::read(r).map_err(|e| {
+            format!(
+                "rules file {}: {e} (run from the repository root or pass --rules)",
+                r.display()
+            )
+        })?;
         feed(r.display().to_string().as_bytes());
         feed(&[0]);
         feed(&text);
