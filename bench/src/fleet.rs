@@ -37,7 +37,8 @@ pub const FIELDS: [&str; 26] = [
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 ];
 
-const GPU_UTIL: usize = 0;
+/// Index of `DCGM_FI_DEV_GPU_UTIL` (percent) in [`Sample::values`].
+pub(crate) const GPU_UTIL: usize = 0;
 const MEM_UTIL: usize = 1;
 const SM_ACTIVE: usize = 2;
 const SM_OCCUPANCY: usize = 3;
@@ -46,7 +47,8 @@ const DRAM: usize = 5;
 const FP64: usize = 6;
 const FP32: usize = 7;
 const FP16: usize = 8;
-const FB_USED: usize = 9;
+/// Index of `DCGM_FI_DEV_FB_USED` (MiB) in [`Sample::values`].
+pub(crate) const FB_USED: usize = 9;
 const FB_TOTAL: usize = 10;
 const POWER: usize = 11;
 const ENERGY: usize = 12;
@@ -59,7 +61,8 @@ const PCIE_TX: usize = 18;
 const PCIE_RX: usize = 19;
 const NVLINK_TX: usize = 20;
 const NVLINK_RX: usize = 21;
-const ECC_SBE: usize = 22;
+/// Index of `DCGM_FI_DEV_ECC_SBE_VOL_TOTAL` in [`Sample::values`].
+pub(crate) const ECC_SBE: usize = 22;
 const ECC_DBE: usize = 23;
 const REMAPPED: usize = 24;
 const REMAP_FAILURE: usize = 25;
@@ -67,7 +70,7 @@ const REMAP_FAILURE: usize = 25;
 /// The H100 80GB HBM3's memory as NVML reports it (85520809984 bytes), in MiB.
 const FB_TOTAL_MIB: f64 = 81559.0;
 /// Memory used on a GPU without processes in the trace (503316480 bytes).
-const FB_FREE_GPU_MIB: f64 = 480.0;
+pub(crate) const FB_FREE_GPU_MIB: f64 = 480.0;
 const MEM_CLOCK_MHZ: f64 = 2619.0;
 const IDLE_SM_CLOCK_MHZ: f64 = 345.0;
 const BOOST_SM_CLOCK_MHZ: f64 = 1980.0;
@@ -282,7 +285,7 @@ fn profile(phase: Phase) -> Profile {
 
 /// The kind of a job, which decides its phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum JobKind {
+pub enum JobKind {
     /// Mostly compute, with evaluation stalls and checkpoints; may hang (then idle in the job).
     Training,
     /// Mostly light, with bursts of compute.
@@ -530,6 +533,16 @@ impl Fleet {
     pub fn gpu_ids(&self, h: usize, i: usize) -> (&str, &str) {
         let g = &self.hosts[h].gpus[i];
         (&g.uuid, &g.pci_bus)
+    }
+
+    /// The kind of the job holding GPU `i` of host `h` in the host's last scrape, if any.
+    pub fn job_kind(&self, h: usize, i: usize) -> Option<JobKind> {
+        self.hosts[h]
+            .groups
+            .iter()
+            .find(|g| (g.first_gpu..g.first_gpu + g.gpus).contains(&i))
+            .and_then(|g| g.job.as_ref())
+            .map(|j| j.kind)
     }
 
     /// The scale of durations: samples per hour at this interval.

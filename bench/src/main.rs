@@ -8,9 +8,11 @@
 //!   API and with DuckDB over the very Parquet files gpuwatch wrote; then ingest-to-query
 //!   freshness.
 //! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
-//!   over the Postgres wire protocol on the same day of the fleet, slowest first.
+//!   over the Postgres wire protocol on the same day of the fleet with its processes, XID and ECC
+//!   events, prices and alert history, slowest first.
 //!
-//! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace.
+//! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace, and
+//! [`workload`], the processes and events an agent would report on it.
 
 mod dashboards;
 mod fleet;
@@ -19,6 +21,7 @@ mod peers;
 mod query;
 mod remote_write;
 mod send;
+mod workload;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -98,6 +98,35 @@ impl Server {
         Some(kb * 1024)
     }
 
+    /// Asks the process to stop (SIGTERM to its pid, through `kill`), so that it shuts down as
+    /// an operator would stop it (gpuwatch persists what it buffers), and waits up to `timeout`;
+    /// kills it after that and says so.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<()> {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return Ok(());
+        }
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .map_err(|e| format!("cannot run kill: {e}"))?;
+        if !sent.success() {
+            return Err(format!("kill -TERM {} failed: {sent}", self.pid()));
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.stop();
+        Err(format!(
+            "{} did not stop within {timeout:?} of SIGTERM and was killed; see {}",
+            self.name,
+            self.log.display()
+        ))
+    }
+
     /// Stops the process (SIGKILL through `Child::kill`) and reaps it.
     pub fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {

@@ -49,9 +49,9 @@ pub struct PromSample {
 /// One request body, ready to POST.
 #[derive(Debug, Clone)]
 pub struct Body {
-    /// Snappy-compressed protobuf.
+    /// The request body: snappy-compressed protobuf for remote write, plain protobuf for OTLP.
     pub bytes: Vec<u8>,
-    /// Samples it carries.
+    /// Samples (OTLP: data points) it carries.
     pub samples: u64,
     /// The host it comes from (requests of one host are sent in order).
     pub host: usize,
@@ -108,13 +108,19 @@ pub fn encode(req: &WriteRequest) -> Vec<u8> {
 /// fleet). A GPU whose job changes within the rounds gets one series per job, as Prometheus
 /// sees a label change.
 pub fn host_request(fleet: &mut Fleet, h: usize, first: u64, rounds: u64) -> Body {
-    let gpus = fleet.gpus_per_host();
     let mut per_round: Vec<Vec<Sample>> = Vec::with_capacity(rounds as usize);
     let mut buf = Vec::new();
     for k in first..first + rounds {
         fleet.scrape(h, k, &mut buf);
         per_round.push(std::mem::take(&mut buf));
     }
+    rounds_request(fleet, h, &per_round)
+}
+
+/// The request of host `h` holding the samples of consecutive scrape rounds (`per_round[r][gpu]`,
+/// as [`Fleet::scrape`] gave them).
+pub fn rounds_request(fleet: &Fleet, h: usize, per_round: &[Vec<Sample>]) -> Body {
+    let gpus = fleet.gpus_per_host();
     let host = fleet.host_name(h).to_string();
     let mut timeseries = Vec::with_capacity(gpus * FIELDS.len());
     let mut samples = 0u64;

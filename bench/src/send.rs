@@ -1,4 +1,4 @@
-//! Sending remote-write bodies to a server with a few concurrent connections.
+//! Sending remote-write or OTLP/HTTP bodies to a server with a few concurrent connections.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +21,49 @@ pub struct SendStats {
     pub retries: u64,
 }
 
+/// How a body is posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Prometheus remote write 1.0: snappy-compressed `WriteRequest` to `/api/v1/write`.
+    RemoteWrite,
+    /// OTLP/HTTP: a protobuf `ExportMetricsServiceRequest` to `/v1/metrics`, uncompressed (the
+    /// agent gzips; on one machine compression would only cost the sender CPU). An answer with
+    /// rejected data points (OTLP partial success) is an error.
+    Otlp,
+}
+
+/// `ExportMetricsServiceResponse`, for its partial success.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OtlpResponse {
+    #[prost(message, optional, tag = "1")]
+    partial_success: Option<OtlpPartialSuccess>,
+}
+
+/// `ExportMetricsPartialSuccess`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OtlpPartialSuccess {
+    #[prost(int64, tag = "1")]
+    rejected_data_points: i64,
+    #[prost(string, tag = "2")]
+    error_message: String,
+}
+
+/// The rejection an OTLP answer body reports, if any.
+fn otlp_rejection(body: &[u8]) -> Result<Option<String>, String> {
+    use prost::Message;
+    let resp = OtlpResponse::decode(body)
+        .map_err(|e| format!("the OTLP answer is not an ExportMetricsServiceResponse: {e}"))?;
+    Ok(resp
+        .partial_success
+        .filter(|p| p.rejected_data_points > 0 || !p.error_message.is_empty())
+        .map(|p| {
+            format!(
+                "{} data points rejected: {}",
+                p.rejected_data_points, p.error_message
+            )
+        }))
+}
+
 /// A client for remote-write posts.
 pub fn client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
@@ -30,25 +73,49 @@ pub fn client() -> Result<reqwest::Client, String> {
         .map_err(|e| format!("cannot build an HTTP client: {e}"))
 }
 
-/// Posts one body; repeats it while the server answers 429 or 503 (load shedding).
+/// Posts one remote-write body; repeats it while the server answers 429 or 503 (load shedding).
 pub async fn post(
     client: &reqwest::Client,
     url: &str,
     bytes: Vec<u8>,
     retries: &AtomicU64,
 ) -> Result<(), String> {
+    post_as(Transport::RemoteWrite, client, url, bytes, retries).await
+}
+
+/// Posts one body by `transport`; repeats it while the server answers 429 or 503.
+pub async fn post_as(
+    transport: Transport,
+    client: &reqwest::Client,
+    url: &str,
+    bytes: Vec<u8>,
+    retries: &AtomicU64,
+) -> Result<(), String> {
     loop {
-        let resp = client
+        let mut req = client
             .post(url)
-            .header("Content-Encoding", "snappy")
-            .header("Content-Type", "application/x-protobuf")
-            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+            .header("Content-Type", "application/x-protobuf");
+        if transport == Transport::RemoteWrite {
+            req = req
+                .header("Content-Encoding", "snappy")
+                .header("X-Prometheus-Remote-Write-Version", "0.1.0");
+        }
+        let resp = req
             .body(bytes.clone())
             .send()
             .await
             .map_err(|e| format!("POST {url}: {e}"))?;
         let status = resp.status();
         if status.is_success() {
+            if transport == Transport::Otlp {
+                let body = resp
+                    .bytes()
+                    .await
+                    .map_err(|e| format!("POST {url}: reading the answer: {e}"))?;
+                if let Some(why) = otlp_rejection(&body)? {
+                    return Err(format!("POST {url}: {why}"));
+                }
+            }
             return Ok(());
         }
         if status.as_u16() == 429 || status.as_u16() == 503 {
@@ -65,6 +132,17 @@ pub async fn post(
 /// host always go through the same connection, in order (as Prometheus's remote-write shards
 /// keep each series in order), so no server sees a series' samples out of order.
 pub async fn send_stream(
+    client: &reqwest::Client,
+    url: &str,
+    rx: mpsc::Receiver<Arc<Body>>,
+    concurrency: usize,
+) -> Result<SendStats, String> {
+    send_stream_as(Transport::RemoteWrite, client, url, rx, concurrency).await
+}
+
+/// [`send_stream`] for bodies of `transport`.
+pub async fn send_stream_as(
+    transport: Transport,
     client: &reqwest::Client,
     url: &str,
     mut rx: mpsc::Receiver<Arc<Body>>,
@@ -90,7 +168,7 @@ pub async fn send_stream(
         );
         tasks.push(tokio::spawn(async move {
             while let Some(body) = lane_rx.recv().await {
-                post(&client, &url, body.bytes.clone(), &retries).await?;
+                post_as(transport, &client, &url, body.bytes.clone(), &retries).await?;
                 requests.fetch_add(1, Ordering::Relaxed);
                 samples.fetch_add(body.samples, Ordering::Relaxed);
                 bytes.fetch_add(body.bytes.len() as u64, Ordering::Relaxed);
@@ -127,4 +205,30 @@ pub async fn send_stream(
         bytes: bytes.load(Ordering::Relaxed),
         retries: retries.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn otlp_answers_with_rejected_points_are_errors() {
+        assert_eq!(otlp_rejection(b""), Ok(None));
+        let ok = OtlpResponse {
+            partial_success: Some(OtlpPartialSuccess::default()),
+        };
+        assert_eq!(otlp_rejection(&ok.encode_to_vec()), Ok(None));
+        let rejected = OtlpResponse {
+            partial_success: Some(OtlpPartialSuccess {
+                rejected_data_points: 3,
+                error_message: "3 more than 10 minutes ahead".into(),
+            }),
+        };
+        let why = otlp_rejection(&rejected.encode_to_vec())
+            .expect("decodes")
+            .expect("rejected");
+        assert!(why.starts_with("3 data points rejected"), "{why}");
+        assert!(otlp_rejection(b"\xff\xff").is_err());
+    }
 }

@@ -38,7 +38,8 @@ Subcommands:
                         --empty-each RANGE add runs with each multi-value variable at one value
                         and with each variable's query answering no rows; --no-data for a range
                         without data (answers may be empty, but must come)
-  bench --dsn DSN ...   time every variable query and panel target; JSON on stdout
+  bench --dsn DSN ...   time every variable query and panel target; JSON on stdout (--var
+                        NAME=VALUE picks a variable's value, as for check)
   list                  print every panel and variable found (what check runs)
 """
 
@@ -528,6 +529,7 @@ def cmd_check(args):
 
 def cmd_bench(args):
     to_s = parse_time(args.to)
+    pinned = dict(v.split("=", 1) for v in (args.var or []))
     conn = connect(args.dsn)
     out = []
 
@@ -547,7 +549,7 @@ def cmd_bench(args):
         for rng in args.range:
             from_s, _ = parse_range(rng, to_s)
             errors = []
-            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, fname)
+            values, vars_ran = resolve_variables(conn, dash, from_s, to_s, errors, fname, pinned)
             for name, text, cols, rows in vars_ran:
                 med, mx, n = timed(text)
                 out.append({"dashboard": title, "panel": f"variable {name}", "ref": "-",
@@ -677,9 +679,9 @@ def main():
         s.add_argument("--to", help="end of the range (ISO 8601 or unix seconds; default now)")
         s.add_argument("--range", action="append", default=None,
                        help="range length ending at --to (repeatable), e.g. 1h, 24h, 30d")
+        s.add_argument("--var", action="append",
+                       help="NAME=VALUE: pick VALUE for variable NAME, as in the picker (repeatable)")
         if name == "check":
-            s.add_argument("--var", action="append",
-                           help="NAME=VALUE: pick VALUE for variable NAME, as in the picker (repeatable)")
             s.add_argument("--first-value", action="append",
                            help="range to run again with each multi-value variable at its first option")
             s.add_argument("--empty-each", action="append",
