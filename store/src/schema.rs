@@ -138,7 +138,8 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(fields))
 });
 
-static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
+/// The `labels` column of `metrics` and `alerts`: a map of text to text.
+fn labels_type() -> DataType {
     let entries = Field::new(
         "entries",
         DataType::Struct(
@@ -150,11 +151,15 @@ static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         ),
         false,
     );
+    DataType::Map(Arc::new(entries), false)
+}
+
+static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("time", time_type(), false),
         Field::new("metric", DataType::Utf8, false),
         Field::new("value", DataType::Float64, true),
-        Field::new("labels", DataType::Map(Arc::new(entries), false), true),
+        Field::new("labels", labels_type(), true),
     ]))
 });
 
@@ -191,22 +196,11 @@ static GPU_EVENTS: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 static ALERTS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let entries = Field::new(
-        "entries",
-        DataType::Struct(
-            vec![
-                Field::new("keys", DataType::Utf8, false),
-                Field::new("values", DataType::Utf8, true),
-            ]
-            .into(),
-        ),
-        false,
-    );
     Arc::new(Schema::new(vec![
         Field::new("time", time_type(), false),
         Field::new("rule", DataType::Utf8, false),
         Field::new("state", DataType::Utf8, false),
-        Field::new("labels", DataType::Map(Arc::new(entries), false), true),
+        Field::new("labels", labels_type(), true),
         Field::new("value", DataType::Float64, true),
         Field::new("fingerprint", DataType::Utf8, false),
     ]))
