@@ -216,35 +216,10 @@ async fn run_gpuwatch(
     expected_rows: u64,
 ) -> Result<Outcome> {
     let data_dir = run_dir.join("gpuwatch");
-    let port = free_port()?;
-    let mut cmd_args: Vec<String> = vec![
-        "serve".into(),
-        "--http-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--otlp-http-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--otlp-grpc-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--pg-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--data-dir".into(),
-        data_dir.display().to_string(),
-        "--persist-interval".into(),
-        "30s".into(),
-        "--compaction-interval".into(),
-        "5s".into(),
-        "--log-level".into(),
-        "warn".into(),
-    ];
-    cmd_args.extend(args.gpuwatch_args.iter().cloned());
-    let mut server = Server::start(
-        "gpuwatch",
-        &args.gpuwatch,
-        &cmd_args,
-        format!("http://127.0.0.1:{port}"),
-        "/readyz",
-        run_dir.join("gpuwatch.log"),
-    )?;
+    let cmd = peers::GpuwatchCmd::new(&data_dir)?
+        .args(peers::FAST_PERSIST)
+        .args(&args.gpuwatch_args);
+    let mut server = cmd.start("gpuwatch", &args.gpuwatch, run_dir.join("gpuwatch.log"))?;
     let version = peers::version_of(&args.gpuwatch, "--version");
     println!("\n== gpuwatch ({version}), pid {}", server.pid());
     let cpu_start = server.cpu_seconds()?;

@@ -174,6 +174,69 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok((parse(11)? + parse(12)?) / clock_ticks())
 }
 
+/// Persist every 30 s and compact every 5 s: a benchmark's data settles in seconds, not in the
+/// production defaults' minutes.
+pub const FAST_PERSIST: [&str; 4] = ["--persist-interval", "30s", "--compaction-interval", "5s"];
+
+/// A `gpuwatch serve` command line: every listener on its own free loopback port, a data
+/// directory and warnings-only logs; flags added with [`GpuwatchCmd::args`].
+pub struct GpuwatchCmd {
+    args: Vec<String>,
+    /// HTTP port (SQL, `/readyz`, remote write).
+    pub http: u16,
+    /// OTLP/HTTP port.
+    pub otlp_http: u16,
+    /// Postgres wire port.
+    pub pg: u16,
+}
+
+impl GpuwatchCmd {
+    /// `gpuwatch serve --data-dir data_dir` with fresh ports.
+    pub fn new(data_dir: &Path) -> Result<Self> {
+        let (http, otlp_http, pg) = (free_port()?, free_port()?, free_port()?);
+        let args = [
+            "serve".to_string(),
+            "--http-addr".into(),
+            format!("127.0.0.1:{http}"),
+            "--otlp-http-addr".into(),
+            format!("127.0.0.1:{otlp_http}"),
+            "--otlp-grpc-addr".into(),
+            format!("127.0.0.1:{}", free_port()?),
+            "--pg-addr".into(),
+            format!("127.0.0.1:{pg}"),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--log-level".into(),
+            "warn".into(),
+        ]
+        .into();
+        Ok(Self {
+            args,
+            http,
+            otlp_http,
+            pg,
+        })
+    }
+
+    /// Adds flags.
+    pub fn args<S: ToString>(mut self, more: impl IntoIterator<Item = S>) -> Self {
+        self.args.extend(more.into_iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Starts `program` with these arguments, output in `log`, and waits for `/readyz`.
+    pub fn start(&self, name: &str, program: &Path, log: PathBuf) -> Result<Server> {
+        Server::start(
+            name,
+            program,
+            &self.args,
+            format!("http://127.0.0.1:{}", self.http),
+            "/readyz",
+            log,
+        )
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it right after).
 pub fn free_port() -> Result<u16> {
     let l =

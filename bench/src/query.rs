@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::fleet::{FIELDS, Fleet, FleetConfig};
 use crate::ingest::sql_json;
-use crate::peers::{self, Result, Server, free_port};
+use crate::peers::{self, Result, Server};
 use crate::remote_write::{host_request, probe_request};
 use crate::send;
 use crate::{FleetArgs, parse_duration};
@@ -76,35 +76,10 @@ fn now_ms() -> i64 {
 }
 
 fn start_server(args: &QueryArgs, log: PathBuf) -> Result<Server> {
-    let port = free_port()?;
-    let mut cmd_args: Vec<String> = vec![
-        "serve".into(),
-        "--http-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--otlp-http-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--otlp-grpc-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--pg-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--data-dir".into(),
-        args.data_dir.display().to_string(),
-        "--persist-interval".into(),
-        "30s".into(),
-        "--compaction-interval".into(),
-        "5s".into(),
-        "--log-level".into(),
-        "warn".into(),
-    ];
-    cmd_args.extend(args.gpuwatch_args.iter().cloned());
-    Server::start(
-        "gpuwatch",
-        &args.gpuwatch,
-        &cmd_args,
-        format!("http://127.0.0.1:{port}"),
-        "/readyz",
-        log,
-    )
+    peers::GpuwatchCmd::new(&args.data_dir)?
+        .args(peers::FAST_PERSIST)
+        .args(&args.gpuwatch_args)
+        .start("gpuwatch", &args.gpuwatch, log)
 }
 
 /// Rows of `gpu_metrics` in the server's data files.
@@ -612,33 +587,14 @@ async fn compare_with_duckdb(
 /// Starts `gpuwatch serve --role query` beside the loaded server (same extra arguments) and
 /// waits until it sees all `rows`.
 async fn start_query_node(args: &QueryArgs, parent: &Path, rows: u64) -> Result<Server> {
-    let port = free_port()?;
-    let mut cmd_args: Vec<String> = vec![
-        "serve".into(),
-        "--role".into(),
-        "query".into(),
-        "--http-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--otlp-http-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--otlp-grpc-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--pg-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--data-dir".into(),
-        parent.join("query-node-data").display().to_string(),
-        "--log-level".into(),
-        "warn".into(),
-    ];
-    cmd_args.extend(args.gpuwatch_args.iter().cloned());
-    let node = Server::start(
-        "gpuwatch (query node)",
-        &args.gpuwatch,
-        &cmd_args,
-        format!("http://127.0.0.1:{port}"),
-        "/readyz",
-        parent.join("query-node.log"),
-    )?;
+    let node = peers::GpuwatchCmd::new(&parent.join("query-node-data"))?
+        .args(["--role", "query"])
+        .args(&args.gpuwatch_args)
+        .start(
+            "gpuwatch (query node)",
+            &args.gpuwatch,
+            parent.join("query-node.log"),
+        )?;
     let deadline = Instant::now() + args.settle_timeout;
     while persisted_rows(&node.url).await < rows {
         if Instant::now() > deadline {

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::DashboardsArgs;
 use crate::fleet::{Fleet, FleetConfig, JobKind};
 use crate::ingest::sql_json;
-use crate::peers::{Result, Server, free_port};
+use crate::peers::{self, Result, Server};
 use crate::remote_write::{Body, rounds_request};
 use crate::send::{self, SendStats, Transport};
 use crate::workload::{HostWorkload, otlp_body};
@@ -212,46 +212,18 @@ pub fn start_server(
     config: &Path,
     rules: &[PathBuf],
 ) -> Result<Started> {
-    let port = free_port()?;
-    let pg_port = free_port()?;
-    let otlp_port = free_port()?;
-    let mut cmd_args: Vec<String> = vec![
-        "serve".into(),
-        "--config".into(),
-        config.display().to_string(),
-        "--http-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--otlp-http-addr".into(),
-        format!("127.0.0.1:{otlp_port}"),
-        "--otlp-grpc-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
-        "--pg-addr".into(),
-        format!("127.0.0.1:{pg_port}"),
-        "--data-dir".into(),
-        args.data_dir.display().to_string(),
-        "--persist-interval".into(),
-        "30s".into(),
-        "--compaction-interval".into(),
-        "5s".into(),
-        "--log-level".into(),
-        "warn".into(),
-    ];
-    for r in rules {
-        cmd_args.push("--rules".into());
-        cmd_args.push(r.display().to_string());
-    }
-    let server = Server::start(
-        name,
-        &args.gpuwatch,
-        &cmd_args,
-        format!("http://127.0.0.1:{port}"),
-        "/readyz",
-        log,
-    )?;
+    let cmd = peers::GpuwatchCmd::new(&args.data_dir)?
+        .args(["--config".to_string(), config.display().to_string()])
+        .args(peers::FAST_PERSIST)
+        .args(
+            rules
+                .iter()
+                .flat_map(|r| ["--rules".to_string(), r.display().to_string()]),
+        );
     Ok(Started {
-        server,
-        pg_port,
-        otlp_url: format!("http://127.0.0.1:{otlp_port}/v1/metrics"),
+        server: cmd.start(name, &args.gpuwatch, log)?,
+        pg_port: cmd.pg,
+        otlp_url: format!("http://127.0.0.1:{}/v1/metrics", cmd.otlp_http),
     })
 }
 
