@@ -584,10 +584,11 @@ async fn compare_with_duckdb(
     Ok(())
 }
 
-/// Starts `gpuwatch serve --role query` beside the loaded server (same extra arguments) and
-/// waits until it sees all `rows`.
+/// Starts `gpuwatch serve --role query` beside the loaded server, on its data directory and
+/// with the same extra arguments (so it reads the same tables, local or in an object store; a
+/// query node writes nothing there), and waits until it sees all `rows`.
 async fn start_query_node(args: &QueryArgs, parent: &Path, rows: u64) -> Result<Server> {
-    let node = peers::GpuwatchCmd::new(&parent.join("query-node-data"))?
+    let node = peers::GpuwatchCmd::new(&args.data_dir)?
         .args(["--role", "query"])
         .args(&args.gpuwatch_args)
         .start(
