@@ -374,12 +374,7 @@ pub async fn run(args: DashboardsArgs) -> Result<()> {
         ));
     }
     let wanted = load::wanted(&args)?;
-    let parent = args
-        .data_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    let parent = peers::parent_dir(&args.data_dir)?;
     let config = parent.join("dashboards-gpuwatch.toml");
     std::fs::write(&config, load::CONFIG).map_err(|e| format!("{}: {e}", config.display()))?;
     let version = peers::version_of(&args.gpuwatch, "--version");

@@ -237,6 +237,17 @@ impl GpuwatchCmd {
     }
 }
 
+/// The directory that holds `data_dir` (and the benchmark's logs and config beside it),
+/// created if missing.
+pub fn parent_dir(data_dir: &Path) -> Result<PathBuf> {
+    let parent = data_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    Ok(parent)
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it right after).
 pub fn free_port() -> Result<u16> {
     let l =

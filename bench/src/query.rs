@@ -416,12 +416,7 @@ pub async fn run(args: QueryArgs) -> Result<()> {
     if interval_ms <= 0 {
         return Err("--interval must be positive".into());
     }
-    let parent = args
-        .data_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    let parent = peers::parent_dir(&args.data_dir)?;
     let log = parent.join("query-gpuwatch.log");
     let earlier = earlier_load(&args, interval_ms)?;
     let mut server = start_server(&args, log.clone())?;
