@@ -32,7 +32,7 @@ KEYS = {
     "gpu_metrics_1h": ["host", "gpu_uuid", "time"],
     "metrics": ["metric", "time", "value"],
     "gpu_processes": ["host", "gpu_uuid", "pid", "time"],
-    "gpu_events": ["host", "gpu_uuid", "kind", "time"],
+    "gpu_events": ["host", "gpu_uuid", "kind", "code", "time"],
     "alerts": ["fingerprint", "state", "time"],
 }
 

@@ -48,7 +48,7 @@ pub async fn gpuwatch_figures(server: &TestServer, table: &str) -> Value {
     let key = match table {
         "metrics" => "metric, time, value",
         "gpu_processes" => "host, gpu_uuid, pid, time",
-        "gpu_events" => "host, gpu_uuid, kind, time",
+        "gpu_events" => "host, gpu_uuid, kind, code, time",
         "alerts" => "fingerprint, state, time",
         _ => "host, gpu_uuid, time",
     };
