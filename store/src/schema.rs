@@ -135,8 +135,15 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         };
         fields.push(Field::new(c.column, ty, true));
     }
+    fields.push(Field::new(GPU_LABELS_COLUMN, labels_type(), true));
     Arc::new(Schema::new(fields))
 });
+
+/// The last column of `gpu_metrics`: for a row written by Prometheus remote write, the labels of
+/// its series that differ from the dcgm-exporter labels its label columns give
+/// (`ingest::remote_write::dcgm_label_set`), an empty value standing for a label the series did
+/// not have; null for rows written over OTLP. PromQL reads a row's series back from the two.
+pub const GPU_LABELS_COLUMN: &str = "labels";
 
 /// The `labels` column of `metrics` and `alerts`: a map of text to text.
 fn labels_type() -> DataType {
@@ -395,10 +402,11 @@ mod tests {
             "remapped_rows_uncorrectable",
             "remapped_rows_failure",
             "xid_errors_total",
+            "labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 40);
+        assert_eq!(names.len(), 41);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct GpuRow {
     pub labels: Vec<Option<String>>,
     /// Value cells, in [`VALUE_COLUMNS`] order.
     pub values: Vec<Option<Cell>>,
+    /// The `labels` column: the series' labels beside the columns (remote write), sorted by
+    /// name; `None` (null) for OTLP rows.
+    pub series_labels: Option<Vec<(String, String)>>,
 }
 
 impl GpuRow {
@@ -56,6 +59,7 @@ impl GpuRow {
             time,
             labels: vec![None; LABEL_COLUMNS.len()],
             values: vec![None; VALUE_COLUMNS.len()],
+            series_labels: None,
         }
     }
 }
@@ -161,22 +165,37 @@ impl WriteBatch {
 }
 
 fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
+    let series: Vec<Option<Vec<(&str, &str)>>> = rows
+        .iter()
+        .map(|r| {
+            r.series_labels
+                .as_ref()
+                .map(|l| l.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+        })
+        .collect();
     gpu_batch_with(
         rows.len(),
         |r| rows[r].time,
         |r, c| rows[r].labels[c].as_deref(),
         |r, c| rows[r].values[c],
+        |r| series[r].as_deref(),
     )
 }
 
+/// A row's series labels beside its label columns (the `labels` column of `gpu_metrics`):
+/// (name, value) pairs sorted by name.
+pub(crate) type SeriesLabels<'s> = &'s [(&'s str, &'s str)];
+
 /// Builds a `gpu_metrics` batch of `n` rows, column by column: `time(row)`, `label(row, i)` for
 /// the label columns in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text), `value(row, i)`
-/// for the value columns in [`VALUE_COLUMNS`] order.
+/// for the value columns in [`VALUE_COLUMNS`] order, `series(row)` for the `labels` column (null
+/// when `None`).
 pub(crate) fn gpu_batch_with<'s>(
     n: usize,
     time: impl Fn(usize) -> i64,
     label: impl Fn(usize, usize) -> Option<&'s str>,
     value: impl Fn(usize, usize) -> Option<Cell>,
+    series: impl Fn(usize) -> Option<SeriesLabels<'s>>,
 ) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> =
         Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
@@ -224,6 +243,20 @@ pub(crate) fn gpu_batch_with<'s>(
             }
         }
     }
+    let mut labels = labels_builder();
+    for r in 0..n {
+        match series(r) {
+            Some(pairs) => {
+                for (k, v) in pairs {
+                    labels.keys().append_value(k);
+                    labels.values().append_value(v);
+                }
+                labels.append(true)?;
+            }
+            None => labels.append(false)?,
+        }
+    }
+    columns.push(Arc::new(labels.finish()));
     Ok(RecordBatch::try_new(Table::GpuMetrics.schema(), columns)?)
 }
 
@@ -238,6 +271,13 @@ fn metrics_batch(rows: &[MetricRow]) -> Result<RecordBatch> {
         )?;
     }
     b.finish()
+}
+
+/// A builder of the tables' `labels` map column.
+fn labels_builder() -> MapBuilder<StringBuilder, StringBuilder> {
+    MapBuilder::new(None, StringBuilder::new(), StringBuilder::new()).with_values_field(Arc::new(
+        arrow::datatypes::Field::new("values", arrow::datatypes::DataType::Utf8, true),
+    ))
 }
 
 /// Builds a `metrics` batch row by row.
@@ -255,12 +295,7 @@ impl MetricsBatchBuilder {
             time: TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC"),
             metric: StringBuilder::with_capacity(n, n * 24),
             value: Float64Builder::with_capacity(n),
-            labels: MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
-                .with_values_field(Arc::new(arrow::datatypes::Field::new(
-                    "values",
-                    arrow::datatypes::DataType::Utf8,
-                    true,
-                ))),
+            labels: labels_builder(),
         }
     }
 
