@@ -314,6 +314,10 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
+            gpuwatch_promql::router(Arc::clone(&app.engine), Default::default())
+                .route_layer(guard(auth::Scope::Query)),
+        )
+        .merge(
             crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
                 .route_layer(guard(auth::Scope::Query)),
         )
