@@ -166,6 +166,7 @@ pub async fn select(
         scan_gpu(engine, matchers, &names, min_ms, max_ms, budget, &mut out).await?;
     }
     scan_metrics(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
+    out.add_failed_scrapes(engine, min_ms, max_ms).await?;
     Ok(out.finish())
 }
 
@@ -201,17 +202,67 @@ struct Collector {
     targets: HashMap<String, usize>,
     /// Per target, the times at which it was scraped.
     target_times: Vec<Vec<i64>>,
+    /// Per target, the scrape job it belongs to (`instance`, `job`), when known.
+    target_job: Vec<Option<(String, String)>>,
 }
 
 impl Collector {
-    fn target(&mut self, key: &str) -> usize {
+    fn target(&mut self, key: &str, job: Option<(&str, &str)>) -> usize {
         if let Some(&t) = self.targets.get(key) {
             return t;
         }
         let t = self.target_times.len();
         self.targets.insert(key.to_string(), t);
         self.target_times.push(Vec::new());
+        self.target_job.push(
+            job.filter(|(i, j)| !i.is_empty() && !j.is_empty())
+                .map(|(i, j)| (i.to_string(), j.to_string())),
+        );
         t
+    }
+
+    /// Adds the failed scrapes (`up == 0`) of each scrape job to its targets' scrapes: Prometheus
+    /// marks every series of a target stale when a scrape of it fails.
+    async fn add_failed_scrapes(
+        &mut self,
+        engine: &QueryEngine,
+        min_ms: i64,
+        max_ms: i64,
+    ) -> Result<()> {
+        if self.target_job.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let sql = format!(
+            "SELECT time, labels FROM metrics WHERE metric = 'up' AND value = 0 AND {}",
+            time_filter(min_ms, max_ms)
+        );
+        let mut failed: HashMap<(String, String), Vec<i64>> = HashMap::new();
+        for b in run(engine, &sql).await? {
+            let t = times_ms(&b)?;
+            let Some(map) = b.column(1).as_map_opt() else {
+                continue;
+            };
+            for (i, &ti) in t.iter().enumerate() {
+                let pairs = map_pairs(map, i)?;
+                let get = |n: &str| {
+                    pairs
+                        .iter()
+                        .find(|(k, _)| k == n)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                failed
+                    .entry((get("instance"), get("job")))
+                    .or_default()
+                    .push(ti);
+            }
+        }
+        for (times, job) in self.target_times.iter_mut().zip(&self.target_job) {
+            if let Some(f) = job.as_ref().and_then(|j| failed.get(j)) {
+                times.extend_from_slice(f);
+            }
+        }
+        Ok(())
     }
 
     fn slot(&mut self, labels: Labels, target: Option<usize>) -> usize {
@@ -521,7 +572,10 @@ fn gpu_batch(
         });
         if !same {
             let base = series_labels(&cells, &extra);
-            prev_target = out.target(&gpu_target_key(&cells, &base));
+            prev_target = out.target(
+                &gpu_target_key(&cells, &base),
+                Some((base.get("instance"), base.get("job"))),
+            );
             for (j, g) in names.iter().enumerate() {
                 let labels = base.with(NAME, g.name);
                 prev_slots[j] =
@@ -656,8 +710,9 @@ async fn scan_metrics(
                     // A scraped series (with `instance` and `job`) is one of its metric's on
                     // that target; others have no target and go stale by lookback only.
                     let (inst, job) = (labels.get("instance"), labels.get("job"));
-                    let target = (!inst.is_empty() && !job.is_empty())
-                        .then(|| out.target(&format!("{name}\u{1}{inst}\u{1}{job}")));
+                    let target = (!inst.is_empty() && !job.is_empty()).then(|| {
+                        out.target(&format!("{name}\u{1}{inst}\u{1}{job}"), Some((inst, job)))
+                    });
                     let slot = matches(matchers, &labels).then(|| out.slot(labels, target));
                     prev = Some((name.to_string(), pairs, slot, target));
                     (slot, target)
@@ -676,4 +731,41 @@ async fn scan_metrics(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_series_goes_stale_at_the_first_scrape_without_it() {
+        // Scraped every second; the series was in the scrapes of 1, 2 and 5 only.
+        let scrapes = [1, 2, 3, 4, 5, 6];
+        assert_eq!(stale_points(&[1, 2, 5], &scrapes), vec![3, 6]);
+        // Present in every scrape: never stale.
+        assert_eq!(
+            stale_points(&[1, 2, 3, 4, 5, 6], &scrapes),
+            Vec::<i64>::new()
+        );
+        // Scrapes before its first sample do not make it stale.
+        assert_eq!(stale_points(&[4], &scrapes), vec![5]);
+        assert_eq!(stale_points(&[], &scrapes), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn units_come_back_whole() {
+        assert_eq!(unscale(0.97, 0.01), 97.0);
+        assert_eq!(unscale(0.29, 0.01), 29.0);
+        assert_eq!(unscale(49_850.753, 0.001), 49_850_753.0);
+        assert_eq!(unscale(2048.0 * 1_048_576.0, 1_048_576.0), 2048.0);
+        assert_eq!(unscale(0.5, 1.0), 0.5);
+    }
+
+    #[test]
+    fn selectors_that_match_everything_are_refused() {
+        let empty = vec![Matcher::new(MatchOp::Equal, "gpu", "")];
+        assert!(check_selector(&empty).is_err());
+        let named = all_matchers(Some("up"), &[]);
+        assert!(check_selector(&named).is_ok());
+    }
 }

@@ -26,6 +26,7 @@ mod object_store;
 mod otlp_partial;
 mod pipeline;
 mod postgres;
+mod promql_oracle;
 mod python_sdk;
 mod remote_write;
 mod restart_config;
