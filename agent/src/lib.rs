@@ -217,7 +217,7 @@ pub async fn run_with_source(
     let expo: export::prometheus::SharedExposition =
         std::sync::Arc::new(std::sync::Mutex::new(export::prometheus::Exposition {
             host: opts.host.clone(),
-            samples: Vec::new(),
+            ..Default::default()
         }));
     let metrics_task = match opts.metrics_addr {
         Some(addr) => match export::prometheus::serve(addr, expo.clone()).await {
@@ -382,6 +382,7 @@ async fn tick(
     {
         let mut e = expo.lock().unwrap_or_else(|p| p.into_inner());
         e.samples = samples;
+        e.note_events(&events);
     }
     true
 }

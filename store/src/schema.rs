@@ -89,6 +89,7 @@ pub const VALUE_COLUMNS: &[ValueColumn] = &[
     ),
     i("remapped_rows_failure", "gpu.remapped_rows.failure", "1"),
     i("xid_errors_total", "gpu.xid.errors", "{error}"),
+    f("gr_engine_active", "gpu.graphics.active", "1"),
 ];
 
 /// The label columns of `gpu_metrics` after `time`, in schema order, with the OTLP attribute
@@ -402,11 +403,12 @@ mod tests {
             "remapped_rows_uncorrectable",
             "remapped_rows_failure",
             "xid_errors_total",
+            "gr_engine_active",
             "labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 41);
+        assert_eq!(names.len(), 42);
     }
 
     #[test]

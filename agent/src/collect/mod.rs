@@ -76,6 +76,9 @@ pub struct GpuSample {
     pub fp32_active: Option<f64>,
     /// GPM FP16 pipe activity ratio (`gpu.fp16.active`).
     pub fp16_active: Option<f64>,
+    /// Ratio 0..1 of time the graphics engine was active, GPM `GRAPHICS_UTIL`
+    /// (`gpu.graphics.active`; dcgm-exporter's `DCGM_FI_PROF_GR_ENGINE_ACTIVE`).
+    pub gr_engine_active: Option<f64>,
     /// Framebuffer memory in use, bytes (`hw.gpu.memory.usage`).
     pub memory_used_bytes: Option<i64>,
     /// Framebuffer memory installed, bytes (`hw.gpu.memory.limit`).
@@ -134,6 +137,7 @@ impl GpuSample {
             fp64_active: None,
             fp32_active: None,
             fp16_active: None,
+            gr_engine_active: None,
             memory_used_bytes: None,
             memory_total_bytes: None,
             power_watts: None,

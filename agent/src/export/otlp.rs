@@ -148,6 +148,12 @@ pub const METRICS: &[MetricDef] = &[
     gauge("hw.temperature", "Cel", "GPU core temperature", |s| {
         s.temperature_celsius.map(Num::Double)
     }),
+    gauge(
+        "gpu.graphics.active",
+        "1",
+        "ratio of time the graphics engine was active (GPM)",
+        |s| s.gr_engine_active.map(Num::Double),
+    ),
     gauge("gpu.memory.temperature", "Cel", "HBM temperature", |s| {
         s.memory_temperature_celsius.map(Num::Double)
     }),

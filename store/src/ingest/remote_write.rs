@@ -112,6 +112,7 @@ pub const DCGM_FIELDS: &[DcgmField] = &[
     d("DCGM_FI_DEV_GPU_UTIL", "gpu_utilization", 0.01),
     d("DCGM_FI_DEV_MEM_COPY_UTIL", "memory_utilization", 0.01),
     d("DCGM_FI_PROF_SM_ACTIVE", "sm_active", 1.0),
+    d("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active", 1.0),
     d("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", 1.0),
     d("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active", 1.0),
     d("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active", 1.0),

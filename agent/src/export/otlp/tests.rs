@@ -59,6 +59,7 @@ fn names_kinds_units_match_the_schema() {
         ("hw.power", "W", Kind::Gauge),
         ("hw.energy", "J", Kind::CumulativeSum),
         ("hw.temperature", "Cel", Kind::Gauge),
+        ("gpu.graphics.active", "1", Kind::Gauge),
         ("gpu.memory.temperature", "Cel", Kind::Gauge),
         ("gpu.clock.sm", "MHz", Kind::Gauge),
         ("gpu.clock.memory", "MHz", Kind::Gauge),
