@@ -200,7 +200,7 @@ pub async fn run_with_source(
         Some(dir) => Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
         None => Box::new(export::MemoryQueue::default()),
     };
-    let mut exporter = Exporter::for_protocol(opts.protocol, &opts.endpoint, spool)?;
+    let mut exporter = Exporter::with_options(opts.protocol, &opts.endpoint, spool, &opts.export)?;
     if let Some(path) = &opts.auth_token_file {
         exporter.set_token_file(export::TokenFile::load(path)?);
     }

@@ -5,6 +5,7 @@ mod agent_events;
 mod agent_grpc;
 mod agent_kubernetes;
 mod agent_mig;
+mod agent_otel;
 mod agent_prometheus;
 mod agent_slurm;
 mod agent_spool;

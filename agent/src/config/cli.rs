@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::parse::{duration_arg, label_arg, metrics_addr_arg};
+use super::parse::{duration_arg, header_arg, label_arg, metrics_addr_arg};
 use super::{
     DEFAULT_BUFFER_MAX_BYTES, DEFAULT_ENDPOINT, DEFAULT_METRICS_ADDR, DEFAULT_SYNTHETIC_GPUS,
 };
@@ -22,6 +22,10 @@ by a key of the TOML file given by --config, named like the flag with underscore
     label = [\"cluster=prod\", \"rack=r12\"]
 
 Precedence: flag > environment > config file > default. Unknown keys in the file are errors.
+Below those, the OpenTelemetry SDK variables are read too: OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, …_HEADERS, …_TIMEOUT (ms), …_COMPRESSION (gzip|none),
+…_PROTOCOL (grpc|http/protobuf), …_CERTIFICATE, …_CLIENT_KEY, …_CLIENT_CERTIFICATE (each also
+as OTEL_EXPORTER_OTLP_METRICS_…, which wins) and OTEL_RESOURCE_ATTRIBUTES.
 A server run with --auth-tokens wants a bearer token with the ingest scope: put it in a file
 readable only by the agent (e.g. /etc/gpuwatch/agent.token, mode 0600) and give
 --auth-token-file /etc/gpuwatch/agent.token; the file is read again when it changes.
@@ -142,6 +146,12 @@ pub struct Cli {
     /// other processes [env: GPUWATCH_AUTH_TOKEN_FILE]
     #[arg(long, value_name = "PATH")]
     pub auth_token_file: Option<PathBuf>,
+
+    /// Header sent with every request (HTTP header, gRPC metadata), e.g. `X-Scope-OrgID=team-a`;
+    /// repeatable; overrides OTEL_EXPORTER_OTLP_HEADERS by name. For a bearer token use
+    /// --auth-token-file [env: GPUWATCH_HEADER, comma-separated]
+    #[arg(long, value_name = "KEY=VALUE", value_parser = header_arg)]
+    pub header: Vec<(String, String)>,
 
     /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
     #[arg(long, value_name = "FILE")]

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use super::merge::Layer;
-use super::parse::{duration_arg, label_arg, parse_bool, parse_metrics_addr, value_enum};
+use super::parse::{
+    duration_arg, header_arg, label_arg, parse_bool, parse_metrics_addr, value_enum,
+};
 use super::{Protocol, SourceKind};
 use crate::error::{Error, Result};
 
@@ -66,6 +68,12 @@ pub(super) fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer> {
         flush_interval: get(env, "GPUWATCH_FLUSH_INTERVAL", duration_arg)?,
         auth_token_file: get(env, "GPUWATCH_AUTH_TOKEN_FILE", |v| {
             Ok(PathBuf::from(v.trim()))
+        })?,
+        header: get(env, "GPUWATCH_HEADER", |v| {
+            v.split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(header_arg)
+                .collect::<Result<Vec<_>, String>>()
         })?,
     })
 }

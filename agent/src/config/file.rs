@@ -54,6 +54,8 @@ pub struct FileConfig {
     pub flush_interval: Option<String>,
     /// File holding the bearer token sent to the endpoint.
     pub auth_token_file: Option<PathBuf>,
+    /// Headers sent with every request, `["key=value", …]`.
+    pub header: Option<Vec<String>>,
 }
 
 /// Read and parse the config file at `path`.
@@ -122,5 +124,13 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<Layer> {
             .map(|v| parse_duration(&v).map_err(|e| field("flush_interval", e.to_string())))
             .transpose()?,
         auth_token_file: file.auth_token_file,
+        header: file
+            .header
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| super::parse::header_arg(h).map_err(|m| field("header", m)))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .transpose()?,
     })
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
+use super::otel::OtelEnv;
 use super::{
     AgentOptions, Cli, MAX_FAKE_MIG, MAX_SYNTHETIC_GPUS, MIN_BUFFER_MAX_BYTES, MIN_INTERVAL,
     MetricsAddr, Protocol, Settings, SourceKind,
@@ -37,6 +38,7 @@ pub(super) struct Layer {
     pub(super) slow_interval: Option<Duration>,
     pub(super) flush_interval: Option<Duration>,
     pub(super) auth_token_file: Option<PathBuf>,
+    pub(super) header: Option<Vec<(String, String)>>,
 }
 
 /// Whether flag `id` was typed on the command line (not a default, not absent).
@@ -65,9 +67,18 @@ fn pick_opt<T>(
     env.or(file).or(flag)
 }
 
-pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Result<Settings> {
-    let protocol = pick(m, "protocol", cli.protocol, env.protocol, file.protocol);
-    // Left unset everywhere, the endpoint follows the protocol: 4318 for http, 4317 for grpc.
+pub(super) fn merge(
+    cli: &Cli,
+    m: &ArgMatches,
+    env: Layer,
+    file: Layer,
+    otel: OtelEnv,
+) -> Result<Settings> {
+    let protocol_given = typed(m, "protocol") || env.protocol.is_some() || file.protocol.is_some();
+    let protocol = match (protocol_given, otel.protocol) {
+        (false, Some(p)) => p,
+        _ => pick(m, "protocol", cli.protocol, env.protocol, file.protocol),
+    };
     let endpoint_given = typed(m, "endpoint") || env.endpoint.is_some() || file.endpoint.is_some();
     let endpoint = pick(
         m,
@@ -76,11 +87,7 @@ pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Resul
         env.endpoint,
         file.endpoint,
     );
-    let endpoint = if !endpoint_given && protocol == Protocol::Grpc {
-        crate::export::DEFAULT_GRPC_ENDPOINT.to_string()
-    } else {
-        endpoint
-    };
+    let headers = pick(m, "header", cli.header.clone(), env.header, file.header);
     let interval = pick(m, "interval", cli.interval, env.interval, file.interval);
     let source = pick(m, "source", cli.source, env.source, file.source);
     let synthetic_gpus = pick(
@@ -213,11 +220,28 @@ pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Resul
                 "host is empty: give a name or leave it out".to_string(),
             ));
         }
+        other => other,
+    };
+    // The one place the OTEL_* variables come in, below every setting of the agent's own.
+    let otel = super::otel::apply(
+        otel,
+        super::otel::Own {
+            endpoint_given,
+            endpoint,
+            protocol,
+            headers,
+            labels,
+            host,
+        },
+    )?;
+    let (endpoint, labels, export) = (otel.endpoint, otel.labels, otel.export);
+    let host = match otel.host {
         Some(h) => h,
         None => default_host(source),
     };
     let seed = seed.unwrap_or_else(|| seed_from_host(&host));
     match protocol {
+        Protocol::Http if export.exact_url => reqwest_url(&endpoint)?,
         Protocol::Http => crate::export::metrics_url(&endpoint).map(drop)?,
         Protocol::Grpc => crate::export::grpc_url(&endpoint).map(drop)?,
     }
@@ -242,9 +266,25 @@ pub(super) fn merge(cli: &Cli, m: &ArgMatches, env: Layer, file: Layer) -> Resul
             slow_interval,
             flush_interval,
             auth_token_file,
+            export,
         },
         log_level,
     })
+}
+
+/// Checks a full OTLP/HTTP URL given as is.
+fn reqwest_url(endpoint: &str) -> Result<()> {
+    match url_scheme(endpoint) {
+        Some("http" | "https") => Ok(()),
+        _ => Err(Error::BadEndpoint {
+            endpoint: endpoint.to_string(),
+            reason: "it must be an http:// or https:// URL".to_string(),
+        }),
+    }
+}
+
+fn url_scheme(s: &str) -> Option<&str> {
+    s.trim().split_once("://").map(|(scheme, _)| scheme)
 }
 
 /// This machine's hostname, or `sim-<hostname>` for simulated data so it cannot be mistaken

@@ -16,12 +16,14 @@
 //! | the `GPUWATCH_*` environment read into a `Layer` | `env.rs` |
 //! | flag > env > file > default, checks, [`AgentOptions`] | `merge.rs` |
 //! | value parsers shared by the three layers | `parse.rs` |
+//! | the `OTEL_EXPORTER_OTLP_*` and `OTEL_RESOURCE_ATTRIBUTES` variables, below all three | `otel.rs` |
 //! | the options, their defaults, [`load`] | this file |
 
 mod cli;
 mod env;
 mod file;
 mod merge;
+mod otel;
 mod parse;
 
 use std::ffi::OsString;
@@ -133,6 +135,8 @@ pub struct AgentOptions {
     pub flush_interval: Duration,
     /// File holding the bearer token sent to the endpoint; `None`: no `Authorization`.
     pub auth_token_file: Option<PathBuf>,
+    /// Headers, timeout, compression and TLS of the requests (`--header`, `OTEL_EXPORTER_OTLP_*`).
+    pub export: crate::export::ExportOptions,
 }
 
 impl Default for AgentOptions {
@@ -162,6 +166,7 @@ impl Default for AgentOptions {
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             auth_token_file: None,
+            export: crate::export::ExportOptions::default(),
         }
     }
 }
@@ -213,7 +218,8 @@ where
         Some(path) => file::file_layer(path)?,
         None => merge::Layer::default(),
     };
-    merge::merge(&cli, &matches, env_layer, file_layer)
+    let otel_env = otel::read(env)?;
+    merge::merge(&cli, &matches, env_layer, file_layer, otel_env)
 }
 
 #[cfg(test)]

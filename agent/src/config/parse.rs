@@ -48,6 +48,16 @@ pub(super) fn metrics_addr_arg(value: &str) -> Result<MetricsAddr, String> {
     parse_metrics_addr(value)
 }
 
+/// A `--header KEY=VALUE`.
+pub(super) fn header_arg(value: &str) -> Result<(String, String), String> {
+    let (k, v) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not KEY=VALUE"))?;
+    let (k, v) = (k.trim().to_string(), v.trim().to_string());
+    super::otel::check_header(&k, &v)?;
+    Ok((k, v))
+}
+
 pub(super) fn label_arg(value: &str) -> Result<(String, String), String> {
     parse_label(value).map_err(|e| e.to_string())
 }
