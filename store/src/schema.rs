@@ -47,7 +47,11 @@ const fn i(column: &'static str, otlp: &'static str, unit: &'static str) -> Valu
 /// Every value column of `gpu_metrics`, in schema order.
 pub const VALUE_COLUMNS: &[ValueColumn] = &[
     f("gpu_utilization", "hw.gpu.utilization", "1"),
-    f("memory_utilization", "hw.gpu.memory.utilization", "1"),
+    f(
+        "memory_utilization",
+        "gpu.memory_controller.utilization",
+        "1",
+    ),
     f("sm_active", "gpu.sm.active", "1"),
     f("sm_occupancy", "gpu.sm.occupancy", "1"),
     f("tensor_active", "gpu.tensor.active", "1"),
