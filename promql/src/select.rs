@@ -368,6 +368,65 @@ impl Text {
             Text::View(a) => (!a.is_null(i)).then(|| a.value(i)),
         }
     }
+
+    /// True when rows `i` and `j` hold the same text (or are both null). Views that are equal
+    /// bit for bit (a dictionary page's value decoded twice) need no string comparison.
+    fn same(&self, i: usize, j: usize) -> bool {
+        if let Text::View(a) = self
+            && a.views()[i] == a.views()[j]
+            && a.is_null(i) == a.is_null(j)
+        {
+            return true;
+        }
+        self.get(i) == self.get(j)
+    }
+}
+
+/// The entries of a map column, decoded once per batch.
+struct MapEntries {
+    map: MapArray,
+    keys: Text,
+    values: Text,
+}
+
+impl MapEntries {
+    fn of(map: &MapArray) -> Result<Self> {
+        Ok(Self {
+            keys: Text::of(map.keys())?,
+            values: Text::of(map.values())?,
+            map: map.clone(),
+        })
+    }
+
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        if self.map.is_null(i) {
+            return 0..0;
+        }
+        let o = self.map.value_offsets();
+        o[i] as usize..o[i + 1] as usize
+    }
+
+    /// Row `i`'s (name, value) pairs.
+    fn pairs(&self, i: usize) -> Vec<(String, String)> {
+        self.range(i)
+            .filter_map(|e| {
+                self.keys.get(e).map(|k| {
+                    (
+                        k.to_string(),
+                        self.values.get(e).unwrap_or_default().to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// True when rows `i` and `j` hold the same entries.
+    fn same(&self, i: usize, j: usize) -> bool {
+        let (a, b) = (self.range(i), self.range(j));
+        a.len() == b.len()
+            && a.zip(b)
+                .all(|(x, y)| self.keys.same(x, y) && self.values.same(x, y))
+    }
 }
 
 /// The (name, value) pairs of row `i` of a map column.
@@ -456,7 +515,15 @@ async fn scan_gpu(
             columns.push(n.column);
         }
     }
-    let labels: Vec<&str> = LABEL_COLUMNS.iter().map(|(c, _)| *c).collect();
+    // The label columns the series' labels come from; the job's user, name and scheduler are not
+    // among dcgm-exporter's labels, so they are not read.
+    let labels: Vec<String> = LABEL_COLUMNS
+        .iter()
+        .map(|(c, _)| match *c {
+            "job_user" | "job_name" | "scheduler" => format!("CAST(NULL AS VARCHAR) AS {c}"),
+            c => c.to_string(),
+        })
+        .collect();
     // Every row of the selected GPUs, those without these columns too: they are scrapes in
     // which the series were absent (stale markers).
     let mut filters = vec![time_filter(min_ms, max_ms)];
@@ -529,9 +596,10 @@ fn gpu_batch(
         }
     }
     let index = index.ok_or_else(|| exec("gpu_metrics scan lacks gpu_index"))?;
-    let map = batch
-        .column_by_name("labels")
-        .and_then(|a| a.as_map_opt().cloned());
+    let map = match batch.column_by_name("labels").and_then(|a| a.as_map_opt()) {
+        Some(m) => Some(MapEntries::of(m)?),
+        None => None,
+    };
     let values: Vec<Float64Array> = columns
         .iter()
         .map(|c| {
@@ -546,31 +614,21 @@ fn gpu_batch(
         .map(|g| columns.iter().position(|c| *c == g.column).unwrap_or(0))
         .collect();
     budget.take(n * names.len().min(2))?;
-    // Rows of one GPU come in runs: the series of a row are looked up again only when its label
-    // cells differ from the previous row's.
-    let mut prev_key: Option<Vec<Option<String>>> = None;
+    // Rows of one GPU come in runs (files are sorted by host, GPU, time): a row's series are
+    // looked up again only when its label cells differ from the previous row's.
+    let same_as = |i: usize, j: usize| {
+        index.is_null(i) == index.is_null(j)
+            && index.value(i) == index.value(j)
+            && text_cols.iter().all(|c| c.same(i, j))
+            && map.as_ref().is_none_or(|m| m.same(i, j))
+    };
     let mut prev_slots: Vec<Option<usize>> = vec![None; names.len()];
     let mut prev_target = 0usize;
     let mut idx_text = String::new();
     for i in 0..n {
-        let cells = row_cells(&text_cols, &index, &mut idx_text, i, gpu_index_col);
-        let extra = match &map {
-            Some(m) => map_pairs(m, i)?,
-            None => Vec::new(),
-        };
-        let same = prev_key.as_ref().is_some_and(|k| {
-            k.len() == cells.len() + extra.len() * 2
-                && k.iter()
-                    .zip(
-                        cells.iter().copied().chain(
-                            extra
-                                .iter()
-                                .flat_map(|(a, b)| [Some(a.as_str()), Some(b.as_str())]),
-                        ),
-                    )
-                    .all(|(a, b)| a.as_deref() == b)
-        });
-        if !same {
+        if i == 0 || !same_as(i, i - 1) {
+            let cells = row_cells(&text_cols, &index, &mut idx_text, i, gpu_index_col);
+            let extra = map.as_ref().map(|m| m.pairs(i)).unwrap_or_default();
             let base = series_labels(&cells, &extra);
             prev_target = out.target(
                 &gpu_target_key(&cells, &base),
@@ -581,17 +639,6 @@ fn gpu_batch(
                 prev_slots[j] =
                     matches(matchers, &labels).then(|| out.slot(labels, Some(prev_target)));
             }
-            prev_key = Some(
-                cells
-                    .iter()
-                    .map(|c| c.map(str::to_string))
-                    .chain(
-                        extra
-                            .iter()
-                            .flat_map(|(a, b)| [Some(a.clone()), Some(b.clone())]),
-                    )
-                    .collect(),
-            );
         }
         out.target_times[prev_target].push(t[i]);
         for (j, g) in names.iter().enumerate() {
