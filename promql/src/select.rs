@@ -161,13 +161,24 @@ pub async fn select(
 ) -> Result<Vec<RawSeries>> {
     check_selector(matchers)?;
     let mut out = Collector::default();
-    let names = gpu_names(matchers);
-    if !names.is_empty() {
-        scan_gpu(engine, matchers, &names, min_ms, max_ms, budget, &mut out).await?;
-    }
-    scan_metrics(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
+    collect(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
     out.add_failed_scrapes(engine, min_ms, max_ms).await?;
     Ok(out.finish())
+}
+
+async fn collect(
+    engine: &QueryEngine,
+    matchers: &[Matcher],
+    min_ms: i64,
+    max_ms: i64,
+    budget: &Budget,
+    out: &mut Collector,
+) -> Result<()> {
+    let names = gpu_names(matchers);
+    if !names.is_empty() {
+        scan_gpu(engine, matchers, &names, min_ms, max_ms, budget, out).await?;
+    }
+    scan_metrics(engine, matchers, min_ms, max_ms, budget, out).await
 }
 
 /// Only the label sets of the series `matchers` accept with samples in `[min_ms, max_ms]`.
@@ -178,8 +189,14 @@ pub async fn select_labels(
     max_ms: i64,
     budget: &Budget,
 ) -> Result<Vec<Labels>> {
-    let series = select(engine, matchers, min_ms, max_ms, budget).await?;
-    Ok(series.into_iter().map(|s| s.labels).collect())
+    check_selector(matchers)?;
+    // Samples are not kept (one per series says it exists) and not counted against the budget.
+    let mut out = Collector {
+        labels_only: true,
+        ..Collector::default()
+    };
+    collect(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
+    Ok(out.series.into_iter().map(|s| s.labels).collect())
 }
 
 /// Prometheus refuses selectors that match everything (`{}`, `{a=""}`, `{a=~".*"}`).
@@ -204,6 +221,8 @@ struct Collector {
     target_times: Vec<Vec<i64>>,
     /// Per target, the scrape job it belongs to (`instance`, `job`), when known.
     target_job: Vec<Option<(String, String)>>,
+    /// Only which series exist is wanted: one sample each is kept, none counted.
+    labels_only: bool,
 }
 
 impl Collector {
@@ -613,7 +632,9 @@ fn gpu_batch(
         .iter()
         .map(|g| columns.iter().position(|c| *c == g.column).unwrap_or(0))
         .collect();
-    budget.take(n * names.len().min(2))?;
+    if !out.labels_only {
+        budget.take(n * names.len().min(2))?;
+    }
     // Rows of one GPU come in runs (files are sorted by host, GPU, time): a row's series are
     // looked up again only when its label cells differ from the previous row's.
     let same_as = |i: usize, j: usize| {
@@ -640,7 +661,9 @@ fn gpu_batch(
                     matches(matchers, &labels).then(|| out.slot(labels, Some(prev_target)));
             }
         }
-        out.target_times[prev_target].push(t[i]);
+        if !out.labels_only {
+            out.target_times[prev_target].push(t[i]);
+        }
         for (j, g) in names.iter().enumerate() {
             let Some(slot) = prev_slots[j] else { continue };
             let col = &values[value_of[j]];
@@ -648,6 +671,9 @@ fn gpu_batch(
                 continue;
             }
             let s = &mut out.series[slot];
+            if out.labels_only && !s.t.is_empty() {
+                continue;
+            }
             s.t.push(t[i]);
             s.v.push(unscale(col.value(i), g.scale));
         }
@@ -735,7 +761,9 @@ async fn scan_metrics(
     );
     for batch in run(engine, &sql).await? {
         let n = batch.num_rows();
-        budget.take(n)?;
+        if !out.labels_only {
+            budget.take(n)?;
+        }
         let t = times_ms(&batch)?;
         let metric = Text::of(batch.column(1))?;
         let value = values_f64(batch.column(2))?;
@@ -765,7 +793,7 @@ async fn scan_metrics(
                     (slot, target)
                 }
             };
-            if let Some(tg) = target {
+            if let Some(tg) = target.filter(|_| !out.labels_only) {
                 out.target_times[tg].push(t[i]);
             }
             let Some(slot) = slot else { continue };
@@ -773,6 +801,9 @@ async fn scan_metrics(
                 continue;
             }
             let s = &mut out.series[slot];
+            if out.labels_only && !s.t.is_empty() {
+                continue;
+            }
             s.t.push(t[i]);
             s.v.push(value.value(i));
         }
