@@ -5,7 +5,7 @@
 //! [`gpuwatch_store::ingest::remote_write::DCGM_FIELDS`]) read the matching `gpu_metrics`
 //! column, their units converted back (ratio → percent, bytes → MiB, J → mJ). A row's series
 //! carries dcgm-exporter's label set of its label columns
-//! ([`gpuwatch_store::ingest::remote_write::dcgm_label_set`]) with the row's `labels` column
+//! ([`gpuwatch_store::ingest::remote_write::dcgm_label_set`]) with the row's `series_labels`
 //! (how a remote-written series differed from it) applied. Every name is also looked up in
 //! `metrics`, whose rows carry their `labels` map as the label set.
 
@@ -401,51 +401,15 @@ impl Text {
     }
 }
 
-/// The entries of a map column, decoded once per batch.
-struct MapEntries {
-    map: MapArray,
-    keys: Text,
-    values: Text,
-}
-
-impl MapEntries {
-    fn of(map: &MapArray) -> Result<Self> {
-        Ok(Self {
-            keys: Text::of(map.keys())?,
-            values: Text::of(map.values())?,
-            map: map.clone(),
-        })
-    }
-
-    fn range(&self, i: usize) -> std::ops::Range<usize> {
-        if self.map.is_null(i) {
-            return 0..0;
-        }
-        let o = self.map.value_offsets();
-        o[i] as usize..o[i + 1] as usize
-    }
-
-    /// Row `i`'s (name, value) pairs.
-    fn pairs(&self, i: usize) -> Vec<(String, String)> {
-        self.range(i)
-            .filter_map(|e| {
-                self.keys.get(e).map(|k| {
-                    (
-                        k.to_string(),
-                        self.values.get(e).unwrap_or_default().to_string(),
-                    )
-                })
-            })
-            .collect()
-    }
-
-    /// True when rows `i` and `j` hold the same entries.
-    fn same(&self, i: usize, j: usize) -> bool {
-        let (a, b) = (self.range(i), self.range(j));
-        a.len() == b.len()
-            && a.zip(b)
-                .all(|(x, y)| self.keys.same(x, y) && self.values.same(x, y))
-    }
+/// The `series_labels` JSON object of a row: its (name, value) pairs.
+fn parse_series_labels(text: &str) -> Result<Vec<(String, String)>> {
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(text).map_err(|e| {
+            exec(format!(
+                "gpu_metrics.series_labels is not a JSON object of strings: {e}"
+            ))
+        })?;
+    Ok(map.into_iter().collect())
 }
 
 /// The (name, value) pairs of row `i` of a map column.
@@ -548,7 +512,7 @@ async fn scan_gpu(
     let mut filters = vec![time_filter(min_ms, max_ms)];
     filters.extend(gpu_pushdown(matchers));
     let sql = format!(
-        "SELECT time, {}, labels, {} FROM gpu_metrics WHERE {}",
+        "SELECT time, {}, series_labels, {} FROM gpu_metrics WHERE {}",
         labels.join(", "),
         columns.join(", "),
         filters.join(" AND ")
@@ -615,8 +579,8 @@ fn gpu_batch(
         }
     }
     let index = index.ok_or_else(|| exec("gpu_metrics scan lacks gpu_index"))?;
-    let map = match batch.column_by_name("labels").and_then(|a| a.as_map_opt()) {
-        Some(m) => Some(MapEntries::of(m)?),
+    let extra_col = match batch.column_by_name("series_labels") {
+        Some(a) => Some(Text::of(a)?),
         None => None,
     };
     let values: Vec<Float64Array> = columns
@@ -641,7 +605,7 @@ fn gpu_batch(
         index.is_null(i) == index.is_null(j)
             && index.value(i) == index.value(j)
             && text_cols.iter().all(|c| c.same(i, j))
-            && map.as_ref().is_none_or(|m| m.same(i, j))
+            && extra_col.as_ref().is_none_or(|m| m.same(i, j))
     };
     let mut prev_slots: Vec<Option<usize>> = vec![None; names.len()];
     let mut prev_target = 0usize;
@@ -649,7 +613,10 @@ fn gpu_batch(
     for i in 0..n {
         if i == 0 || !same_as(i, i - 1) {
             let cells = row_cells(&text_cols, &index, &mut idx_text, i, gpu_index_col);
-            let extra = map.as_ref().map(|m| m.pairs(i)).unwrap_or_default();
+            let extra = match extra_col.as_ref().and_then(|c| c.get(i)) {
+                Some(text) => parse_series_labels(text)?,
+                None => Vec::new(),
+            };
             let base = series_labels(&cells, &extra);
             prev_target = out.target(
                 &gpu_target_key(&cells, &base),

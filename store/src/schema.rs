@@ -140,15 +140,17 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         };
         fields.push(Field::new(c.column, ty, true));
     }
-    fields.push(Field::new(GPU_LABELS_COLUMN, labels_type(), true));
+    fields.push(Field::new(GPU_LABELS_COLUMN, DataType::Utf8, true));
     Arc::new(Schema::new(fields))
 });
 
 /// The last column of `gpu_metrics`: for a row written by Prometheus remote write, the labels of
 /// its series that differ from the dcgm-exporter labels its label columns give
-/// (`ingest::remote_write::dcgm_label_set`), an empty value standing for a label the series did
-/// not have; null for rows written over OTLP. PromQL reads a row's series back from the two.
-pub const GPU_LABELS_COLUMN: &str = "labels";
+/// (`ingest::remote_write::dcgm_label_set`), as a JSON object (`{"instance":"…","job":"…"}`,
+/// names sorted), an empty value standing for a label the series did not have; null for rows
+/// written over OTLP. PromQL reads a row's series back from the two. Text rather than a map, so
+/// `SELECT *` works over the Postgres wire protocol too.
+pub const GPU_LABELS_COLUMN: &str = "series_labels";
 
 /// The `labels` column of `metrics` and `alerts`: a map of text to text.
 fn labels_type() -> DataType {
@@ -408,7 +410,7 @@ mod tests {
             "remapped_rows_failure",
             "xid_errors_total",
             "gr_engine_active",
-            "labels",
+            "series_labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }

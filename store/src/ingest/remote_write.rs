@@ -217,7 +217,7 @@ pub const DCGM_LABELS: &[(&str, &[&str])] = &[
 /// `Hostname`, `GPU_I_ID` (the GPU instance of `mig_instance`), then `namespace`, `pod` and
 /// `container` when a pod holds the GPU, else `hpc_job` when a job does. Empty values are left
 /// out. This is the label set the agent's `/metrics` writes, so PromQL answers a row sent over
-/// OTLP with it; a row written by remote write keeps, in its `labels` column, how its series'
+/// OTLP with it; a row written by remote write keeps, in its `series_labels` column, how its series'
 /// labels differ from it ([`series_overrides`]).
 pub fn dcgm_label_set(cols: &[Option<&str>]) -> Vec<(&'static str, String)> {
     let at = |name: &str| {
@@ -570,8 +570,9 @@ struct GpuTable<'a> {
     /// Per row, the label set of the series that made it.
     label_of: Vec<u32>,
     label_sets: Vec<GpuLabels<'a>>,
-    /// Per label set, its series' labels beside the columns ([`series_overrides`]).
-    label_extra: Vec<Vec<(&'a str, &'a str)>>,
+    /// Per label set, its series' labels beside the columns ([`series_overrides`]) as the JSON
+    /// text of `series_labels`, `None` when there are none.
+    label_extra: Vec<Option<String>>,
     /// `NV` cells per row.
     values: Vec<Option<f64>>,
 }
@@ -632,7 +633,9 @@ impl<'a> GpuTable<'a> {
         let row = self.times.len();
         let set = *label_set.get_or_insert_with(|| {
             self.label_sets.push(*labels);
-            self.label_extra.push(series_overrides(series, labels));
+            let extra = series_overrides(series, labels);
+            self.label_extra
+                .push((!extra.is_empty()).then(|| rows::series_labels_json(extra.iter().copied())));
             (self.label_sets.len() - 1) as u32
         });
         self.times.push(time);
@@ -764,10 +767,7 @@ pub fn view_to_write_batch(
             |i| gpu.times[kept[i]],
             |i, c| gpu.label_sets[gpu.label_of[kept[i]] as usize][c],
             |i, c| gpu.values[kept[i] * NV + c].map(Cell::F),
-            |i| {
-                let extra = &gpu.label_extra[gpu.label_of[kept[i]] as usize];
-                (!extra.is_empty()).then_some(extra.as_slice())
-            },
+            |i| gpu.label_extra[gpu.label_of[kept[i]] as usize].as_deref(),
         )?;
         batches.push((Table::GpuMetrics, rb));
     }

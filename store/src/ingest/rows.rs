@@ -47,9 +47,9 @@ pub struct GpuRow {
     pub labels: Vec<Option<String>>,
     /// Value cells, in [`VALUE_COLUMNS`] order.
     pub values: Vec<Option<Cell>>,
-    /// The `labels` column: the series' labels beside the columns (remote write), sorted by
-    /// name; `None` (null) for OTLP rows.
-    pub series_labels: Option<Vec<(String, String)>>,
+    /// The `series_labels` column: the series' labels beside the columns (remote write), as a
+    /// JSON object; `None` (null) for OTLP rows.
+    pub series_labels: Option<String>,
 }
 
 impl GpuRow {
@@ -165,26 +165,23 @@ impl WriteBatch {
 }
 
 fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
-    let series: Vec<Option<Vec<(&str, &str)>>> = rows
-        .iter()
-        .map(|r| {
-            r.series_labels
-                .as_ref()
-                .map(|l| l.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
-        })
-        .collect();
     gpu_batch_with(
         rows.len(),
         |r| rows[r].time,
         |r, c| rows[r].labels[c].as_deref(),
         |r, c| rows[r].values[c],
-        |r| series[r].as_deref(),
+        |r| rows[r].series_labels.as_deref(),
     )
 }
 
-/// A row's series labels beside its label columns (the `labels` column of `gpu_metrics`):
-/// (name, value) pairs sorted by name.
-pub(crate) type SeriesLabels<'s> = &'s [(&'s str, &'s str)];
+/// (name, value) pairs as the JSON object of the `series_labels` column.
+pub fn series_labels_json<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
 
 /// Builds a `gpu_metrics` batch of `n` rows, column by column: `time(row)`, `label(row, i)` for
 /// the label columns in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text), `value(row, i)`
@@ -195,7 +192,7 @@ pub(crate) fn gpu_batch_with<'s>(
     time: impl Fn(usize) -> i64,
     label: impl Fn(usize, usize) -> Option<&'s str>,
     value: impl Fn(usize, usize) -> Option<Cell>,
-    series: impl Fn(usize) -> Option<SeriesLabels<'s>>,
+    series: impl Fn(usize) -> Option<&'s str>,
 ) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> =
         Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
@@ -243,18 +240,9 @@ pub(crate) fn gpu_batch_with<'s>(
             }
         }
     }
-    let mut labels = labels_builder();
+    let mut labels = StringBuilder::with_capacity(n, 0);
     for r in 0..n {
-        match series(r) {
-            Some(pairs) => {
-                for (k, v) in pairs {
-                    labels.keys().append_value(k);
-                    labels.values().append_value(v);
-                }
-                labels.append(true)?;
-            }
-            None => labels.append(false)?,
-        }
+        labels.append_option(series(r));
     }
     columns.push(Arc::new(labels.finish()));
     Ok(RecordBatch::try_new(Table::GpuMetrics.schema(), columns)?)

@@ -712,12 +712,8 @@ mod reference {
                             .collect();
                         let cols: Vec<Option<&str>> = labels.iter().map(|l| l.as_deref()).collect();
                         let extra = series_overrides(&pairs, &cols);
-                        row.series_labels = (!extra.is_empty()).then(|| {
-                            extra
-                                .iter()
-                                .map(|(k, v)| (k.to_string(), v.to_string()))
-                                .collect()
-                        });
+                        row.series_labels = (!extra.is_empty())
+                            .then(|| rows::series_labels_json(extra.iter().copied()));
                         gpu_rows.push(row);
                         gpu_rows.len() - 1
                     });
@@ -792,20 +788,18 @@ mod reference {
     }
 }
 
-/// The `labels` map of `gpu_metrics` row `row`, as sorted pairs (`None` for null).
+/// The `series_labels` of `gpu_metrics` row `row`, as sorted pairs (`None` for null).
 fn gpu_labels(b: &RecordBatch, row: usize) -> Option<Vec<(String, String)>> {
-    let c = b.column_by_name("labels").expect("labels").as_map();
+    let c = b
+        .column_by_name("series_labels")
+        .expect("series_labels")
+        .as_string::<i32>();
     if c.is_null(row) {
         return None;
     }
-    let entries = c.value(row);
-    let keys = entries.column(0).as_string::<i32>();
-    let values = entries.column(1).as_string::<i32>();
-    Some(
-        (0..entries.len())
-            .map(|i| (keys.value(i).to_string(), values.value(i).to_string()))
-            .collect(),
-    )
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(c.value(row)).expect("json object");
+    Some(map.into_iter().collect())
 }
 
 #[test]
