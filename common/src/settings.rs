@@ -97,27 +97,41 @@ pub fn resolve<S>(cmd: &Command, matches: ArgMatches, sources: Sources<'_>) -> R
 where
     S: clap::FromArgMatches + Serialize + DeserializeOwned,
 {
-    let leaf = leaf_matches(&matches);
-    let cli = S::from_arg_matches(leaf)?;
-    let file = match leaf.try_get_one::<PathBuf>(CONFIG) {
+    let file = match leaf_matches(&matches).try_get_one::<PathBuf>(CONFIG) {
         Ok(Some(p)) => Some(p.clone()),
         _ => None,
     };
-    let file_text = match &file {
+    let text = match &file {
         Some(path) => std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
             path: path.clone(),
             source,
         })?,
         None => String::new(),
     };
+    resolve_text(cmd, matches, file.as_deref(), &text, sources)
+}
+
+/// [`resolve`] with the config file's `text` given (read from `path`; `None`: no file).
+pub fn resolve_text<S>(
+    cmd: &Command,
+    matches: ArgMatches,
+    path: Option<&Path>,
+    text: &str,
+    sources: Sources<'_>,
+) -> Result<Loaded<S>>
+where
+    S: clap::FromArgMatches + Serialize + DeserializeOwned,
+{
+    let leaf = leaf_matches(&matches);
+    let cli = S::from_arg_matches(leaf)?;
     let leaf_cmd = leaf_command(cmd, &matches);
-    let (settings, given) = merge(&cli, leaf, &leaf_cmd, file.as_deref(), &file_text, sources)?;
+    let (settings, given) = merge(&cli, leaf, &leaf_cmd, path, text, sources)?;
     Ok(Loaded {
         settings,
         given,
         matches,
-        file_text,
-        file,
+        file_text: text.to_string(),
+        file: path.map(Path::to_path_buf),
     })
 }
 

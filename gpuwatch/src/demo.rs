@@ -15,8 +15,9 @@ use gpuwatch_agent::{
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::sync::watch;
 
+use crate::config::ServeConfig;
 use crate::error::{Error, Result};
-use crate::server::{self, ServeConfig};
+use crate::server;
 
 /// What the demo simulates.
 #[derive(Debug, Clone)]

@@ -6,6 +6,9 @@ pub enum Error {
     /// Bad flags or config file: exit code 2.
     #[error("{0}")]
     Config(String),
+    /// Flags, variables or the config file (exit code 2).
+    #[error(transparent)]
+    Settings(#[from] gpuwatch_common::Error),
     /// The store could not be opened or written.
     #[error(transparent)]
     Store(#[from] gpuwatch_store::Error),
@@ -27,7 +30,7 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) => 2,
+            Error::Config(_) | Error::Settings(_) => 2,
             _ => 1,
         }
     }

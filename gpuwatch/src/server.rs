@@ -4,7 +4,6 @@
 //! the background; `/readyz`, writes and queries answer 503 until it is done.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -23,6 +22,7 @@ use gpuwatch_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::config::{Role, ServeConfig, WalSync};
 use crate::error::{Error, Result};
 
 pub mod auth;
@@ -33,100 +33,6 @@ mod remote_write;
 pub mod tls;
 
 pub use metrics::Sample;
-
-/// How `serve` runs.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// Main HTTP listener.
-    pub http_addr: SocketAddr,
-    /// OTLP/HTTP listener.
-    pub otlp_http_addr: SocketAddr,
-    /// OTLP/gRPC listener.
-    pub otlp_grpc_addr: SocketAddr,
-    /// PostgreSQL wire protocol listener; `None`: off.
-    pub pg_addr: Option<SocketAddr>,
-    /// Data directory.
-    pub data_dir: PathBuf,
-    /// `s3://bucket/prefix` holding the Parquet files and the catalog, if not the data directory.
-    pub object_store: Option<String>,
-    /// How often the buffer is persisted to Parquet.
-    pub persist_interval: Duration,
-    /// Largest request body, compressed or not.
-    pub max_body_bytes: usize,
-    /// Query time limit.
-    pub query_timeout: Duration,
-    /// Allow non-loopback listeners without auth.
-    pub insecure_no_auth: bool,
-    /// When a write is fsynced.
-    pub wal_sync: WalSync,
-    /// With `--wal-sync interval`, how often the WAL is fsynced.
-    pub wal_sync_interval: Duration,
-    /// Cap of the in-memory write buffer.
-    pub max_buffer_bytes: usize,
-    /// How often compaction, rollups and retention run.
-    pub compaction_interval: Duration,
-    /// Retention per table.
-    pub retention: gpuwatch_store::RetentionConfig,
-    /// Rules, receivers, routes and prices.
-    pub alerts: crate::alerts_wiring::AlertsConfig,
-    /// What this server does.
-    pub role: Role,
-    /// Run compaction, rollups, retention and vacuum here.
-    pub maintenance: bool,
-    /// How often the tables are read again for other servers' commits.
-    pub refresh_interval: Duration,
-    /// Memory one query may use (`--query-memory-limit`); `None`: unbounded.
-    pub query_memory_limit: Option<usize>,
-    /// Queries at once (`--max-concurrent-queries`); `None`: unbounded.
-    pub max_concurrent_queries: Option<usize>,
-    /// The process's memory ceiling in bytes (`--memory-limit`); `None`: none.
-    pub memory_limit: Option<usize>,
-    /// The largest value a SQL function may build (`--max-value-bytes`).
-    pub max_value_bytes: usize,
-    /// The largest answer sent (`--max-answer-bytes`); `None`: unbounded.
-    pub max_answer_bytes: Option<usize>,
-    /// Where queries run (the query runtime).
-    pub executor: gpuwatch_query::executor::Executor,
-    /// TLS on every listener (`--tls-cert`, `--tls-key`); `None`: plain TCP.
-    pub tls: Option<tls::Tls>,
-    /// Bearer tokens (`--auth-tokens`); `None`: no auth, loopback only unless insecure.
-    pub auth_tokens: Option<Arc<auth::Tokens>>,
-}
-
-/// `--wal-sync`: when the WAL is fsynced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WalSync {
-    /// Before every acknowledgement (group commit: concurrent writes share one fsync).
-    Always,
-    /// Every `--wal-sync-interval`: a machine crash may lose the last interval's acknowledged
-    /// writes (a process crash loses nothing).
-    Interval,
-}
-
-/// `--role`: what a server does (docs/scale-out.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Ingest, persist, SQL, alerts: everything in one process.
-    All,
-    /// Takes writes (WAL) and persists them to the shared tables; serves SQL over its buffer
-    /// and the tables too.
-    Ingest,
-    /// No WAL, no writes: serves SQL, Postgres and the console over the tables, refreshed every
-    /// `--refresh-interval`.
-    Query,
-}
-
-/// `on` or `off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOff {
-    /// On.
-    On,
-    /// Off.
-    Off,
-}
 
 /// Shared by the handlers.
 #[derive(Debug, Clone)]
@@ -232,20 +138,28 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
     let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
-    let open = config.insecure_no_auth || config.auth_tokens.is_some();
-    check_bind(config.http_addr, open, "--http-addr")?;
-    check_bind(config.otlp_http_addr, open, "--otlp-http-addr")?;
-    check_bind(config.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
-    if let Some(addr) = config.pg_addr {
+    let open = config.settings.listeners.insecure_no_auth || config.auth_tokens.is_some();
+    check_bind(config.settings.listeners.http_addr, open, "--http-addr")?;
+    check_bind(
+        config.settings.listeners.otlp_http_addr,
+        open,
+        "--otlp-http-addr",
+    )?;
+    check_bind(
+        config.settings.listeners.otlp_grpc_addr,
+        open,
+        "--otlp-grpc-addr",
+    )?;
+    if let Some(addr) = config.settings.listeners.pg_addr.0 {
         check_bind(addr, open, "--pg-addr")?;
     }
-    let http = bind(config.http_addr, "--http-addr").await?;
-    let grpc = bind(config.otlp_grpc_addr, "--otlp-grpc-addr").await?;
+    let http = bind(config.settings.listeners.http_addr, "--http-addr").await?;
+    let grpc = bind(config.settings.listeners.otlp_grpc_addr, "--otlp-grpc-addr").await?;
     let otlp_grpc_addr = grpc
         .local_addr()
         .map_err(|e| Error::Listen(e.to_string()))?;
-    let otlp = bind(config.otlp_http_addr, "--otlp-http-addr").await?;
-    let pg = match config.pg_addr {
+    let otlp = bind(config.settings.listeners.otlp_http_addr, "--otlp-http-addr").await?;
+    let pg = match config.settings.listeners.pg_addr.0 {
         Some(addr) => Some(bind(addr, "--pg-addr").await?),
         None => None,
     };
@@ -276,11 +190,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         alerting: Arc::clone(&alerting_slot),
         store: Arc::new(OnceLock::new()),
         engine: Arc::new(OnceLock::new()),
-        max_body_bytes: config.max_body_bytes,
+        max_body_bytes: config.settings.limits.max_body_bytes,
         clock: Arc::clone(&clock),
         remote_write: Arc::default(),
         ceiling: ceiling.clone(),
-        role: config.role,
+        role: config.settings.role.role,
     };
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -372,30 +286,37 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
 
     // Open the store (WAL replay) off the async threads, then start the background loops.
     let store_config = StoreConfig {
-        ingest: config.role != Role::Query,
-        wal_sync: config.wal_sync == WalSync::Always,
+        ingest: config.settings.role.role != Role::Query,
+        wal_sync: config.settings.storage.wal_sync == WalSync::Always,
         // The buffer's share of the memory ceiling, when that is lower.
-        max_buffer_bytes: ceiling.as_ref().map_or(config.max_buffer_bytes, |c| {
-            config.max_buffer_bytes.min(c.buffer_bytes())
-        }),
+        max_buffer_bytes: ceiling
+            .as_ref()
+            .map_or(config.settings.storage.max_buffer_bytes, |c| {
+                config
+                    .settings
+                    .storage
+                    .max_buffer_bytes
+                    .min(c.buffer_bytes())
+            }),
         retention: config.retention.clone(),
         compaction: gpuwatch_store::CompactionConfig {
             // Replaced files outlive every query that may still read them, here or on a query
             // node that has not refreshed yet.
-            grace: gpuwatch_store::CompactionConfig::default()
-                .grace
-                .max(config.query_timeout * 2 + config.refresh_interval * 2),
+            grace: gpuwatch_store::CompactionConfig::default().grace.max(
+                config.settings.limits.query_timeout.get() * 2
+                    + config.settings.storage.refresh_interval.get() * 2,
+            ),
             ..Default::default()
         },
-        object_store: config.object_store.clone(),
+        object_store: config.settings.storage.object_store.clone(),
         ..StoreConfig::new(config.data_dir.clone())
     };
     let engine_config = EngineConfig {
-        query_timeout: config.query_timeout,
-        memory_limit: config.query_memory_limit,
-        max_concurrent_queries: config.max_concurrent_queries,
-        max_value_bytes: config.max_value_bytes,
-        max_answer_bytes: config.max_answer_bytes,
+        query_timeout: config.settings.limits.query_timeout.get(),
+        memory_limit: config.query_memory_limit(),
+        max_concurrent_queries: config.max_concurrent_queries(),
+        max_value_bytes: config.settings.limits.max_value_bytes,
+        max_answer_bytes: config.max_answer_bytes(),
         executor: config.executor.clone(),
         ceiling: ceiling.clone(),
     };
@@ -409,11 +330,14 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         rules,
         alerts: config.alerts.clone(),
         data_dir: config.data_dir.clone(),
-        ingest: config.role != Role::Query,
+        ingest: config.settings.role.role != Role::Query,
         persist_every: config.persist_interval,
-        sync_every: (config.wal_sync == WalSync::Interval).then_some(config.wal_sync_interval),
-        maintain_every: config.maintenance.then_some(config.compaction_interval),
-        refresh_every: config.refresh_interval,
+        sync_every: (config.settings.storage.wal_sync == WalSync::Interval)
+            .then_some(config.settings.storage.wal_sync_interval.get()),
+        maintain_every: config
+            .maintenance
+            .then_some(config.settings.storage.compaction_interval.get()),
+        refresh_every: config.settings.storage.refresh_interval.get(),
         stop: rx.clone(),
     })));
     Ok(Running {
