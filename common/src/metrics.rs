@@ -151,6 +151,44 @@ where
     }
 }
 
+/// A histogram made after the registry (by a component that starts later), shown once it exists.
+pub struct LateHistogram<F> {
+    name: &'static str,
+    help: &'static str,
+    get: F,
+}
+
+impl<F> std::fmt::Debug for LateHistogram<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LateHistogram")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> LateHistogram<F>
+where
+    F: Fn() -> Option<Histogram> + Send + Sync + 'static,
+{
+    /// The histogram `get` returns, under `name`.
+    pub fn new(name: &'static str, help: &'static str, get: F) -> Self {
+        Self { name, help, get }
+    }
+}
+
+impl<F> Collector for LateHistogram<F>
+where
+    F: Fn() -> Option<Histogram> + Send + Sync + 'static,
+{
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(h) = (self.get)() else {
+            return Ok(());
+        };
+        let metric = encoder.encode_descriptor(self.name, self.help, None, h.metric_type())?;
+        h.encode(metric)
+    }
+}
+
 /// The standard `process_*` metrics of this process, read from `/proc/self` at each scrape
 /// (nothing on systems without it): CPU seconds, resident and virtual memory, open and maximum
 /// file descriptors, threads, start time.

@@ -8,16 +8,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use gpuwatch_query::http::{EngineSlot, error_response};
 use gpuwatch_query::memory::Ceiling;
 use gpuwatch_query::{EngineConfig, Status};
 use gpuwatch_store::clock::{Clock, SystemClock};
-use gpuwatch_store::ingest::http::decode_request;
 use gpuwatch_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -28,11 +26,11 @@ use crate::error::{Error, Result};
 pub mod auth;
 mod background;
 mod grpc;
+mod ingest;
 mod metrics;
+mod otlp_http;
 mod remote_write;
 pub mod tls;
-
-pub use metrics::Sample;
 
 /// Shared by the handlers.
 #[derive(Debug, Clone)]
@@ -43,6 +41,7 @@ struct App {
     clock: Arc<dyn Clock>,
     alerting: crate::alerts_wiring::AlertingSlot,
     remote_write: Arc<remote_write::Counters>,
+    metrics: metrics::Metrics,
     ceiling: Option<Arc<Ceiling>>,
     role: Role,
 }
@@ -66,7 +65,7 @@ impl App {
 
 /// Why a write is refused before it is read.
 #[derive(Debug)]
-enum WriteRefused {
+pub enum WriteRefused {
     NotReady,
     Memory(gpuwatch_query::memory::Pressure),
     QueryNode,
@@ -193,6 +192,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         max_body_bytes: config.settings.limits.max_body_bytes,
         clock: Arc::clone(&clock),
         remote_write: Arc::default(),
+        metrics: metrics::Metrics::default(),
         ceiling: ceiling.clone(),
         role: config.settings.role.role,
     };
@@ -209,7 +209,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         )
     };
     let ingest = Router::new()
-        .route("/v1/metrics", post(otlp_metrics))
+        .route("/v1/metrics", post(otlp_http::handle))
         .route_layer(guard(auth::Scope::Ingest))
         .with_state(app.clone());
     let prometheus = Router::new()
@@ -219,8 +219,12 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::self_metrics))
         .with_state(app.clone())
+        .merge(
+            Router::new()
+                .route("/metrics", get(metrics::self_metrics))
+                .with_state(Arc::new(app.metrics.registry(&app))),
+        )
         .merge(ingest.clone())
         .merge(prometheus)
         .merge(
@@ -338,6 +342,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
             .maintenance
             .then_some(config.settings.storage.compaction_interval.get()),
         refresh_every: config.settings.storage.refresh_interval.get(),
+        persist_seconds: app.metrics.persist_seconds.clone(),
         stop: rx.clone(),
     })));
     Ok(Running {
@@ -387,7 +392,7 @@ impl Running {
             let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
         }
         if let Some(store) = self.store.get() {
-            background::persist(store).await;
+            background::persist(store, &self.app.metrics.persist_seconds).await;
         }
     }
 
@@ -417,116 +422,6 @@ async fn readyz(State(app): State<App>) -> Response {
             "not ready: write-ahead log replay in progress",
         )
     }
-}
-
-fn store_error(e: &gpuwatch_store::Error) -> Response {
-    use gpuwatch_store::Error as E;
-    match e {
-        E::TooLarge { .. } => error_response(Status::PayloadTooLarge, &e.to_string()),
-        E::NotReady => error_response(Status::Unavailable, &e.to_string()),
-        E::BufferFull { .. } => error_response(Status::Unavailable, &e.to_string()),
-        _ if e.is_disk_full() => {
-            tracing::error!(error = %e, "disk full: refusing writes until space is freed");
-            let mut resp = error_response(
-                Status::Unavailable,
-                &format!(
-                    "disk full, write not stored: free space in the data directory and retry ({e})"
-                ),
-            );
-            *resp.status_mut() = StatusCode::INSUFFICIENT_STORAGE;
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            resp
-        }
-        _ if e.is_client_error() => error_response(Status::BadRequest, &e.to_string()),
-        _ => {
-            tracing::error!(error = %e, "write failed");
-            error_response(Status::Unavailable, &format!("write not stored: {e}"))
-        }
-    }
-}
-
-async fn otlp_metrics(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let store = match app.writable() {
-        Ok(s) => s,
-        Err(refused) => return refused.response(),
-    };
-    let limit = app.max_body_bytes;
-    let Some(body) = read_body(body, limit).await else {
-        return store_error(&gpuwatch_store::Error::TooLarge { limit });
-    };
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let now = app.clock.now_nanos();
-    let span = tracing::info_span!("ingest", protocol = "otlp_http", bytes = body.len());
-    let work = tokio::task::spawn_blocking(move || {
-        let _ingest = span.enter();
-        let (batch, stats, format) = tracing::info_span!("decode").in_scope(|| {
-            decode_request(
-                content_type.as_deref(),
-                encoding.as_deref(),
-                &body,
-                limit,
-                now,
-            )
-        })?;
-        store.write(&batch)?;
-        Ok::<_, gpuwatch_store::Error>((stats, format))
-    });
-    match work.await {
-        Ok(Ok((stats, format))) => {
-            tracing::debug!(
-                points = stats.points,
-                rejected = stats.rejected,
-                "otlp export stored"
-            );
-            if let Some(message) = stats.partial_success_message() {
-                tracing::warn!("otlp export partly rejected: {message}");
-            }
-            let mut resp = (StatusCode::OK, format.answer_body(&stats)).into_response();
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(format.content_type()),
-            );
-            resp
-        }
-        Ok(Err(e)) => store_error(&e),
-        Err(e) => {
-            tracing::error!(error = %e, "ingest task failed");
-            error_response(Status::Internal, "internal error while storing the write")
-        }
-    }
-}
-
-/// Reads a body of at most `limit` bytes. A larger one is read to its end and dropped (up to a
-/// bound), so the client gets the 413 answer instead of a broken connection.
-async fn read_body(body: Body, limit: usize) -> Option<axum::body::Bytes> {
-    use futures::StreamExt;
-    const DRAIN_AT_MOST: usize = 1 << 30;
-    let mut stream = body.into_data_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut seen = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else {
-            return None;
-        };
-        seen = seen.saturating_add(chunk.len());
-        if seen <= limit {
-            buf.extend_from_slice(&chunk);
-        } else {
-            buf = Vec::new();
-            if seen > DRAIN_AT_MOST {
-                return None;
-            }
-        }
-    }
-    (seen <= limit).then(|| buf.into())
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use tracing_subscriber::Registry;
 use tracing_subscriber::reload;
 
 use crate::error::{Error, Result};
-use crate::server::{Running, Sample};
+use gpuwatch_common::metrics::{Kind, Sample};
+
+use crate::server::Running;
 
 /// Reads the server's own metrics.
 pub type Sampler = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
@@ -150,9 +152,9 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
     {
         let r = Arc::clone(&sampler);
         let read = move || r().into_iter().find(|s| s.name == name).map(|s| s.value);
-        if kind == "counter" {
+        if kind == Kind::Counter {
             let _ = m
-                .u64_observable_counter(name)
+                .f64_observable_counter(name)
                 .with_description(help)
                 .with_callback(move |o| {
                     if let Some(v) = read() {
@@ -162,7 +164,7 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
                 .build();
         } else {
             let _ = m
-                .u64_observable_gauge(name)
+                .f64_observable_gauge(name)
                 .with_description(help)
                 .with_callback(move |o| {
                     if let Some(v) = read() {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
 use gpuwatch_query::http::EngineSlot;
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::Clock;
@@ -29,6 +30,7 @@ pub(super) struct Background {
     pub sync_every: Option<Duration>,
     pub maintain_every: Option<Duration>,
     pub refresh_every: Duration,
+    pub persist_seconds: Histogram,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -139,10 +141,10 @@ pub(super) async fn run(b: Background) {
     tick.tick().await;
     loop {
         tokio::select! {
-            _ = tick.tick() => persist(&store).await,
+            _ = tick.tick() => persist(&store, &b.persist_seconds).await,
             _ = store.persist_wanted().notified() => {
                 tracing::info!("write buffer at half its cap: persisting early");
-                persist(&store).await;
+                persist(&store, &b.persist_seconds).await;
             }
             _ = stop.changed() => break,
         }
@@ -177,13 +179,15 @@ fn spawn_every(
 }
 
 /// One persist, logged.
-pub(super) async fn persist(store: &Arc<Store>) {
+pub(super) async fn persist(store: &Arc<Store>, seconds: &Histogram) {
     let s = Arc::clone(store);
-    match tokio::task::spawn_blocking(move || {
+    let started = std::time::Instant::now();
+    let done = tokio::task::spawn_blocking(move || {
         tracing::info_span!("persist").in_scope(|| s.persist())
     })
-    .await
-    {
+    .await;
+    seconds.observe(started.elapsed().as_secs_f64());
+    match done {
         Ok(Ok(Some(r))) => tracing::info!(
             files = r.files.len(),
             rows = r.rows,

@@ -1,47 +1,117 @@
-//! The server's own metrics: `/metrics` (Prometheus text) and the samples self-telemetry sends.
+//! The server's own metrics: one registry ([`Metrics::registry`]) that `/metrics` encodes
+//! (OpenMetrics text) — the store's, the query engine's and the memory ceiling's values read at
+//! each scrape ([`samples`], which self-telemetry sends too), the alerting service's, the
+//! latency histograms (ingest, queries, WAL fsync, persist), requests by protocol and outcome,
+//! `gpuwatch_build_info` and the `process_*` metrics.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use gpuwatch_common::metrics::prometheus_client::metrics::counter::Counter;
+use gpuwatch_common::metrics::prometheus_client::metrics::family::Family;
+use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
+use gpuwatch_common::metrics::{
+    Kind, LateHistogram, ProcessCollector, Registry, Sample, SampleCollector, latency_histogram,
+};
+use gpuwatch_query::Status;
+use gpuwatch_query::http::error_response;
 
 use super::App;
+use super::ingest::Protocol;
 
-/// One of the server's own metrics, as `/metrics` and self-telemetry give it.
-#[derive(Debug, Clone, Copy)]
-pub struct Sample {
-    /// Its name (Prometheus style).
-    pub name: &'static str,
-    /// `counter` or `gauge`.
-    pub kind: &'static str,
-    /// What it counts.
-    pub help: &'static str,
-    /// Its value now.
-    pub value: u64,
+type Labels1 = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// The metrics the server's own code records (the others are read at scrape time).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    ingest_requests: Family<Labels2, Counter>,
+    ingest_seconds: Family<Labels1, Histogram, fn() -> Histogram>,
+    /// Persist latency (`gpuwatch_persist_duration_seconds`).
+    pub persist_seconds: Histogram,
+    /// SQL-over-HTTP query latency, planning to the last byte
+    /// (`gpuwatch_query_duration_seconds`).
+    pub query_seconds: Histogram,
 }
 
-pub(super) async fn self_metrics(State(app): State<App>) -> Response {
-    let mut out = String::new();
-    for Sample {
-        name,
-        kind,
-        help,
-        value,
-    } in samples(&app)
-    {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            ingest_requests: Family::default(),
+            ingest_seconds: Family::new_with_constructor(latency_histogram),
+            persist_seconds: latency_histogram(),
+            query_seconds: latency_histogram(),
+        }
     }
-    if let Some(a) = app.alerting.get() {
-        out.push_str(&gpuwatch_alerts::metrics::render(a));
+}
+
+impl Metrics {
+    /// A write request of `protocol` ended with `outcome` (`ok`, `bad_request`, …) after `took`.
+    pub fn ingest(&self, protocol: Protocol, outcome: &'static str, took: Duration) {
+        self.ingest_requests
+            .get_or_create(&[("protocol", protocol.as_str()), ("outcome", outcome)])
+            .inc();
+        self.ingest_seconds
+            .get_or_create(&[("protocol", protocol.as_str())])
+            .observe(took.as_secs_f64());
     }
-    app.remote_write.render(&mut out);
-    let mut resp = (StatusCode::OK, out).into_response();
+
+    /// The registry of everything `/metrics` shows for `app`.
+    pub(super) fn registry(&self, app: &App) -> Registry {
+        let mut r = Registry::default();
+        gpuwatch_common::metrics::build_info(&mut r, "gpuwatch_build", env!("CARGO_PKG_VERSION"));
+        r.register_collector(Box::new(ProcessCollector));
+        let values = app.clone();
+        r.register_collector(Box::new(SampleCollector::new(move || samples(&values))));
+        r.register(
+            "gpuwatch_ingest_requests",
+            "Write requests by protocol and outcome (ok, bad_request, too_large, forbidden, unavailable, disk_full, internal)",
+            self.ingest_requests.clone(),
+        );
+        r.register(
+            "gpuwatch_ingest_duration_seconds",
+            "Write requests from admission to the WAL fsync, by protocol",
+            self.ingest_seconds.clone(),
+        );
+        r.register(
+            "gpuwatch_persist_duration_seconds",
+            "Persists of the buffer to the tables",
+            self.persist_seconds.clone(),
+        );
+        r.register(
+            "gpuwatch_query_duration_seconds",
+            "SQL queries over HTTP, planning to the last byte of the answer",
+            self.query_seconds.clone(),
+        );
+        let store = Arc::clone(&app.store);
+        r.register_collector(Box::new(LateHistogram::new(
+            "gpuwatch_wal_fsync_duration_seconds",
+            "Write-ahead log fsyncs (one is shared by every write waiting for it)",
+            move || store.get().map(|s| s.wal_fsync_seconds()),
+        )));
+        let alerting = Arc::clone(&app.alerting);
+        gpuwatch_alerts::metrics::register(&mut r, move || alerting.get().cloned());
+        app.remote_write.register(&mut r);
+        r
+    }
+}
+
+/// `GET /metrics`.
+pub(super) async fn self_metrics(State(registry): State<Arc<Registry>>) -> Response {
+    let text = match gpuwatch_common::metrics::encode(&registry) {
+        Ok(t) => t,
+        Err(e) => {
+            return error_response(Status::Internal, &format!("cannot encode the metrics: {e}"));
+        }
+    };
+    let mut resp = (StatusCode::OK, text).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
+        HeaderValue::from_static(gpuwatch_common::metrics::OPENMETRICS_CONTENT_TYPE),
     );
     resp
 }
@@ -49,17 +119,12 @@ pub(super) async fn self_metrics(State(app): State<App>) -> Response {
 /// The server's own metrics now (those of the store, the query engine and the memory ceiling).
 pub(super) fn samples(app: &App) -> Vec<Sample> {
     let mut out = Vec::new();
-    let mut line = |name: &'static str, kind: &'static str, help: &'static str, value: u64| {
-        out.push(Sample {
-            name,
-            kind,
-            help,
-            value,
-        });
+    let mut line = |name: &'static str, kind: Kind, help: &'static str, value: u64| {
+        out.push(Sample::new(name, kind, help, value as f64));
     };
     line(
         "gpuwatch_up",
-        "gauge",
+        Kind::Gauge,
         "1 when the store is open",
         u64::from(app.store.get().is_some()),
     );
@@ -67,49 +132,49 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
         let m = c.stats();
         line(
             "gpuwatch_memory_limit_bytes",
-            "gauge",
+            Kind::Gauge,
             "The process's memory ceiling (--memory-limit)",
             m.limit as u64,
         );
         line(
             "gpuwatch_resident_memory_bytes",
-            "gauge",
+            Kind::Gauge,
             "Resident memory at the last reading",
             m.resident as u64,
         );
         line(
             "gpuwatch_resident_memory_peak_bytes",
-            "gauge",
+            Kind::Gauge,
             "Peak resident memory of the process",
             m.peak as u64,
         );
         line(
             "gpuwatch_query_memory_reserved_bytes",
-            "gauge",
+            Kind::Gauge,
             "Bytes reserved by running queries in the pool they share",
             m.query_reserved as u64,
         );
         line(
             "gpuwatch_memory_pressure",
-            "gauge",
+            Kind::Gauge,
             "1 while queries are refused because resident memory is near the ceiling",
             u64::from(m.pressure),
         );
         line(
             "gpuwatch_queries_stopped_memory_total",
-            "counter",
+            Kind::Counter,
             "Running queries stopped because resident memory neared the ceiling",
             m.queries_stopped,
         );
         line(
             "gpuwatch_queries_refused_memory_total",
-            "counter",
+            Kind::Counter,
             "Queries refused because resident memory was near the ceiling",
             m.queries_refused,
         );
         line(
             "gpuwatch_writes_refused_memory_total",
-            "counter",
+            Kind::Counter,
             "Writes refused with 503 because resident memory was at the ceiling",
             m.writes_refused,
         );
@@ -118,128 +183,128 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
         let s = store.stats();
         line(
             "gpuwatch_writes_total",
-            "counter",
+            Kind::Counter,
             "Writes acknowledged",
             s.writes.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_rows_written_total",
-            "counter",
+            Kind::Counter,
             "Rows acknowledged",
             s.rows.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_wal_bytes_total",
-            "counter",
+            Kind::Counter,
             "Bytes appended to the write-ahead log",
             s.wal_bytes.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_persists_total",
-            "counter",
+            Kind::Counter,
             "Persists to the tables completed",
             s.persists.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_persist_failures_total",
-            "counter",
+            Kind::Counter,
             "Persists to the tables failed",
             s.persist_failures.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_persisted_rows_total",
-            "counter",
+            Kind::Counter,
             "Rows written to Parquet",
             s.persisted_rows.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_compactions_total",
-            "counter",
+            Kind::Counter,
             "Hour windows compacted",
             s.compactions.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_retention_expired_files_total",
-            "counter",
+            Kind::Counter,
             "Files dropped by retention",
             s.retention_deleted_files.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_wal_fsyncs_total",
-            "counter",
+            Kind::Counter,
             "Write-ahead log fsyncs (one is shared by every write waiting for it)",
             store.wal_fsyncs(),
         );
         line(
             "gpuwatch_writes_rejected_buffer_full_total",
-            "counter",
+            Kind::Counter,
             "Writes refused with 503 because the write buffer was full",
             s.rejected_buffer_full.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_writes_rejected_disk_full_total",
-            "counter",
+            Kind::Counter,
             "Writes refused with 507 because the disk was full",
             s.rejected_disk_full.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_wal_replayed_records_total",
-            "counter",
+            Kind::Counter,
             "WAL records replayed at start",
             s.replayed_records.load(Ordering::Relaxed),
         );
         let (rows, bytes) = store.buffered();
         line(
             "gpuwatch_buffer_rows",
-            "gauge",
+            Kind::Gauge,
             "Rows buffered in memory",
             rows as u64,
         );
         line(
             "gpuwatch_buffer_bytes",
-            "gauge",
+            Kind::Gauge,
             "Bytes buffered in memory",
             bytes as u64,
         );
         line(
             "gpuwatch_parquet_files",
-            "gauge",
+            Kind::Gauge,
             "Data files of the tables in this server's view",
             store.file_count() as u64,
         );
         line(
             "gpuwatch_persistence_stopped",
-            "gauge",
+            Kind::Gauge,
             "1 when another process commits under this server's writer id and persistence stopped",
             u64::from(store.fenced().is_some()),
         );
         line(
             "gpuwatch_ingest",
-            "gauge",
+            Kind::Gauge,
             "1 when this server takes writes (--role all or ingest), 0 on a query node",
             u64::from(store.ingests()),
         );
         line(
             "gpuwatch_delta_commits_total",
-            "counter",
+            Kind::Counter,
             "Delta commits made by this server (persists, compaction, rollups, retention)",
             s.delta_commits.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_delta_conflicts_total",
-            "counter",
+            Kind::Counter,
             "Delta commits that met a concurrent commit they conflict with (nothing written, retried)",
             s.delta_conflicts.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_table_refreshes_total",
-            "counter",
+            Kind::Counter,
             "Refreshes of the tables that found other servers' commits",
             s.refreshes.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_vacuumed_files_total",
-            "counter",
+            Kind::Counter,
             "Files deleted by vacuum (removed from a table past the grace period, or named by no commit)",
             s.vacuumed_files.load(Ordering::Relaxed),
         );
@@ -248,13 +313,13 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
         let s = engine.scan_stats();
         line(
             "gpuwatch_query_files_scanned_total",
-            "counter",
+            Kind::Counter,
             "Parquet files read by queries",
             s.files_scanned.load(Ordering::Relaxed),
         );
         line(
             "gpuwatch_query_files_pruned_total",
-            "counter",
+            Kind::Counter,
             "Parquet files skipped by queries because their time range cannot match",
             s.files_pruned.load(Ordering::Relaxed),
         );
