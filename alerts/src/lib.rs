@@ -20,6 +20,7 @@ pub mod notify;
 pub mod rules;
 pub mod service;
 pub mod source;
+pub mod state;
 pub mod template;
 
 #[cfg(test)]
