@@ -23,8 +23,8 @@
 //! The NVML call names are the fixed strings the NVML source passes (about 20), so the label set
 //! stays bounded.
 
-use std::collections::BTreeMap;
 use gpuwatch_common::metrics::TextWriter;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -175,7 +175,11 @@ pub fn render(out: &mut String) {
         let map = NVML_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
         let mut w = TextWriter::new(out);
         for (call, n) in map.iter() {
-            w.sample("gpuwatch_agent_nvml_errors_total", &[("call", call)], *n as f64);
+            w.sample(
+                "gpuwatch_agent_nvml_errors_total",
+                &[("call", call)],
+                *n as f64,
+            );
         }
     }
     one(

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::{History, HistoryRow};
 use crate::rules::{Rule, RuleFile};
-use crate::state;
 use crate::source::{Instance, RuleSource};
+use crate::state;
 
 /// Evaluations run on a fixed grid, but each reads the clock a few milliseconds after its tick:
 /// `for` counts as elapsed when it is short of this. Without it, `for: 1m` with a 1m interval

@@ -88,7 +88,10 @@ mod tests {
         let p = dir.path().join("sub/s.json");
         assert_eq!(load::<Vec<u32>>(&p, "silences").expect("none"), None);
         save(&p, &vec![1u32, 2], "silences").expect("save");
-        assert_eq!(load::<Vec<u32>>(&p, "silences").expect("load"), Some(vec![1, 2]));
+        assert_eq!(
+            load::<Vec<u32>>(&p, "silences").expect("load"),
+            Some(vec![1, 2])
+        );
         std::fs::write(&p, b"{not json").expect("write");
         let e = load::<Vec<u32>>(&p, "silences").expect_err("corrupt");
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");

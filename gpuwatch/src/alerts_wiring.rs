@@ -80,7 +80,7 @@ pub fn check(files: &[PathBuf]) -> Result<String> {
         Ok(out)
     } else {
         print!("{out}");
-        Err(Error::Other(failed.join("\n")))
+        Err(Error::Rules(failed.join("\n")))
     }
 }
 
@@ -95,27 +95,20 @@ pub async fn start(
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(Arc<Alerting>, Vec<tokio::task::JoinHandle<()>>)> {
-    let ledger = config
-        .cost
-        .register(engine.context())
-        .await
-        .map_err(|e| Error::Other(e.to_string()))?;
+    let ledger = config.cost.register(engine.context()).await?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
         engine.context().clone(),
         Arc::clone(&clock),
         stop.clone(),
     ));
     let n = rules.rules().count();
-    let alerting = Arc::new(
-        Alerting::open(
-            rules,
-            config.alerting.clone(),
-            data_dir.map(|d| d.join("alerts")).as_deref(),
-            clock,
-            store,
-        )
-        .map_err(|e| Error::Other(e.to_string()))?,
-    );
+    let alerting = Arc::new(Alerting::open(
+        rules,
+        config.alerting.clone(),
+        data_dir.map(|d| d.join("alerts")).as_deref(),
+        clock,
+        store,
+    )?);
     let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
     alerting.set_ledger(ledger);
     let mut tasks = alerting.start(source, stop);

@@ -97,22 +97,25 @@ impl Client {
         reqwest::Client::builder()
             .timeout(self.timeout)
             .build()
-            .map_err(|e| Error::Other(format!("cannot build an http client: {e}")))
+            .map_err(Error::HttpClient)
     }
 
     async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Vec<u8>> {
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.map_err(|e| {
-            Error::Remote(format!(
-                "cannot reach gpuwatch at {} ({e}): is `gpuwatch serve` running there? set --server",
-                self.server
-            ))
+        let resp = req.send().await.map_err(|source| Error::Unreachable {
+            what: "cannot reach gpuwatch at",
+            server: self.server.clone(),
+            hint: ": is `gpuwatch serve` running there? set --server",
+            source,
         })?;
         let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|e| {
-            Error::Remote(format!("the answer from {} broke off: {e}", self.server))
+        let body = resp.bytes().await.map_err(|source| Error::Unreachable {
+            what: "the answer broke off from",
+            server: self.server.clone(),
+            hint: "",
+            source,
         })?;
         if (200..300).contains(&status) {
             return Ok(body.to_vec());

@@ -133,7 +133,7 @@ async fn backfill(
     let step_ns = u64::try_from(step.as_nanos()).unwrap_or(u64::MAX).max(1);
     let span_ns = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
     let start = now.saturating_sub(span_ns);
-    let mut exporter = Exporter::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
+    let mut exporter = Exporter::new(endpoint)?;
     let resources: Vec<Vec<(String, String)>> = hosts
         .iter()
         .map(|(a, _)| resource_attributes(a, true))
@@ -147,7 +147,7 @@ async fn backfill(
                 break;
             }
             for ((_, fleet), resource) in hosts.iter_mut().zip(&resources) {
-                let samples = fleet.collect(t).map_err(|e| Error::Other(e.to_string()))?;
+                let samples = fleet.collect(t)?;
                 // As the agent's loop does: the processes and events go with the samples.
                 let processes = fleet.processes();
                 let events = fleet.events();
@@ -158,10 +158,10 @@ async fn backfill(
             }
             t += step_ns;
         }
-        exporter
-            .send(&request)
-            .await
-            .map_err(|e| Error::Other(format!("writing the simulated history failed: {e}")))?;
+        exporter.send(&request).await.map_err(|e| {
+            tracing::error!(error = %e, "writing the simulated history failed");
+            e
+        })?;
     }
     Ok(written)
 }

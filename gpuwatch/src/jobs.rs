@@ -158,8 +158,10 @@ pub async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<
     match format {
         ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
         ReportFormat::Table => {
-            let r: JobReport = serde_json::from_slice(&body)
-                .map_err(|e| Error::Remote(format!("malformed job report: {e}")))?;
+            let r: JobReport = serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+                what: "job report",
+                source: Box::new(e),
+            })?;
             Ok(report::render_text(&r))
         }
     }
@@ -198,8 +200,11 @@ pub async fn jobs(client: &Client, filter: &ListArgs<'_>, format: ReportFormat) 
     match format {
         ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
         ReportFormat::Table => {
-            let list: Vec<JobSummary> = serde_json::from_slice(&body)
-                .map_err(|e| Error::Remote(format!("malformed job list: {e}")))?;
+            let list: Vec<JobSummary> =
+                serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+                    what: "job list",
+                    source: Box::new(e),
+                })?;
             Ok(report::render_list(&list))
         }
     }

@@ -296,8 +296,11 @@ impl QueryRuntime {
     /// As many threads as the machine has cores.
     fn start() -> Result<Self> {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let (runtime, executor) = gpuwatch_query::executor::Executor::dedicated(threads)
-            .map_err(|e| Error::Other(format!("cannot start the query runtime: {e}")))?;
+        let (runtime, executor) =
+            gpuwatch_query::executor::Executor::dedicated(threads).map_err(|source| Error::Io {
+                what: "start the query runtime",
+                source,
+            })?;
         Ok(Self {
             runtime: Some(runtime),
             executor,

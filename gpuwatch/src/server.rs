@@ -126,12 +126,17 @@ fn check_bind(addr: SocketAddr, allowed: bool, flag: &str) -> Result<()> {
     )))
 }
 
-async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| {
-        Error::Listen(format!(
-            "cannot listen on {addr} ({flag}): {e}; choose another address with {flag}"
-        ))
-    })
+fn local_addr(source: std::io::Error) -> Error {
+    Error::Io {
+        what: "read a listener's address",
+        source,
+    }
+}
+
+async fn bind(addr: SocketAddr, flag: &'static str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, flag, source })
 }
 
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
@@ -154,31 +159,26 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
     }
     let http = bind(config.settings.listeners.http_addr, "--http-addr").await?;
     let grpc = bind(config.settings.listeners.otlp_grpc_addr, "--otlp-grpc-addr").await?;
-    let otlp_grpc_addr = grpc
-        .local_addr()
-        .map_err(|e| Error::Listen(e.to_string()))?;
+    let otlp_grpc_addr = grpc.local_addr().map_err(local_addr)?;
     let otlp = bind(config.settings.listeners.otlp_http_addr, "--otlp-http-addr").await?;
     let pg = match config.settings.listeners.pg_addr.0 {
         Some(addr) => Some(bind(addr, "--pg-addr").await?),
         None => None,
     };
     let pg_addr = match &pg {
-        Some(l) => Some(l.local_addr().map_err(|e| Error::Listen(e.to_string()))?),
+        Some(l) => Some(l.local_addr().map_err(local_addr)?),
         None => None,
     };
-    let http_addr = http
-        .local_addr()
-        .map_err(|e| Error::Listen(e.to_string()))?;
-    let otlp_http_addr = otlp
-        .local_addr()
-        .map_err(|e| Error::Listen(e.to_string()))?;
+    let http_addr = http.local_addr().map_err(local_addr)?;
+    let otlp_http_addr = otlp.local_addr().map_err(local_addr)?;
 
     let ceiling = match config.memory_limit {
         Some(limit) => {
             let ceiling = Ceiling::new(limit);
-            ceiling
-                .watch()
-                .map_err(|e| Error::Other(format!("cannot start the memory watch: {e}")))?;
+            ceiling.watch().map_err(|source| Error::Io {
+                what: "start the memory watch",
+                source,
+            })?;
             Some(ceiling)
         }
         None => None,

@@ -42,19 +42,29 @@ pub async fn run(client: &Client, sql: &str, format: OutputFormat) -> Result<Vec
 }
 
 fn render_table(ipc: &[u8]) -> Result<Vec<u8>> {
-    let reader = StreamReader::try_new(std::io::Cursor::new(ipc), None)
-        .map_err(|e| Error::Remote(format!("malformed arrow answer: {e}")))?;
+    let reader =
+        StreamReader::try_new(std::io::Cursor::new(ipc), None).map_err(|e| Error::Malformed {
+            what: "arrow answer",
+            source: Box::new(e),
+        })?;
     let schema = reader.schema();
-    let batches: Vec<RecordBatch> = reader
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Remote(format!("malformed arrow answer: {e}")))?;
+    let batches: Vec<RecordBatch> =
+        reader
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::Malformed {
+                what: "arrow answer",
+                source: Box::new(e),
+            })?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let table = if batches.is_empty() {
         arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(schema)])
     } else {
         arrow::util::pretty::pretty_format_batches(&batches)
     }
-    .map_err(|e| Error::Other(format!("cannot format the answer: {e}")))?;
+    .map_err(|e| Error::Malformed {
+        what: "answer (cannot format it)",
+        source: Box::new(e),
+    })?;
     Ok(format!(
         "{table}\n({rows} row{})\n",
         if rows == 1 { "" } else { "s" }

@@ -119,9 +119,7 @@ pub fn start(
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer.tracer("gpuwatch"))
         .with_tracked_inactivity(true);
-    handle
-        .reload(Some(layer))
-        .map_err(|e| Error::Other(format!("cannot install the trace exporter: {e}")))?;
+    handle.reload(Some(layer)).map_err(Error::Telemetry)?;
 
     let metrics = opentelemetry_otlp::MetricExporter::builder()
         .with_http()

@@ -126,9 +126,10 @@ impl Drop for TlsIncoming {
 impl TlsIncoming {
     /// Wraps `listener`.
     pub fn new(listener: TcpListener, acceptor: TlsAcceptor, what: &'static str) -> Result<Self> {
-        let local = listener
-            .local_addr()
-            .map_err(|e| Error::Listen(e.to_string()))?;
+        let local = listener.local_addr().map_err(|source| Error::Io {
+            what: "read the listener's address",
+            source,
+        })?;
         let (tx, rx) = mpsc::channel(64);
         let task = tokio::spawn(async move {
             loop {
