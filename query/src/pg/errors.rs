@@ -70,7 +70,7 @@ pub(super) fn engine_error(e: &Error) -> PgWireError {
         Error::ValueTooLarge(_) | Error::AnswerTooLarge(_) | Error::StatementTooLong(..) => "54000",
         Error::Busy(_) => "53000",
         Error::NotReady => "57P03",
-        Error::Internal(_) => "XX000",
+        Error::Internal(_) | Error::Engine { .. } | Error::Arrow { .. } => "XX000",
     };
     error("ERROR", code, e.to_string())
 }
