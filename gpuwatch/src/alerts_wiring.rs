@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::server::sql::error_response;
 use axum::Router;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
@@ -15,7 +16,6 @@ use gpuwatch_alerts::cost::CostConfig;
 use gpuwatch_alerts::notify::format::rfc3339;
 use gpuwatch_alerts::notify::{AlertingConfig, Matcher, Silence};
 use gpuwatch_alerts::{Alerting, EngineSource, RuleFile};
-use gpuwatch_query::http::error_response;
 use gpuwatch_query::{QueryEngine, Status};
 use gpuwatch_store::clock::Clock;
 use serde::Deserialize;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::server::sql::{EngineSlot, ErrorResponse, error_response};
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -13,7 +14,6 @@ use axum::routing::get;
 use gpuwatch_alerts::cost::CostConfig;
 use gpuwatch_alerts::cost::report::{self, JobReport, JobSummary, ListFilter};
 use gpuwatch_query::Status;
-use gpuwatch_query::http::{EngineSlot, error_response};
 use serde::Deserialize;
 
 use crate::client::Client;

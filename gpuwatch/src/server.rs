@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::server::sql::{EngineSlot, error_response};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use gpuwatch_query::http::{EngineSlot, error_response};
 use gpuwatch_query::memory::Ceiling;
 use gpuwatch_query::{EngineConfig, Status};
 use gpuwatch_store::clock::{Clock, SystemClock};
@@ -29,7 +29,9 @@ mod grpc;
 mod ingest;
 mod metrics;
 mod otlp_http;
+pub mod pg;
 mod remote_write;
+pub mod sql;
 pub mod tls;
 
 /// Shared by the handlers.
@@ -228,7 +230,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .merge(ingest.clone())
         .merge(prometheus)
         .merge(
-            gpuwatch_query::http::router(Arc::clone(&app.engine))
+            sql::router(Arc::clone(&app.engine), app.metrics.query_seconds.clone())
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
@@ -272,11 +274,11 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         let auth = config
             .auth_tokens
             .clone()
-            .map(|t| t as Arc<dyn gpuwatch_query::pg::PasswordCheck>);
-        tasks.push(gpuwatch_query::pg::serve(
+            .map(|t| t as Arc<dyn pg::PasswordCheck>);
+        tasks.push(pg::serve(
             listener,
             Arc::clone(&app.engine),
-            gpuwatch_query::pg::PgOptions {
+            pg::PgOptions {
                 auth,
                 tls: match &config.tls {
                     Some(t) => Some(t.acceptor(&[])?),

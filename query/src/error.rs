@@ -141,7 +141,7 @@ pub fn lower_first(s: &str) -> String {
 
 impl Error {
     /// A query over `--query-memory-limit`, with DataFusion's message `msg`.
-    pub(crate) fn out_of_memory(msg: &str) -> Self {
+    pub fn out_of_memory(msg: &str) -> Self {
         Error::ResourcesExhausted(format!(
             "{msg}: the query needs more memory than --query-memory-limit allows; narrow the time range or aggregate more"
         ))

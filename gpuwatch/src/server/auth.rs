@@ -17,12 +17,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::server::sql::error_response;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use gpuwatch_query::Status;
-use gpuwatch_query::http::error_response;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -194,9 +194,9 @@ impl Tokens {
 }
 
 /// Postgres wire logins: the password is a token with the `query` scope (the user name is free).
-impl gpuwatch_query::pg::PasswordCheck for Tokens {
-    fn check(&self, _user: &str, password: &str) -> Result<(), gpuwatch_query::pg::Denied> {
-        use gpuwatch_query::pg::Denied as Pg;
+impl super::pg::PasswordCheck for Tokens {
+    fn check(&self, _user: &str, password: &str) -> Result<(), super::pg::Denied> {
+        use super::pg::Denied as Pg;
         match self.check_secret(password, Scope::Query) {
             Ok(_) => Ok(()),
             Err(Denied::Unauthenticated(_)) => Err(Pg::InvalidPassword),
@@ -357,7 +357,7 @@ scopes = ["admin"]
 
     #[test]
     fn postgres_passwords_are_query_tokens() {
-        use gpuwatch_query::pg::{Denied as Pg, PasswordCheck};
+        use crate::server::pg::{Denied as Pg, PasswordCheck};
         let t = Tokens::parse(FILE, "test").expect("valid");
         assert_eq!(
             PasswordCheck::check(&t, "grafana", "query-0123456789abcdef"),

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::server::sql::EngineSlot;
 use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
-use gpuwatch_query::http::EngineSlot;
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::Clock;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};

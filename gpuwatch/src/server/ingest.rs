@@ -12,11 +12,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::server::sql::error_response;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use gpuwatch_query::Status;
-use gpuwatch_query::http::error_response;
 use gpuwatch_store::Store;
 use gpuwatch_store::ingest::WriteBatch;
 use tracing::Instrument;

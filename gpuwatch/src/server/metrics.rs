@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::server::sql::error_response;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +19,6 @@ use gpuwatch_common::metrics::{
     Kind, LateHistogram, ProcessCollector, Registry, Sample, SampleCollector, latency_histogram,
 };
 use gpuwatch_query::Status;
-use gpuwatch_query::http::error_response;
 
 use super::App;
 use super::ingest::Protocol;

@@ -4,11 +4,11 @@
 //! Data flow: a connection is accepted (TLS negotiated when configured), the startup handler
 //! checks the password when tokens are configured, then each statement is parsed by the
 //! Postgres-compatible parser of `datafusion-postgres`, passed through the same read-only gate as
-//! HTTP ([`crate::gate::check_parsed`]) plus the few session statements Postgres clients send
+//! HTTP ([`gpuwatch_query::gate::check_parsed`]) plus the few session statements Postgres clients send
 //! (`SET`, `BEGIN`/`COMMIT`), and executed by `datafusion-postgres` over a session that shares
 //! the engine's tables and adds a `pg_catalog` schema (for `\dt`, `\d` and Grafana's table
 //! lists) and an `information_schema` that names types as Postgres does
-//! ([`crate::pg_information_schema`]). Every query, and every open cursor until it is closed
+//! ([`super::information_schema`]). Every query, and every open cursor until it is closed
 //! ([`session::CursorSlots`]), takes one of the engine's `--max-concurrent-queries` slots; a query is cut
 //! off at `--query-timeout` (or the client's lower `statement_timeout`) and, as over HTTP, runs
 //! with a memory pool of its own of `--query-memory-limit` bytes ([`session::Ready::session`]).
@@ -44,9 +44,9 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::QueryEngine;
-use crate::error::{Error, lower_first};
-use crate::http::EngineSlot;
+use crate::server::sql::EngineSlot;
+use gpuwatch_query::QueryEngine;
+use gpuwatch_query::{Error, lower_first};
 
 pub use pgwire::tokio::tokio_rustls::TlsAcceptor;
 
@@ -79,7 +79,7 @@ pub struct PgOptions {
     pub tls: Option<TlsAcceptor>,
     /// Where connections run: the query runtime, so that a client's statements (planning,
     /// execution, and the encoding of its rows) never hold up the server's own runtime.
-    pub executor: crate::executor::Executor,
+    pub executor: gpuwatch_query::executor::Executor,
 }
 
 impl fmt::Debug for PgOptions {
@@ -93,10 +93,13 @@ impl fmt::Debug for PgOptions {
 
 mod admit;
 mod errors;
+pub mod functions;
+pub mod information_schema;
+pub mod rewrite;
 mod session;
 
 use admit::{Verdict, admit, admit_all};
-pub use errors::sqlstate;
+
 use errors::{classify, engine_error, error};
 use session::{CursorSlots, Shared, has_portal, sweep_cursors};
 
@@ -129,7 +132,7 @@ async fn within<T>(
 /// pass `max_bytes` (`54000`), and classifies errors raised while rows stream.
 fn guard(
     response: Response,
-    slot: Option<Arc<crate::engine::QuerySlot>>,
+    slot: Option<Arc<gpuwatch_query::engine::QuerySlot>>,
     deadline: tokio::time::Instant,
     limit: Duration,
     max_bytes: usize,
@@ -210,7 +213,7 @@ impl Front {
 
 fn parameters() -> DefaultServerParameterProvider {
     let mut p = DefaultServerParameterProvider::default();
-    p.server_version = crate::pg_functions::SERVER_VERSION.to_owned();
+    p.server_version = functions::SERVER_VERSION.to_owned();
     p.is_superuser = false;
     p.default_transaction_read_only = true;
     p
@@ -296,7 +299,7 @@ impl SimpleQueryHandler for Front {
         C::Error: fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let rewritten = crate::pg_rewrite::rewrite(query);
+        let rewritten = rewrite::rewrite(query);
         let query: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, query)?;
@@ -431,7 +434,7 @@ impl QueryParser for GatedParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let rewritten = crate::pg_rewrite::rewrite(sql);
+        let rewritten = rewrite::rewrite(sql);
         let sql: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, sql)?;
