@@ -96,6 +96,23 @@ pub async fn run(
         );
     }
 
+    let (stop, agents) = spawn_agents(hosts);
+
+    print_banner(&config, &running, &opts);
+    shutdown.await;
+    tracing::info!("shutting down: stopping the simulated agents and persisting buffered data");
+    let _ = stop.send(true);
+    for a in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(15), a).await;
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Starts one simulated agent per host; they stop when the sender says so.
+fn spawn_agents(
+    hosts: Vec<(AgentOptions, Fleet)>,
+) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
     let (stop, stop_rx) = watch::channel(false);
     let mut agents = Vec::new();
     for (agent, fleet) in hosts {
@@ -110,16 +127,7 @@ pub async fn run(
             }
         }));
     }
-
-    print_banner(&config, &running, &opts);
-    shutdown.await;
-    tracing::info!("shutting down: stopping the simulated agents and persisting buffered data");
-    let _ = stop.send(true);
-    for a in agents {
-        let _ = tokio::time::timeout(Duration::from_secs(15), a).await;
-    }
-    running.shutdown().await;
-    Ok(())
+    (stop, agents)
 }
 
 /// Simulates `span` of history for every host and writes it. Returns the GPU samples written.

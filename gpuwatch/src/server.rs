@@ -12,15 +12,14 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use gpuwatch_query::Status;
 use gpuwatch_query::memory::Ceiling;
-use gpuwatch_query::{EngineConfig, Status};
+use gpuwatch_store::Store;
 use gpuwatch_store::clock::{Clock, SystemClock};
-use gpuwatch_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::{Role, ServeConfig, WalSync};
+use crate::config::{Role, ServeConfig};
 use crate::error::{Error, Result};
 
 pub mod auth;
@@ -31,6 +30,7 @@ mod metrics;
 mod otlp_http;
 pub mod pg;
 mod remote_write;
+mod routes;
 pub mod sql;
 pub mod tls;
 
@@ -141,222 +141,150 @@ async fn bind(addr: SocketAddr, flag: &'static str) -> Result<TcpListener> {
         .map_err(|source| Error::Bind { addr, flag, source })
 }
 
+/// The listeners, bound, and their addresses.
+struct Bound {
+    http: TcpListener,
+    otlp: TcpListener,
+    grpc: TcpListener,
+    pg: Option<TcpListener>,
+}
+
+impl Bound {
+    /// Checks and binds every listener of `config` (so `/healthz` answers at once).
+    async fn bind(config: &ServeConfig) -> Result<Self> {
+        let l = &config.settings.listeners;
+        let open = l.insecure_no_auth || config.auth_tokens.is_some();
+        check_bind(l.http_addr, open, "--http-addr")?;
+        check_bind(l.otlp_http_addr, open, "--otlp-http-addr")?;
+        check_bind(l.otlp_grpc_addr, open, "--otlp-grpc-addr")?;
+        if let Some(addr) = l.pg_addr.0 {
+            check_bind(addr, open, "--pg-addr")?;
+        }
+        let http = bind(l.http_addr, "--http-addr").await?;
+        let grpc = bind(l.otlp_grpc_addr, "--otlp-grpc-addr").await?;
+        let otlp = bind(l.otlp_http_addr, "--otlp-http-addr").await?;
+        let pg = match l.pg_addr.0 {
+            Some(addr) => Some(bind(addr, "--pg-addr").await?),
+            None => None,
+        };
+        Ok(Self {
+            http,
+            otlp,
+            grpc,
+            pg,
+        })
+    }
+}
+
+/// Starts the memory watch of `--memory-limit`.
+fn memory_ceiling(limit: Option<usize>) -> Result<Option<Arc<Ceiling>>> {
+    let Some(limit) = limit else {
+        return Ok(None);
+    };
+    let ceiling = Ceiling::new(limit);
+    ceiling.watch().map_err(|source| Error::Io {
+        what: "start the memory watch",
+        source,
+    })?;
+    Ok(Some(ceiling))
+}
+
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
 pub async fn start(config: ServeConfig) -> Result<Running> {
     let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
-    let open = config.settings.listeners.insecure_no_auth || config.auth_tokens.is_some();
-    check_bind(config.settings.listeners.http_addr, open, "--http-addr")?;
-    check_bind(
-        config.settings.listeners.otlp_http_addr,
-        open,
-        "--otlp-http-addr",
-    )?;
-    check_bind(
-        config.settings.listeners.otlp_grpc_addr,
-        open,
-        "--otlp-grpc-addr",
-    )?;
-    if let Some(addr) = config.settings.listeners.pg_addr.0 {
-        check_bind(addr, open, "--pg-addr")?;
-    }
-    let http = bind(config.settings.listeners.http_addr, "--http-addr").await?;
-    let grpc = bind(config.settings.listeners.otlp_grpc_addr, "--otlp-grpc-addr").await?;
-    let otlp_grpc_addr = grpc.local_addr().map_err(local_addr)?;
-    let otlp = bind(config.settings.listeners.otlp_http_addr, "--otlp-http-addr").await?;
-    let pg = match config.settings.listeners.pg_addr.0 {
-        Some(addr) => Some(bind(addr, "--pg-addr").await?),
-        None => None,
-    };
-    let pg_addr = match &pg {
-        Some(l) => Some(l.local_addr().map_err(local_addr)?),
-        None => None,
-    };
-    let http_addr = http.local_addr().map_err(local_addr)?;
-    let otlp_http_addr = otlp.local_addr().map_err(local_addr)?;
-
-    let ceiling = match config.memory_limit {
-        Some(limit) => {
-            let ceiling = Ceiling::new(limit);
-            ceiling.watch().map_err(|source| Error::Io {
-                what: "start the memory watch",
-                source,
-            })?;
-            Some(ceiling)
-        }
-        None => None,
-    };
+    let bound = Bound::bind(&config).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let alerting_slot: crate::alerts_wiring::AlertingSlot = Arc::new(OnceLock::new());
     let app = App {
-        alerting: Arc::clone(&alerting_slot),
+        alerting: Arc::new(OnceLock::new()),
         store: Arc::new(OnceLock::new()),
         engine: Arc::new(OnceLock::new()),
         max_body_bytes: config.settings.limits.max_body_bytes,
         clock: Arc::clone(&clock),
         remote_write: Arc::default(),
         metrics: metrics::Metrics::default(),
-        ceiling: ceiling.clone(),
+        ceiling: memory_ceiling(config.memory_limit)?,
         role: config.settings.role.role,
     };
     let (shutdown, rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-
-    let guard = |scope| {
-        axum::middleware::from_fn_with_state(
-            auth::Guard {
-                tokens: config.auth_tokens.clone(),
-                scope,
-            },
-            auth::require,
-        )
-    };
-    let ingest = Router::new()
-        .route("/v1/metrics", post(otlp_http::handle))
-        .route_layer(guard(auth::Scope::Ingest))
-        .with_state(app.clone());
-    let prometheus = Router::new()
-        .route("/api/v1/write", post(remote_write::handle))
-        .route_layer(guard(auth::Scope::Ingest))
-        .with_state(app.clone());
-    let main = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(app.clone())
-        .merge(
-            Router::new()
-                .route("/metrics", get(metrics::self_metrics))
-                .with_state(Arc::new(app.metrics.registry(&app))),
-        )
-        .merge(ingest.clone())
-        .merge(prometheus)
-        .merge(
-            sql::router(Arc::clone(&app.engine), app.metrics.query_seconds.clone())
-                .route_layer(guard(auth::Scope::Query)),
-        )
-        .merge(
-            crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
-                .route_layer(guard(auth::Scope::Query)),
-        )
-        .merge(
-            crate::alerts_wiring::router(Arc::clone(&alerting_slot))
-                .route_layer(guard(auth::Scope::Admin)),
-        )
-        // The web console's static files (no data: every figure it shows comes from the APIs
-        // above, with the caller's token).
-        .merge(gpuwatch_console::router())
-        .fallback(not_found);
-    let http_alpn: &[&[u8]] = &[b"http/1.1"];
-    match &config.tls {
-        None => {
-            tasks.push(serve(http, main, rx.clone()));
-            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
-        }
-        Some(t) => {
-            let http = tls::TlsIncoming::new(http, t.acceptor(http_alpn)?, "http")?;
-            let otlp = tls::TlsIncoming::new(otlp, t.acceptor(http_alpn)?, "otlp-http")?;
-            tasks.push(serve(http, main, rx.clone()));
-            tasks.push(serve(otlp, ingest.fallback(not_found), rx.clone()));
-        }
-    }
-    let grpc_tls = match &config.tls {
-        Some(t) => Some(t.acceptor(&[b"h2"])?),
+    let addrs = [
+        bound.http.local_addr().map_err(local_addr)?,
+        bound.otlp.local_addr().map_err(local_addr)?,
+        bound.grpc.local_addr().map_err(local_addr)?,
+    ];
+    let pg_addr = match &bound.pg {
+        Some(l) => Some(l.local_addr().map_err(local_addr)?),
         None => None,
     };
-    tasks.push(grpc::serve(
-        grpc,
-        grpc_tls,
-        app.clone(),
-        config.auth_tokens.clone(),
-        rx.clone(),
-    ));
-
-    if let Some(listener) = pg {
-        let auth = config
-            .auth_tokens
-            .clone()
-            .map(|t| t as Arc<dyn pg::PasswordCheck>);
-        tasks.push(pg::serve(
-            listener,
-            Arc::clone(&app.engine),
-            pg::PgOptions {
-                auth,
-                tls: match &config.tls {
-                    Some(t) => Some(t.acceptor(&[])?),
-                    None => None,
-                },
-                executor: config.executor.clone(),
-            },
-            rx.clone(),
-        ));
-    }
-
-    // Open the store (WAL replay) off the async threads, then start the background loops.
-    let store_config = StoreConfig {
-        ingest: config.settings.role.role != Role::Query,
-        wal_sync: config.settings.storage.wal_sync == WalSync::Always,
-        // The buffer's share of the memory ceiling, when that is lower.
-        max_buffer_bytes: ceiling
-            .as_ref()
-            .map_or(config.settings.storage.max_buffer_bytes, |c| {
-                config
-                    .settings
-                    .storage
-                    .max_buffer_bytes
-                    .min(c.buffer_bytes())
-            }),
-        retention: config.retention.clone(),
-        compaction: gpuwatch_store::CompactionConfig {
-            // Replaced files outlive every query that may still read them, here or on a query
-            // node that has not refreshed yet.
-            grace: gpuwatch_store::CompactionConfig::default().grace.max(
-                config.settings.limits.query_timeout.get() * 2
-                    + config.settings.storage.refresh_interval.get() * 2,
-            ),
-            ..Default::default()
-        },
-        object_store: config.settings.storage.object_store.clone(),
-        ..StoreConfig::new(config.data_dir.clone())
-    };
-    let engine_config = EngineConfig {
-        query_timeout: config.settings.limits.query_timeout.get(),
-        memory_limit: config.query_memory_limit(),
-        max_concurrent_queries: config.max_concurrent_queries(),
-        max_value_bytes: config.settings.limits.max_value_bytes,
-        max_answer_bytes: config.max_answer_bytes(),
-        executor: config.executor.clone(),
-        ceiling: ceiling.clone(),
-    };
-    tasks.push(tokio::spawn(background::run(background::Background {
-        store_slot: Arc::clone(&app.store),
-        engine_slot: Arc::clone(&app.engine),
-        alerts_slot: Arc::clone(&alerting_slot),
-        store_config,
-        engine_config,
-        clock,
-        rules,
-        alerts: config.alerts.clone(),
-        data_dir: config.data_dir.clone(),
-        ingest: config.settings.role.role != Role::Query,
-        persist_every: config.persist_interval,
-        sync_every: (config.settings.storage.wal_sync == WalSync::Interval)
-            .then_some(config.settings.storage.wal_sync_interval.get()),
-        maintain_every: config
-            .maintenance
-            .then_some(config.settings.storage.compaction_interval.get()),
-        refresh_every: config.settings.storage.refresh_interval.get(),
-        persist_seconds: app.metrics.persist_seconds.clone(),
-        stop: rx.clone(),
-    })));
+    let mut tasks = listen(&config, &app, bound, &rx)?;
+    let work = background::Background::new(&config, &app, clock, rules, rx);
+    tasks.push(tokio::spawn(background::run(work)));
     Ok(Running {
-        http_addr,
-        otlp_http_addr,
-        otlp_grpc_addr,
+        http_addr: addrs[0],
+        otlp_http_addr: addrs[1],
+        otlp_grpc_addr: addrs[2],
         pg_addr,
         store: Arc::clone(&app.store),
         app,
         shutdown,
         tasks,
     })
+}
+
+/// Serves every front end on its listener: HTTP (and OTLP/HTTP), OTLP/gRPC, Postgres.
+fn listen(
+    config: &ServeConfig,
+    app: &App,
+    bound: Bound,
+    rx: &watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let (main, ingest) = routes::routers(config, app);
+    let ingest = ingest.fallback(not_found);
+    let http_alpn: &[&[u8]] = &[b"http/1.1"];
+    let mut tasks = Vec::new();
+    match &config.tls {
+        None => {
+            tasks.push(serve(bound.http, main, rx.clone()));
+            tasks.push(serve(bound.otlp, ingest, rx.clone()));
+        }
+        Some(t) => {
+            let http = tls::TlsIncoming::new(bound.http, t.acceptor(http_alpn)?, "http")?;
+            let otlp = tls::TlsIncoming::new(bound.otlp, t.acceptor(http_alpn)?, "otlp-http")?;
+            tasks.push(serve(http, main, rx.clone()));
+            tasks.push(serve(otlp, ingest, rx.clone()));
+        }
+    }
+    let grpc_tls = match &config.tls {
+        Some(t) => Some(t.acceptor(&[b"h2"])?),
+        None => None,
+    };
+    let tokens = config.auth_tokens.clone();
+    tasks.push(grpc::serve(
+        bound.grpc,
+        grpc_tls,
+        app.clone(),
+        tokens,
+        rx.clone(),
+    ));
+    if let Some(listener) = bound.pg {
+        let options = pg::PgOptions {
+            auth: config
+                .auth_tokens
+                .clone()
+                .map(|t| t as Arc<dyn pg::PasswordCheck>),
+            tls: match &config.tls {
+                Some(t) => Some(t.acceptor(&[])?),
+                None => None,
+            },
+            executor: config.executor.clone(),
+        };
+        tasks.push(pg::serve(
+            listener,
+            Arc::clone(&app.engine),
+            options,
+            rx.clone(),
+        ));
+    }
+    Ok(tasks)
 }
 
 fn serve<L>(

@@ -82,6 +82,52 @@ impl ServeConfig {
     }
 }
 
+impl ServeConfig {
+    /// The store's configuration; the write buffer gets at most its share of the memory
+    /// ceiling.
+    pub fn store_config(
+        &self,
+        ceiling: Option<&gpuwatch_query::memory::Ceiling>,
+    ) -> gpuwatch_store::StoreConfig {
+        let storage = &self.settings.storage;
+        gpuwatch_store::StoreConfig {
+            ingest: self.settings.role.role != Role::Query,
+            wal_sync: storage.wal_sync == WalSync::Always,
+            max_buffer_bytes: ceiling.map_or(storage.max_buffer_bytes, |c| {
+                storage.max_buffer_bytes.min(c.buffer_bytes())
+            }),
+            retention: self.retention.clone(),
+            compaction: gpuwatch_store::CompactionConfig {
+                // Replaced files outlive every query that may still read them, here or on a
+                // query node that has not refreshed yet.
+                grace: gpuwatch_store::CompactionConfig::default().grace.max(
+                    self.settings.limits.query_timeout.get() * 2
+                        + storage.refresh_interval.get() * 2,
+                ),
+                ..Default::default()
+            },
+            object_store: storage.object_store.clone(),
+            ..gpuwatch_store::StoreConfig::new(self.data_dir.clone())
+        }
+    }
+
+    /// The query engine's configuration.
+    pub fn engine_config(
+        &self,
+        ceiling: Option<Arc<gpuwatch_query::memory::Ceiling>>,
+    ) -> gpuwatch_query::EngineConfig {
+        gpuwatch_query::EngineConfig {
+            query_timeout: self.settings.limits.query_timeout.get(),
+            memory_limit: self.query_memory_limit(),
+            max_concurrent_queries: self.max_concurrent_queries(),
+            max_value_bytes: self.settings.limits.max_value_bytes,
+            max_answer_bytes: self.max_answer_bytes(),
+            executor: self.executor.clone(),
+            ceiling,
+        }
+    }
+}
+
 /// The sources of the binary: the process's environment, and the file's other keys.
 pub fn sources(env: &dyn Fn(&str) -> Option<String>) -> Sources<'_> {
     Sources {

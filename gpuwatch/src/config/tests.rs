@@ -131,111 +131,114 @@ fn checks_across_settings() {
 }
 
 /// The settings each command listed in `--help` before they were declared once (captured from
-/// the binaries' `--help`), and the ones added since: none may go missing.
+/// the binaries' `--help`).
+const BEFORE: &[(&str, &[&str])] = &[
+    (
+        "serve",
+        &[
+            "--config",
+            "--http-addr",
+            "--otlp-http-addr",
+            "--otlp-grpc-addr",
+            "--pg-addr",
+            "--tls-cert",
+            "--tls-key",
+            "--data-dir",
+            "--object-store",
+            "--role",
+            "--maintenance",
+            "--refresh-interval",
+            "--persist-interval",
+            "--max-body-bytes",
+            "--query-timeout",
+            "--query-memory-limit",
+            "--max-concurrent-queries",
+            "--memory-limit",
+            "--max-value-bytes",
+            "--max-answer-bytes",
+            "--insecure-no-auth",
+            "--wal-sync",
+            "--wal-sync-interval",
+            "--max-buffer-bytes",
+            "--compaction-interval",
+            "--auth-tokens",
+            "--log-level",
+            "--self-telemetry-endpoint",
+            "--self-telemetry-interval",
+            "--rules",
+        ],
+    ),
+    (
+        "demo",
+        &[
+            "--synthetic-hosts",
+            "--synthetic-gpus",
+            "--interval",
+            "--backfill",
+        ],
+    ),
+    ("sql", &["--server", "--format", "--timeout"]),
+    ("job", &["--server", "--token", "--format", "--timeout"]),
+    (
+        "jobs",
+        &[
+            "--user",
+            "--since",
+            "--running",
+            "--limit",
+            "--server",
+            "--token",
+            "--format",
+            "--timeout",
+        ],
+    ),
+    (
+        "agent",
+        &[
+            "--endpoint",
+            "--protocol",
+            "--interval",
+            "--source",
+            "--synthetic-gpus",
+            "--host",
+            "--label",
+            "--seed",
+            "--once",
+            "--job-mapping-dir",
+            "--pod-resources-socket",
+            "--metrics-addr",
+            "--buffer-dir",
+            "--buffer-max-bytes",
+            "--slow-interval",
+            "--flush-interval",
+            "--fake-dev-dir",
+            "--fake-mig",
+            "--auth-token-file",
+            "--config",
+            "--log-level",
+        ],
+    ),
+];
+
+/// The ones added since: one client surface and one log format for both binaries.
+const ADDED: &[(&str, &[&str])] = &[
+    ("serve", &["--log-format"]),
+    ("demo", &[]),
+    ("sql", &["--token", "--token-file"]),
+    ("job", &["--token-file"]),
+    ("jobs", &["--token-file"]),
+    ("agent", &["--log-format"]),
+];
+
+/// None of the settings of [`BEFORE`] may go missing, and only those of [`ADDED`] are new.
 #[test]
 fn help_lists_the_same_settings_as_before() {
-    let before: &[(&str, &[&str])] = &[
-        (
-            "serve",
-            &[
-                "--config",
-                "--http-addr",
-                "--otlp-http-addr",
-                "--otlp-grpc-addr",
-                "--pg-addr",
-                "--tls-cert",
-                "--tls-key",
-                "--data-dir",
-                "--object-store",
-                "--role",
-                "--maintenance",
-                "--refresh-interval",
-                "--persist-interval",
-                "--max-body-bytes",
-                "--query-timeout",
-                "--query-memory-limit",
-                "--max-concurrent-queries",
-                "--memory-limit",
-                "--max-value-bytes",
-                "--max-answer-bytes",
-                "--insecure-no-auth",
-                "--wal-sync",
-                "--wal-sync-interval",
-                "--max-buffer-bytes",
-                "--compaction-interval",
-                "--auth-tokens",
-                "--log-level",
-                "--self-telemetry-endpoint",
-                "--self-telemetry-interval",
-                "--rules",
-            ],
-        ),
-        (
-            "demo",
-            &[
-                "--synthetic-hosts",
-                "--synthetic-gpus",
-                "--interval",
-                "--backfill",
-            ],
-        ),
-        ("sql", &["--server", "--format", "--timeout"]),
-        ("job", &["--server", "--token", "--format", "--timeout"]),
-        (
-            "jobs",
-            &[
-                "--user",
-                "--since",
-                "--running",
-                "--limit",
-                "--server",
-                "--token",
-                "--format",
-                "--timeout",
-            ],
-        ),
-        (
-            "agent",
-            &[
-                "--endpoint",
-                "--protocol",
-                "--interval",
-                "--source",
-                "--synthetic-gpus",
-                "--host",
-                "--label",
-                "--seed",
-                "--once",
-                "--job-mapping-dir",
-                "--pod-resources-socket",
-                "--metrics-addr",
-                "--buffer-dir",
-                "--buffer-max-bytes",
-                "--slow-interval",
-                "--flush-interval",
-                "--fake-dev-dir",
-                "--fake-mig",
-                "--auth-token-file",
-                "--config",
-                "--log-level",
-            ],
-        ),
-    ];
-    // One client surface and one log format for both binaries.
-    let added: &[(&str, &[&str])] = &[
-        ("serve", &["--log-format"]),
-        ("demo", &[]),
-        ("sql", &["--token", "--token-file"]),
-        ("job", &["--token-file"]),
-        ("jobs", &["--token-file"]),
-        ("agent", &["--log-format"]),
-    ];
     let tables = docs::tables();
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
     )
     .expect("docs/configuration.md");
-    for ((name, old), (_, new)) in before.iter().zip(added) {
+    for ((name, old), (_, new)) in BEFORE.iter().zip(ADDED) {
         let (_, cmd) = tables.iter().find(|(n, _)| n == name).expect("table");
         let mut want: BTreeSet<String> = old.iter().map(|s| s.to_string()).collect();
         want.extend(new.iter().map(|s| s.to_string()));

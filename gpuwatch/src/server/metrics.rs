@@ -18,7 +18,10 @@ use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
 use gpuwatch_common::metrics::{
     Kind, LateHistogram, ProcessCollector, Registry, Sample, SampleCollector, latency_histogram,
 };
-use gpuwatch_query::Status;
+use gpuwatch_query::memory::CeilingStats;
+use gpuwatch_query::{QueryEngine, Status};
+
+use gpuwatch_store::Store;
 
 use super::App;
 use super::ingest::Protocol;
@@ -116,213 +119,225 @@ pub(super) async fn self_metrics(State(registry): State<Arc<Registry>>) -> Respo
     resp
 }
 
+/// One value read at scrape time: name, kind, help, and how to read it from its component.
+type Entry<T> = (&'static str, Kind, &'static str, fn(&T) -> u64);
+
+const MEMORY: &[Entry<CeilingStats>] = &[
+    (
+        "gpuwatch_memory_limit_bytes",
+        Kind::Gauge,
+        "The process's memory ceiling (--memory-limit)",
+        |m| m.limit as u64,
+    ),
+    (
+        "gpuwatch_resident_memory_bytes",
+        Kind::Gauge,
+        "Resident memory at the last reading",
+        |m| m.resident as u64,
+    ),
+    (
+        "gpuwatch_resident_memory_peak_bytes",
+        Kind::Gauge,
+        "Peak resident memory of the process",
+        |m| m.peak as u64,
+    ),
+    (
+        "gpuwatch_query_memory_reserved_bytes",
+        Kind::Gauge,
+        "Bytes reserved by running queries in the pool they share",
+        |m| m.query_reserved as u64,
+    ),
+    (
+        "gpuwatch_memory_pressure",
+        Kind::Gauge,
+        "1 while queries are refused because resident memory is near the ceiling",
+        |m| u64::from(m.pressure),
+    ),
+    (
+        "gpuwatch_queries_stopped_memory_total",
+        Kind::Counter,
+        "Running queries stopped because resident memory neared the ceiling",
+        |m| m.queries_stopped,
+    ),
+    (
+        "gpuwatch_queries_refused_memory_total",
+        Kind::Counter,
+        "Queries refused because resident memory was near the ceiling",
+        |m| m.queries_refused,
+    ),
+    (
+        "gpuwatch_writes_refused_memory_total",
+        Kind::Counter,
+        "Writes refused with 503 because resident memory was at the ceiling",
+        |m| m.writes_refused,
+    ),
+];
+
+const STORE: &[Entry<Store>] = &[
+    (
+        "gpuwatch_writes_total",
+        Kind::Counter,
+        "Writes acknowledged",
+        |st| st.stats().writes.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_rows_written_total",
+        Kind::Counter,
+        "Rows acknowledged",
+        |st| st.stats().rows.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_wal_bytes_total",
+        Kind::Counter,
+        "Bytes appended to the write-ahead log",
+        |st| st.stats().wal_bytes.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_persists_total",
+        Kind::Counter,
+        "Persists to the tables completed",
+        |st| st.stats().persists.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_persist_failures_total",
+        Kind::Counter,
+        "Persists to the tables failed",
+        |st| st.stats().persist_failures.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_persisted_rows_total",
+        Kind::Counter,
+        "Rows written to Parquet",
+        |st| st.stats().persisted_rows.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_compactions_total",
+        Kind::Counter,
+        "Hour windows compacted",
+        |st| st.stats().compactions.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_retention_expired_files_total",
+        Kind::Counter,
+        "Files dropped by retention",
+        |st| st.stats().retention_deleted_files.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_wal_fsyncs_total",
+        Kind::Counter,
+        "Write-ahead log fsyncs (one is shared by every write waiting for it)",
+        |st| st.wal_fsyncs(),
+    ),
+    (
+        "gpuwatch_writes_rejected_buffer_full_total",
+        Kind::Counter,
+        "Writes refused with 503 because the write buffer was full",
+        |st| st.stats().rejected_buffer_full.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_writes_rejected_disk_full_total",
+        Kind::Counter,
+        "Writes refused with 507 because the disk was full",
+        |st| st.stats().rejected_disk_full.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_wal_replayed_records_total",
+        Kind::Counter,
+        "WAL records replayed at start",
+        |st| st.stats().replayed_records.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_buffer_rows",
+        Kind::Gauge,
+        "Rows buffered in memory",
+        |st| st.buffered().0 as u64,
+    ),
+    (
+        "gpuwatch_buffer_bytes",
+        Kind::Gauge,
+        "Bytes buffered in memory",
+        |st| st.buffered().1 as u64,
+    ),
+    (
+        "gpuwatch_parquet_files",
+        Kind::Gauge,
+        "Data files of the tables in this server's view",
+        |st| st.file_count() as u64,
+    ),
+    (
+        "gpuwatch_persistence_stopped",
+        Kind::Gauge,
+        "1 when another process commits under this server's writer id and persistence stopped",
+        |st| u64::from(st.fenced().is_some()),
+    ),
+    (
+        "gpuwatch_ingest",
+        Kind::Gauge,
+        "1 when this server takes writes (--role all or ingest), 0 on a query node",
+        |st| u64::from(st.ingests()),
+    ),
+    (
+        "gpuwatch_delta_commits_total",
+        Kind::Counter,
+        "Delta commits made by this server (persists, compaction, rollups, retention)",
+        |st| st.stats().delta_commits.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_delta_conflicts_total",
+        Kind::Counter,
+        "Delta commits that met a concurrent commit they conflict with (nothing written, retried)",
+        |st| st.stats().delta_conflicts.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_table_refreshes_total",
+        Kind::Counter,
+        "Refreshes of the tables that found other servers' commits",
+        |st| st.stats().refreshes.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_vacuumed_files_total",
+        Kind::Counter,
+        "Files deleted by vacuum (removed from a table past the grace period, or named by no commit)",
+        |st| st.stats().vacuumed_files.load(Ordering::Relaxed),
+    ),
+];
+
+const ENGINE: &[Entry<QueryEngine>] = &[
+    (
+        "gpuwatch_query_files_scanned_total",
+        Kind::Counter,
+        "Parquet files read by queries",
+        |e| e.scan_stats().files_scanned.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_query_files_pruned_total",
+        Kind::Counter,
+        "Parquet files skipped by queries because their time range cannot match",
+        |e| e.scan_stats().files_pruned.load(Ordering::Relaxed),
+    ),
+];
+
 /// The server's own metrics now (those of the store, the query engine and the memory ceiling).
 pub(super) fn samples(app: &App) -> Vec<Sample> {
-    let mut out = Vec::new();
-    let mut line = |name: &'static str, kind: Kind, help: &'static str, value: u64| {
-        out.push(Sample::new(name, kind, help, value as f64));
-    };
-    line(
+    fn read<T>(out: &mut Vec<Sample>, table: &[Entry<T>], from: &T) {
+        for (name, kind, help, get) in table {
+            out.push(Sample::new(name, *kind, help, get(from) as f64));
+        }
+    }
+    let mut out = vec![Sample::new(
         "gpuwatch_up",
         Kind::Gauge,
         "1 when the store is open",
-        u64::from(app.store.get().is_some()),
-    );
+        f64::from(u8::from(app.store.get().is_some())),
+    )];
     if let Some(c) = &app.ceiling {
-        let m = c.stats();
-        line(
-            "gpuwatch_memory_limit_bytes",
-            Kind::Gauge,
-            "The process's memory ceiling (--memory-limit)",
-            m.limit as u64,
-        );
-        line(
-            "gpuwatch_resident_memory_bytes",
-            Kind::Gauge,
-            "Resident memory at the last reading",
-            m.resident as u64,
-        );
-        line(
-            "gpuwatch_resident_memory_peak_bytes",
-            Kind::Gauge,
-            "Peak resident memory of the process",
-            m.peak as u64,
-        );
-        line(
-            "gpuwatch_query_memory_reserved_bytes",
-            Kind::Gauge,
-            "Bytes reserved by running queries in the pool they share",
-            m.query_reserved as u64,
-        );
-        line(
-            "gpuwatch_memory_pressure",
-            Kind::Gauge,
-            "1 while queries are refused because resident memory is near the ceiling",
-            u64::from(m.pressure),
-        );
-        line(
-            "gpuwatch_queries_stopped_memory_total",
-            Kind::Counter,
-            "Running queries stopped because resident memory neared the ceiling",
-            m.queries_stopped,
-        );
-        line(
-            "gpuwatch_queries_refused_memory_total",
-            Kind::Counter,
-            "Queries refused because resident memory was near the ceiling",
-            m.queries_refused,
-        );
-        line(
-            "gpuwatch_writes_refused_memory_total",
-            Kind::Counter,
-            "Writes refused with 503 because resident memory was at the ceiling",
-            m.writes_refused,
-        );
+        read(&mut out, MEMORY, &c.stats());
     }
     if let Some(store) = app.store.get() {
-        let s = store.stats();
-        line(
-            "gpuwatch_writes_total",
-            Kind::Counter,
-            "Writes acknowledged",
-            s.writes.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_rows_written_total",
-            Kind::Counter,
-            "Rows acknowledged",
-            s.rows.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_bytes_total",
-            Kind::Counter,
-            "Bytes appended to the write-ahead log",
-            s.wal_bytes.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persists_total",
-            Kind::Counter,
-            "Persists to the tables completed",
-            s.persists.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persist_failures_total",
-            Kind::Counter,
-            "Persists to the tables failed",
-            s.persist_failures.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_persisted_rows_total",
-            Kind::Counter,
-            "Rows written to Parquet",
-            s.persisted_rows.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_compactions_total",
-            Kind::Counter,
-            "Hour windows compacted",
-            s.compactions.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_retention_expired_files_total",
-            Kind::Counter,
-            "Files dropped by retention",
-            s.retention_deleted_files.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_fsyncs_total",
-            Kind::Counter,
-            "Write-ahead log fsyncs (one is shared by every write waiting for it)",
-            store.wal_fsyncs(),
-        );
-        line(
-            "gpuwatch_writes_rejected_buffer_full_total",
-            Kind::Counter,
-            "Writes refused with 503 because the write buffer was full",
-            s.rejected_buffer_full.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_writes_rejected_disk_full_total",
-            Kind::Counter,
-            "Writes refused with 507 because the disk was full",
-            s.rejected_disk_full.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_wal_replayed_records_total",
-            Kind::Counter,
-            "WAL records replayed at start",
-            s.replayed_records.load(Ordering::Relaxed),
-        );
-        let (rows, bytes) = store.buffered();
-        line(
-            "gpuwatch_buffer_rows",
-            Kind::Gauge,
-            "Rows buffered in memory",
-            rows as u64,
-        );
-        line(
-            "gpuwatch_buffer_bytes",
-            Kind::Gauge,
-            "Bytes buffered in memory",
-            bytes as u64,
-        );
-        line(
-            "gpuwatch_parquet_files",
-            Kind::Gauge,
-            "Data files of the tables in this server's view",
-            store.file_count() as u64,
-        );
-        line(
-            "gpuwatch_persistence_stopped",
-            Kind::Gauge,
-            "1 when another process commits under this server's writer id and persistence stopped",
-            u64::from(store.fenced().is_some()),
-        );
-        line(
-            "gpuwatch_ingest",
-            Kind::Gauge,
-            "1 when this server takes writes (--role all or ingest), 0 on a query node",
-            u64::from(store.ingests()),
-        );
-        line(
-            "gpuwatch_delta_commits_total",
-            Kind::Counter,
-            "Delta commits made by this server (persists, compaction, rollups, retention)",
-            s.delta_commits.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_delta_conflicts_total",
-            Kind::Counter,
-            "Delta commits that met a concurrent commit they conflict with (nothing written, retried)",
-            s.delta_conflicts.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_table_refreshes_total",
-            Kind::Counter,
-            "Refreshes of the tables that found other servers' commits",
-            s.refreshes.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_vacuumed_files_total",
-            Kind::Counter,
-            "Files deleted by vacuum (removed from a table past the grace period, or named by no commit)",
-            s.vacuumed_files.load(Ordering::Relaxed),
-        );
+        read(&mut out, STORE, store.as_ref());
     }
     if let Some(engine) = app.engine.get() {
-        let s = engine.scan_stats();
-        line(
-            "gpuwatch_query_files_scanned_total",
-            Kind::Counter,
-            "Parquet files read by queries",
-            s.files_scanned.load(Ordering::Relaxed),
-        );
-        line(
-            "gpuwatch_query_files_pruned_total",
-            Kind::Counter,
-            "Parquet files skipped by queries because their time range cannot match",
-            s.files_pruned.load(Ordering::Relaxed),
-        );
+        read(&mut out, ENGINE, engine);
     }
     out
 }

@@ -235,32 +235,12 @@ async fn answer(
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit;
     let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
-    let (_slot, mut stream) = match engine
-        .start(&sql)
-        .instrument(tracing::info_span!("plan"))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = head.send(Err(e));
-            return;
-        }
-    };
     let execute = tracing::info_span!("execute");
     let encode = tracing::info_span!("encode");
-    let mut rows = 0usize;
-    let first = match tokio::time::timeout_at(deadline, stream.next())
-        .instrument(execute.clone())
-        .await
-    {
-        Err(_) => {
-            let _ = head.send(Err(Error::Timeout(limit)));
-            return;
-        }
-        Ok(None) => None,
-        Ok(Some(Ok(b))) => Some(b),
-        Ok(Some(Err(e))) => {
-            let _ = head.send(Err(Error::from(e)));
+    let (_slot, stream, first) = match first_batch(&engine, &sql, deadline, &execute).await {
+        Ok(started) => started,
+        Err(e) => {
+            let _ = head.send(Err(e));
             return;
         }
     };
@@ -271,26 +251,15 @@ async fn answer(
             return;
         }
     };
-    let Some(first) = first else {
+    let (chunk, more) = match first {
         // No rows: the whole answer is the encoder's opening and closing.
-        let chunk = match encoder.finish() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = head.send(Err(e));
-                return;
-            }
-        };
-        if chunk.len() > max_bytes {
-            let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
-            return;
-        }
-        if head.send(Ok(())).is_ok() {
-            let _ = body.send(Ok(Bytes::from(chunk))).await;
-        }
-        return;
+        None => (encoder.finish(), None),
+        Some(b) => (
+            encode.in_scope(|| encoder.write(&b)),
+            Some((encoder, b.num_rows())),
+        ),
     };
-    rows += first.num_rows();
-    let chunk = match encode.in_scope(|| encoder.write(&first)) {
+    let chunk = match chunk {
         Ok(c) => c,
         Err(e) => {
             let _ = head.send(Err(e));
@@ -304,58 +273,137 @@ async fn answer(
     if head.send(Ok(())).is_err() {
         return;
     }
-    let mut sent = chunk.len();
+    let sent = chunk.len();
+    let Some((encoder, rows)) = more else {
+        let _ = body.send(Ok(Bytes::from(chunk))).await;
+        return;
+    };
     if body.send(Ok(Bytes::from(chunk))).await.is_err() {
         return;
     }
-    let failure = loop {
-        let batch = match tokio::time::timeout_at(deadline, stream.next())
-            .instrument(execute.clone())
-            .await
-        {
-            Err(_) => break Error::Timeout(limit),
-            Ok(Some(Ok(b))) => b,
-            Ok(Some(Err(e))) => break Error::from(e),
-            Ok(None) => match encoder.finish() {
-                Ok(tail) => {
-                    if sent + tail.len() > max_bytes {
-                        break Error::AnswerTooLarge(max_bytes);
-                    }
-                    let span = tracing::Span::current();
-                    span.record("rows", rows);
-                    span.record("bytes", sent + tail.len());
-                    let _ = body.send(Ok(Bytes::from(tail))).await;
-                    return;
-                }
-                Err(e) => break e,
-            },
-        };
-        rows += batch.num_rows();
-        let chunk = match encode.in_scope(|| encoder.write(&batch)) {
-            Ok(c) => c,
-            Err(e) => break e,
-        };
-        sent += chunk.len();
-        if sent > max_bytes {
-            break Error::AnswerTooLarge(max_bytes);
-        }
-        if body.send(Ok(Bytes::from(chunk))).await.is_err() {
-            return;
-        }
+    let answer = Streaming {
+        deadline,
+        limit,
+        max_bytes,
+        format,
+        execute,
+        encode,
+        rows,
+        sent,
     };
-    let span = tracing::Span::current();
-    span.record("rows", rows);
-    span.record("bytes", sent);
-    span.record("error", tracing::field::display(&failure));
-    tracing::warn!(error = %failure, "answer cut short");
-    if format.is_text() {
-        let line = format!(
-            "\n{}\n",
-            serde_json::json!({ "error": failure.to_string() })
-        );
-        let _ = body.send(Ok(Bytes::from(line))).await;
+    answer.rest(stream, encoder, body).await;
+}
+
+/// Plans `sql` and waits for its first batch (`None`: no rows) within the time limit.
+async fn first_batch(
+    engine: &QueryEngine,
+    sql: &str,
+    deadline: tokio::time::Instant,
+    execute: &tracing::Span,
+) -> Result<
+    (
+        gpuwatch_query::engine::QuerySlot,
+        datafusion::execution::SendableRecordBatchStream,
+        Option<arrow::array::RecordBatch>,
+    ),
+    Error,
+> {
+    let (slot, mut stream) = engine
+        .start(sql)
+        .instrument(tracing::info_span!("plan"))
+        .await?;
+    match tokio::time::timeout_at(deadline, stream.next())
+        .instrument(execute.clone())
+        .await
+    {
+        Err(_) => Err(Error::Timeout(engine.query_timeout())),
+        Ok(None) => Ok((slot, stream, None)),
+        Ok(Some(Ok(b))) => Ok((slot, stream, Some(b))),
+        Ok(Some(Err(e))) => Err(Error::from(e)),
     }
-    let _ = body.send(Err(std::io::Error::other(failure))).await;
+}
+
+/// Where a streaming answer stands after its first chunk.
+#[derive(Debug)]
+struct Streaming {
+    deadline: tokio::time::Instant,
+    limit: std::time::Duration,
+    max_bytes: usize,
+    format: Format,
+    execute: tracing::Span,
+    encode: tracing::Span,
+    rows: usize,
+    sent: usize,
+}
+
+impl Streaming {
+    /// Encodes and sends the batches after the first, then the encoder's end; a failure, the
+    /// time limit or `--max-answer-bytes` cuts the answer (an error line for text formats).
+    async fn rest(
+        self,
+        mut stream: datafusion::execution::SendableRecordBatchStream,
+        mut encoder: Encoder,
+        body: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    ) {
+        let Streaming {
+            deadline,
+            limit,
+            max_bytes,
+            format,
+            execute,
+            encode,
+            mut rows,
+            mut sent,
+        } = self;
+        let failure = loop {
+            let batch = match tokio::time::timeout_at(deadline, stream.next())
+                .instrument(execute.clone())
+                .await
+            {
+                Err(_) => break Error::Timeout(limit),
+                Ok(Some(Ok(b))) => b,
+                Ok(Some(Err(e))) => break Error::from(e),
+                Ok(None) => match encoder.finish() {
+                    Ok(tail) => {
+                        if sent + tail.len() > max_bytes {
+                            break Error::AnswerTooLarge(max_bytes);
+                        }
+                        let span = tracing::Span::current();
+                        span.record("rows", rows);
+                        span.record("bytes", sent + tail.len());
+                        let _ = body.send(Ok(Bytes::from(tail))).await;
+                        return;
+                    }
+                    Err(e) => break e,
+                },
+            };
+            rows += batch.num_rows();
+            let chunk = match encode.in_scope(|| encoder.write(&batch)) {
+                Ok(c) => c,
+                Err(e) => break e,
+            };
+            sent += chunk.len();
+            if sent > max_bytes {
+                break Error::AnswerTooLarge(max_bytes);
+            }
+            if body.send(Ok(Bytes::from(chunk))).await.is_err() {
+                return;
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("rows", rows);
+        span.record("bytes", sent);
+        span.record("error", tracing::field::display(&failure));
+        tracing::warn!(error = %failure, "answer cut short");
+        if format.is_text() {
+            let line = format!(
+                "\n{}\n",
+                serde_json::json!({ "error": failure.to_string() })
+            );
+            let _ = body.send(Ok(Bytes::from(line))).await;
+        }
+        let _ = body.send(Err(std::io::Error::other(failure))).await;
+    }
 }
 
 #[cfg(test)]

@@ -341,70 +341,11 @@ impl SimpleQueryHandler for Front {
             )
             .await
         } else {
-            let run = async {
-                let statements = ready
-                    .parser
-                    .parse(query)
-                    .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
-                let mut out = Vec::new();
-                for (statement, verdict) in statements.iter().zip(&verdicts) {
-                    let sql = statement.to_string();
-                    let service = service.as_ref();
-                    match verdict {
-                        Verdict::IgnoredSet => {
-                            out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
-                        }
-                        // Rows a cursor has read on are the client's: a FETCH is not cut off
-                        // half way.
-                        Verdict::Fetch => {
-                            out.extend(SimpleQueryHandler::do_query(service, client, &sql).await?);
-                        }
-                        Verdict::Declare(name) => {
-                            let cursors = CursorSlots::of(client.session_extensions());
-                            let own = cursors
-                                .take(name, &ready.engine)
-                                .map_err(|e| engine_error(&e))?;
-                            let r = within(
-                                deadline,
-                                limit,
-                                SimpleQueryHandler::do_query(service, client, &sql),
-                            )
-                            .await;
-                            cursors.settle(name.clone(), own, has_portal(client, name));
-                            out.extend(r?);
-                        }
-                        Verdict::Close => {
-                            let r = within(
-                                deadline,
-                                limit,
-                                SimpleQueryHandler::do_query(service, client, &sql),
-                            )
-                            .await;
-                            sweep_cursors(client);
-                            out.extend(r?);
-                        }
-                        Verdict::Query | Verdict::Session => {
-                            // The queries of a simple query share one slot, taken at the first
-                            // of them (after the cursors closed before it).
-                            if *verdict == Verdict::Query && slot.is_none() {
-                                slot = Some(Arc::new(
-                                    ready.engine.try_slot().map_err(|e| engine_error(&e))?,
-                                ));
-                            }
-                            out.extend(
-                                within(
-                                    deadline,
-                                    limit,
-                                    SimpleQueryHandler::do_query(service, client, &sql),
-                                )
-                                .await?,
-                            );
-                        }
-                    }
-                }
-                Ok(out)
+            let at = Deadline {
+                at: deadline,
+                limit,
             };
-            run.await
+            each_statement(client, ready, &service, query, &verdicts, at, &mut slot).await
         }
         .map_err(classify)?;
         Ok(responses
@@ -412,6 +353,94 @@ impl SimpleQueryHandler for Front {
             .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes))
             .collect())
     }
+}
+
+/// When a statement's time is up.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    limit: Duration,
+}
+
+/// Runs the statements of a simple query one at a time: when it declares or closes cursors,
+/// fetches, or carries session `SET`s the engine ignores. Cursor statements get their slots
+/// (`CursorSlots`); the queries share one slot, taken at the first of them.
+async fn each_statement<C>(
+    client: &mut C,
+    ready: &session::Ready,
+    service: &Arc<datafusion_postgres::DfSessionService>,
+    query: &str,
+    verdicts: &[Verdict],
+    at: Deadline,
+    slot: &mut Option<Arc<gpuwatch_query::engine::QuerySlot>>,
+) -> PgWireResult<Vec<Response>>
+where
+    C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+    C::PortalStore: PortalStore,
+    C::Error: fmt::Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let (deadline, limit) = (at.at, at.limit);
+    let statements = ready
+        .parser
+        .parse(query)
+        .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
+    let mut out = Vec::new();
+    for (statement, verdict) in statements.iter().zip(verdicts) {
+        let sql = statement.to_string();
+        let service = service.as_ref();
+        match verdict {
+            Verdict::IgnoredSet => {
+                out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
+            }
+            // Rows a cursor has read on are the client's: a FETCH is not cut off half way.
+            Verdict::Fetch => {
+                out.extend(SimpleQueryHandler::do_query(service, client, &sql).await?);
+            }
+            Verdict::Declare(name) => {
+                let cursors = CursorSlots::of(client.session_extensions());
+                let own = cursors
+                    .take(name, &ready.engine)
+                    .map_err(|e| engine_error(&e))?;
+                let r = within(
+                    deadline,
+                    limit,
+                    SimpleQueryHandler::do_query(service, client, &sql),
+                )
+                .await;
+                cursors.settle(name.clone(), own, has_portal(client, name));
+                out.extend(r?);
+            }
+            Verdict::Close => {
+                let r = within(
+                    deadline,
+                    limit,
+                    SimpleQueryHandler::do_query(service, client, &sql),
+                )
+                .await;
+                sweep_cursors(client);
+                out.extend(r?);
+            }
+            Verdict::Query | Verdict::Session => {
+                // The queries of a simple query share one slot, taken at the first of them
+                // (after the cursors closed before it).
+                if *verdict == Verdict::Query && slot.is_none() {
+                    *slot = Some(Arc::new(
+                        ready.engine.try_slot().map_err(|e| engine_error(&e))?,
+                    ));
+                }
+                out.extend(
+                    within(
+                        deadline,
+                        limit,
+                        SimpleQueryHandler::do_query(service, client, &sql),
+                    )
+                    .await?,
+                );
+            }
+        }
+    }
+    Ok(out)
 }
 
 type DfStatement = (String, Option<(Sql, LogicalPlan)>);
