@@ -24,11 +24,11 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 
 /// Where the running alerting service is, once the store is open.
-pub type AlertingSlot = Arc<OnceLock<Arc<Alerting>>>;
+pub(crate) type AlertingSlot = Arc<OnceLock<Arc<Alerting>>>;
 
 /// What `serve` needs to run alerts.
 #[derive(Debug, Clone, Default)]
-pub struct AlertsConfig {
+pub(crate) struct AlertsConfig {
     /// Rules files (`--rules`).
     pub rules: Vec<PathBuf>,
     /// Load the built-in rule pack (demo).
@@ -40,7 +40,7 @@ pub struct AlertsConfig {
 }
 
 /// Reads and checks every rules file (and the built-in pack when asked), before anything starts.
-pub fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
+pub(crate) fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
     let mut all = if config.builtin_rules {
         gpuwatch_alerts::builtin_rules().map_err(|e| Error::Config(e.to_string()))?
     } else {
@@ -62,7 +62,7 @@ pub fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
 }
 
 /// `gpuwatch rules check FILE…`: prints a summary per file; the first error is returned.
-pub fn check(files: &[PathBuf]) -> Result<String> {
+pub(crate) fn check(files: &[PathBuf]) -> Result<String> {
     let mut out = String::new();
     let mut failed = Vec::new();
     for p in files {
@@ -85,7 +85,7 @@ pub fn check(files: &[PathBuf]) -> Result<String> {
 }
 
 /// Registers the tables and starts rule evaluation, notification and delivery.
-pub async fn start(
+pub(crate) async fn start(
     engine: &QueryEngine,
     rules: RuleFile,
     config: &AlertsConfig,
@@ -122,7 +122,7 @@ pub async fn start(
 }
 
 /// The alert and silence routes.
-pub fn router(slot: AlertingSlot) -> Router {
+pub(crate) fn router(slot: AlertingSlot) -> Router {
     Router::new()
         .route("/api/v1/alerts", get(alerts))
         .route("/api/v1/silences", get(silences).post(add_silence))

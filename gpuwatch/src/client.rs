@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// How every client subcommand reaches the server.
 #[derive(Debug, Clone, Args)]
-pub struct ClientArgs {
+pub(crate) struct ClientArgs {
     /// The server to ask.
     #[arg(long, env = "GPUWATCH_SERVER", default_value = "http://127.0.0.1:9500")]
     pub server: String,
@@ -35,7 +35,7 @@ pub struct ClientArgs {
 
 impl ClientArgs {
     /// The client these arguments describe (the token file read now).
-    pub fn client(&self) -> Result<Client> {
+    pub(crate) fn client(&self) -> Result<Client> {
         let token = match (&self.token, &self.token_file) {
             (_, Some(path)) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
@@ -63,7 +63,7 @@ impl ClientArgs {
 
 /// Where and how the command line asks.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(crate) struct Client {
     /// Server base URL.
     pub server: String,
     /// Bearer token (query scope), if the server wants one.
@@ -74,13 +74,13 @@ pub struct Client {
 
 impl Client {
     /// `GET path_and_query`: the body of a 2xx answer, or the server's error.
-    pub async fn get(&self, path_and_query: &str) -> Result<Vec<u8>> {
+    pub(crate) async fn get(&self, path_and_query: &str) -> Result<Vec<u8>> {
         let http = self.http()?;
         self.send(http.get(self.url(path_and_query))).await
     }
 
     /// `POST path` with a JSON body: the body of a 2xx answer, or the server's error.
-    pub async fn post_json(&self, path: &str, body: String) -> Result<Vec<u8>> {
+    pub(crate) async fn post_json(&self, path: &str, body: String) -> Result<Vec<u8>> {
         let http = self.http()?;
         let req = http
             .post(self.url(path))

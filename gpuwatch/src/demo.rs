@@ -21,7 +21,7 @@ use crate::server;
 
 /// What the demo simulates.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// Simulated hosts.
     pub hosts: usize,
     /// GPUs per host.
@@ -38,7 +38,7 @@ const BACKFILL_STEP: Duration = Duration::from_secs(10);
 const STEPS_PER_REQUEST: usize = 30;
 
 /// Runs the demo until `shutdown` resolves.
-pub async fn run(
+pub(crate) async fn run(
     config: ServeConfig,
     opts: DemoOptions,
     shutdown: impl Future<Output = ()>,

@@ -3,7 +3,7 @@
 
 /// What can stop the command.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// Bad flags or config file: exit code 2.
     #[error("{0}")]
     Config(String),
@@ -80,7 +80,7 @@ pub enum Error {
 
 impl Error {
     /// The process exit code for this error.
-    pub fn exit_code(&self) -> i32 {
+    pub(crate) fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::Settings(_) => 2,
             _ => 1,
@@ -89,4 +89,4 @@ impl Error {
 }
 
 /// Result with this crate's error.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

@@ -26,7 +26,7 @@ struct JobsState {
 }
 
 /// The job routes (mounted behind the query scope).
-pub fn router(engine: EngineSlot, cost: CostConfig) -> Router {
+pub(crate) fn router(engine: EngineSlot, cost: CostConfig) -> Router {
     Router::new()
         .route("/api/v1/jobs", get(list))
         .route("/api/v1/jobs/{job_id}", get(one))
@@ -130,7 +130,7 @@ async fn list(
 
 /// Output of `gpuwatch job` and `gpuwatch jobs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReportFormat {
+pub(crate) enum ReportFormat {
     /// Text for people.
     Table,
     /// The API's JSON.
@@ -151,7 +151,7 @@ fn encode(s: &str) -> String {
 }
 
 /// `gpuwatch job JOBID`: what to print.
-pub async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<String> {
+pub(crate) async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<String> {
     let body = client
         .get(&format!("/api/v1/jobs/{}", encode(job_id)))
         .await?;
@@ -169,7 +169,7 @@ pub async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<
 
 /// The filter of `gpuwatch jobs`.
 #[derive(Debug, Clone, Copy)]
-pub struct ListArgs<'a> {
+pub(crate) struct ListArgs<'a> {
     /// Only this user's jobs.
     pub user: Option<&'a str>,
     /// Jobs seen within this long.
@@ -181,7 +181,11 @@ pub struct ListArgs<'a> {
 }
 
 /// `gpuwatch jobs`: what to print.
-pub async fn jobs(client: &Client, filter: &ListArgs<'_>, format: ReportFormat) -> Result<String> {
+pub(crate) async fn jobs(
+    client: &Client,
+    filter: &ListArgs<'_>,
+    format: ReportFormat,
+) -> Result<String> {
     let ListArgs {
         user,
         since,

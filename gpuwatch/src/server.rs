@@ -22,17 +22,17 @@ use tokio::sync::watch;
 use crate::config::{Role, ServeConfig};
 use crate::error::{Error, Result};
 
-pub mod auth;
+pub(crate) mod auth;
 mod background;
 mod grpc;
 mod ingest;
 mod metrics;
 mod otlp_http;
-pub mod pg;
+pub(crate) mod pg;
 mod remote_write;
 mod routes;
-pub mod sql;
-pub mod tls;
+pub(crate) mod sql;
+pub(crate) mod tls;
 
 /// Shared by the handlers.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ impl App {
 
 /// Why a write is refused before it is read.
 #[derive(Debug)]
-pub enum WriteRefused {
+pub(crate) enum WriteRefused {
     NotReady,
     Memory(gpuwatch_query::memory::Pressure),
     QueryNode,
@@ -101,7 +101,7 @@ impl WriteRefused {
 
 /// A running server.
 #[derive(Debug)]
-pub struct Running {
+pub(crate) struct Running {
     /// The bound main HTTP address.
     pub http_addr: SocketAddr,
     /// The bound OTLP/HTTP address.
@@ -190,7 +190,7 @@ fn memory_ceiling(limit: Option<usize>) -> Result<Option<Arc<Ceiling>>> {
 }
 
 /// Binds the listeners, opens the store in the background, and serves until [`Running::shutdown`].
-pub async fn start(config: ServeConfig) -> Result<Running> {
+pub(crate) async fn start(config: ServeConfig) -> Result<Running> {
     let rules = crate::alerts_wiring::load_rules(&config.alerts)?;
     let bound = Bound::bind(&config).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -310,13 +310,13 @@ where
 
 impl Running {
     /// Reads the server's own metrics, for as long as it is kept.
-    pub fn sampler(&self) -> crate::telemetry::Sampler {
+    pub(crate) fn sampler(&self) -> crate::telemetry::Sampler {
         let app = self.app.clone();
         Arc::new(move || metrics::samples(&app))
     }
 
     /// Stops the listeners, persists what is buffered, and waits for the tasks.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
@@ -327,7 +327,7 @@ impl Running {
     }
 
     /// Waits until the store is open (the WAL replayed).
-    pub async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         while self.store.get().is_none() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// Output formats of `gpuwatch sql`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     /// An aligned table.
     Table,
     /// CSV with a header row.
@@ -20,7 +20,7 @@ pub enum OutputFormat {
 }
 
 /// Runs `sql` through `client` and returns what to print.
-pub async fn run(client: &Client, sql: &str, format: OutputFormat) -> Result<Vec<u8>> {
+pub(crate) async fn run(client: &Client, sql: &str, format: OutputFormat) -> Result<Vec<u8>> {
     let wire = match format {
         OutputFormat::Table => "arrow",
         OutputFormat::Csv => "csv",

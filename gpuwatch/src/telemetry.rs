@@ -33,17 +33,17 @@ use gpuwatch_common::metrics::{Kind, Sample};
 use crate::server::Running;
 
 /// Reads the server's own metrics.
-pub type Sampler = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
+pub(crate) type Sampler = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
 
 /// The OpenTelemetry layer of the log subscriber, set once the exporter is built.
-pub type OtelLayer = Option<tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>>;
+pub(crate) type OtelLayer = Option<tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>>;
 
 /// Handle to swap the OpenTelemetry layer in.
-pub type OtelHandle = reload::Handle<OtelLayer, Registry>;
+pub(crate) type OtelHandle = reload::Handle<OtelLayer, Registry>;
 
 /// The running exporters; flushed and shut down by [`SelfTelemetry::shutdown`].
 #[derive(Debug)]
-pub struct SelfTelemetry {
+pub(crate) struct SelfTelemetry {
     tracer: SdkTracerProvider,
     meter: SdkMeterProvider,
 }
@@ -79,7 +79,7 @@ impl HttpClient for Client {
 }
 
 /// Where self-telemetry goes: `endpoint`, or the server's own HTTP listener for `self`.
-pub fn base_url(endpoint: &str, running: &Running) -> String {
+pub(crate) fn base_url(endpoint: &str, running: &Running) -> String {
     if endpoint == "self" {
         return format!("http://{}", running.http_addr);
     }
@@ -87,7 +87,7 @@ pub fn base_url(endpoint: &str, running: &Running) -> String {
 }
 
 /// Starts the exporters to `base` and swaps the trace layer in through `handle`.
-pub fn start(
+pub(crate) fn start(
     base: &str,
     interval: Duration,
     handle: &OtelHandle,
@@ -176,7 +176,7 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
 
 impl SelfTelemetry {
     /// Sends what is pending and stops the exporters.
-    pub fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         if let Err(e) = self.tracer.shutdown() {
             tracing::debug!(error = %e, "trace exporter shutdown");
         }

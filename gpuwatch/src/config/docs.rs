@@ -7,7 +7,7 @@ use clap::{Args, Command, CommandFactory};
 use gpuwatch_common::settings::{reference, replace_block};
 
 /// The tables: (marker name, the command whose settings it lists).
-pub fn tables() -> Vec<(&'static str, Command)> {
+pub(super) fn tables() -> Vec<(&'static str, Command)> {
     let cli = crate::Cli::command();
     let sub = |name: &'static str| {
         cli.find_subcommand(name)
@@ -28,7 +28,7 @@ pub fn tables() -> Vec<(&'static str, Command)> {
 }
 
 /// `doc` with every table rendered anew; `None` when a marker is missing.
-pub fn render(doc: &str) -> Option<String> {
+pub(super) fn render(doc: &str) -> Option<String> {
     let mut out = doc.to_string();
     for (name, cmd) in tables() {
         out = replace_block(&out, name, &reference(&cmd))?;

@@ -12,7 +12,7 @@
 #[cfg(test)]
 mod docs;
 mod sections;
-pub mod settings;
+pub(crate) mod settings;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,17 +20,17 @@ use std::time::Duration;
 
 use gpuwatch_common::settings::{Loaded, Sources};
 
-pub use sections::Sections;
+pub(crate) use sections::Sections;
 #[cfg(test)]
 use settings::OptionalAddr;
-pub use settings::{DemoSettings, OnOff, Role, ServeSettings, WalSync};
+pub(crate) use settings::{DemoSettings, OnOff, Role, ServeSettings, WalSync};
 
 use crate::error::{Error, Result};
 use crate::server::{auth, tls};
 
 /// The keys of the config file besides the settings: the sections, and the demo's settings (a
 /// file may serve both commands).
-pub const FILE_ONLY_KEYS: &[&str] = &[
+pub(crate) const FILE_ONLY_KEYS: &[&str] = &[
     "retention",
     "alerting",
     "cost",
@@ -42,7 +42,7 @@ pub const FILE_ONLY_KEYS: &[&str] = &[
 
 /// How `serve` (and `demo`) run: the settings as given, and what follows from them.
 #[derive(Debug, Clone)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     /// Every setting, merged.
     pub settings: ServeSettings,
     /// `--data-dir`, or the command's default.
@@ -67,17 +67,17 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// Memory one query may use; `None`: unbounded.
-    pub fn query_memory_limit(&self) -> Option<usize> {
+    pub(crate) fn query_memory_limit(&self) -> Option<usize> {
         Some(self.settings.limits.query_memory_limit).filter(|n| *n > 0)
     }
 
     /// Queries at once; `None`: unbounded.
-    pub fn max_concurrent_queries(&self) -> Option<usize> {
+    pub(crate) fn max_concurrent_queries(&self) -> Option<usize> {
         Some(self.settings.limits.max_concurrent_queries).filter(|n| *n > 0)
     }
 
     /// The largest answer sent; `None`: unbounded.
-    pub fn max_answer_bytes(&self) -> Option<usize> {
+    pub(crate) fn max_answer_bytes(&self) -> Option<usize> {
         Some(self.settings.limits.max_answer_bytes).filter(|n| *n > 0)
     }
 }
@@ -85,7 +85,7 @@ impl ServeConfig {
 impl ServeConfig {
     /// The store's configuration; the write buffer gets at most its share of the memory
     /// ceiling.
-    pub fn store_config(
+    pub(crate) fn store_config(
         &self,
         ceiling: Option<&gpuwatch_query::memory::Ceiling>,
     ) -> gpuwatch_store::StoreConfig {
@@ -112,7 +112,7 @@ impl ServeConfig {
     }
 
     /// The query engine's configuration.
-    pub fn engine_config(
+    pub(crate) fn engine_config(
         &self,
         ceiling: Option<Arc<gpuwatch_query::memory::Ceiling>>,
     ) -> gpuwatch_query::EngineConfig {
@@ -129,7 +129,7 @@ impl ServeConfig {
 }
 
 /// The sources of the binary: the process's environment, and the file's other keys.
-pub fn sources(env: &dyn Fn(&str) -> Option<String>) -> Sources<'_> {
+pub(crate) fn sources(env: &dyn Fn(&str) -> Option<String>) -> Sources<'_> {
     Sources {
         env,
         other_keys: FILE_ONLY_KEYS,
@@ -139,7 +139,7 @@ pub fn sources(env: &dyn Fn(&str) -> Option<String>) -> Sources<'_> {
 impl ServeSettings {
     /// Checks what one value alone cannot, and resolves what depends on the command (`demo`)
     /// or on other settings.
-    pub fn validate(self, sections: Sections, demo: bool) -> Result<ServeConfig> {
+    pub(crate) fn validate(self, sections: Sections, demo: bool) -> Result<ServeConfig> {
         let storage = &self.storage;
         if storage.wal_sync_interval.get().is_zero() {
             return Err(Error::Config(
@@ -220,7 +220,7 @@ impl settings::Listeners {
 }
 
 /// Reads the config file's sections of a loaded command.
-pub fn sections<S>(loaded: &Loaded<S>) -> Result<Sections> {
+pub(crate) fn sections<S>(loaded: &Loaded<S>) -> Result<Sections> {
     Sections::read(loaded.file.as_deref(), &loaded.file_text)
 }
 

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// The sections of one config file.
 #[derive(Debug, Default)]
-pub struct Sections {
+pub(crate) struct Sections {
     /// `[retention]`.
     pub retention: Option<RetentionFile>,
     /// `[alerting]`.
@@ -23,7 +23,7 @@ pub struct Sections {
 
 impl Sections {
     /// Reads the sections of the file at `path` whose text is `text` (empty: none).
-    pub fn read(path: Option<&Path>, text: &str) -> Result<Self> {
+    pub(crate) fn read(path: Option<&Path>, text: &str) -> Result<Self> {
         Ok(Self {
             retention: section(path, text, "retention")?,
             alerting: section(path, text, "alerting")?,
@@ -32,7 +32,7 @@ impl Sections {
     }
 
     /// Retention per table: the file's keys over the defaults.
-    pub fn retention(&self) -> Result<gpuwatch_store::RetentionConfig> {
+    pub(crate) fn retention(&self) -> Result<gpuwatch_store::RetentionConfig> {
         match &self.retention {
             Some(r) => r.resolve(),
             None => Ok(gpuwatch_store::RetentionConfig::default()),
@@ -41,7 +41,11 @@ impl Sections {
 
     /// Rules, receivers, routes and prices; the demo loads the built-in rules, and example
     /// prices when the file has no `[cost]`.
-    pub fn alerts(&self, rules: Vec<PathBuf>, demo: bool) -> crate::alerts_wiring::AlertsConfig {
+    pub(crate) fn alerts(
+        &self,
+        rules: Vec<PathBuf>,
+        demo: bool,
+    ) -> crate::alerts_wiring::AlertsConfig {
         crate::alerts_wiring::AlertsConfig {
             rules,
             builtin_rules: demo,
@@ -73,7 +77,7 @@ fn demo_prices() -> CostConfig {
 /// The `[retention]` table: a duration per table (`"30d"`, `"1y"`), or `"forever"`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RetentionFile {
+pub(crate) struct RetentionFile {
     /// Raw samples (default 30d).
     pub gpu_metrics: Option<String>,
     /// Other metrics (default 30d).
@@ -92,7 +96,7 @@ pub struct RetentionFile {
 
 impl RetentionFile {
     /// Applies the file's keys over the defaults.
-    pub fn resolve(&self) -> Result<gpuwatch_store::RetentionConfig> {
+    pub(crate) fn resolve(&self) -> Result<gpuwatch_store::RetentionConfig> {
         let mut r = gpuwatch_store::RetentionConfig::default();
         let keys = [
             ("gpu_metrics", &self.gpu_metrics, &mut r.gpu_metrics),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `gpuwatch serve`: every setting, grouped as the server uses them.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct ServeSettings {
+pub(crate) struct ServeSettings {
     /// TOML config file; its keys are the flag names with underscores (flag > env > file >
     /// default).
     #[arg(long, env = "GPUWATCH_CONFIG", value_name = "FILE")]
@@ -46,7 +46,7 @@ pub struct ServeSettings {
 
 /// `gpuwatch demo`: the server's settings and the simulated fleet's.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct DemoSettings {
+pub(crate) struct DemoSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub serve: ServeSettings,
@@ -57,7 +57,7 @@ pub struct DemoSettings {
 
 /// Listeners, TLS and who may connect.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// Main HTTP listener: SQL API, OTLP/HTTP at /v1/metrics, health, self metrics.
     #[arg(long, env = "GPUWATCH_HTTP_ADDR", default_value = "127.0.0.1:9500")]
     pub http_addr: SocketAddr,
@@ -97,7 +97,7 @@ pub struct Listeners {
 /// Storage: the data directory or object store, the write-ahead log, persistence and
 /// maintenance.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Storage {
+pub(crate) struct Storage {
     /// Data directory: WAL, writer id, and the Delta tables (tables/<table>/) unless
     /// --object-store is given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
@@ -135,7 +135,7 @@ pub struct Storage {
 
 /// What this server does among those sharing the tables.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct RoleSettings {
+pub(crate) struct RoleSettings {
     /// What this server does: `all` (ingest, persist, SQL, alerts), `ingest` (takes writes and
     /// persists them to the tables), or `query` (no WAL, takes no writes: serves SQL, Postgres and
     /// the console over the tables, read again every --refresh-interval) (docs/scale-out.md).
@@ -149,7 +149,7 @@ pub struct RoleSettings {
 
 /// Limits of requests, queries and memory.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Largest request body accepted, before and after decompression (413 above it).
     #[arg(long, env = "GPUWATCH_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -181,7 +181,7 @@ pub struct Limits {
 
 /// Logs and the server's own traces and metrics.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "GPUWATCH_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -200,7 +200,7 @@ pub struct Telemetry {
 
 /// Alert rules (receivers, routes and prices are the file's `[alerting]` and `[cost]`).
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Alerts {
+pub(crate) struct Alerts {
     /// Alert rules file (YAML; repeat for several; env: comma-separated). Receivers, routes and
     /// prices are the [alerting] and [cost] sections of --config (docs/alerts.md, docs/cost.md).
     #[arg(
@@ -214,7 +214,7 @@ pub struct Alerts {
 
 /// The simulated fleet of `gpuwatch demo`.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     /// Simulated hosts.
     #[arg(long, env = "GPUWATCH_SYNTHETIC_HOSTS", default_value_t = 4)]
     pub synthetic_hosts: usize,
@@ -232,7 +232,7 @@ pub struct Fleet {
 /// `--wal-sync`: when the WAL is fsynced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum WalSync {
+pub(crate) enum WalSync {
     /// Before every acknowledgement (group commit: concurrent writes share one fsync).
     Always,
     /// Every `--wal-sync-interval`: a machine crash may lose the last interval's acknowledged
@@ -243,7 +243,7 @@ pub enum WalSync {
 /// `--role`: what a server does (docs/scale-out.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(crate) enum Role {
     /// Ingest, persist, SQL, alerts: everything in one process.
     All,
     /// Takes writes (WAL) and persists them to the shared tables; serves SQL over its buffer
@@ -257,7 +257,7 @@ pub enum Role {
 /// `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum OnOff {
+pub(crate) enum OnOff {
     /// On.
     On,
     /// Off.
@@ -266,7 +266,7 @@ pub enum OnOff {
 
 /// A listen address that can be turned off (`--pg-addr off`); written as text everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OptionalAddr(pub Option<SocketAddr>);
+pub(crate) struct OptionalAddr(pub Option<SocketAddr>);
 
 impl FromStr for OptionalAddr {
     type Err = String;

@@ -26,7 +26,7 @@ use super::ingest::{self, Protocol};
 
 /// The service.
 #[derive(Debug, Clone)]
-pub struct Otlp {
+pub(super) struct Otlp {
     app: App,
 }
 
@@ -59,7 +59,7 @@ impl MetricsService for Otlp {
 }
 
 /// Serves OTLP/gRPC on `listener` until `rx` changes.
-pub fn serve(
+pub(super) fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     app: App,

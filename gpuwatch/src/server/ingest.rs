@@ -25,7 +25,7 @@ use super::{App, WriteRefused};
 
 /// The protocols that write, as spans and metrics name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(super) enum Protocol {
     /// OTLP over HTTP (`/v1/metrics`).
     OtlpHttp,
     /// OTLP over gRPC (`MetricsService/Export`).
@@ -36,7 +36,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// The name in spans and metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Protocol::OtlpHttp => "otlp_http",
             Protocol::OtlpGrpc => "otlp_grpc",
@@ -47,7 +47,7 @@ impl Protocol {
 
 /// Why a write was not stored.
 #[derive(Debug, thiserror::Error)]
-pub enum IngestError {
+pub(super) enum IngestError {
     /// Refused before it was read: a query node, the WAL replaying, the memory ceiling.
     #[error("{}", .0.message())]
     Refused(WriteRefused),
@@ -61,7 +61,7 @@ pub enum IngestError {
 
 impl IngestError {
     /// The outcome label of the request counter.
-    pub fn outcome(&self) -> &'static str {
+    pub(super) fn outcome(&self) -> &'static str {
         use gpuwatch_store::Error as E;
         match self {
             IngestError::Refused(WriteRefused::QueryNode) => "forbidden",
@@ -75,7 +75,7 @@ impl IngestError {
     }
 
     /// The HTTP answer (OTLP/HTTP and remote write).
-    pub fn response(&self) -> Response {
+    pub(super) fn response(&self) -> Response {
         use gpuwatch_store::Error as E;
         match self {
             IngestError::Refused(refused) => refused.response(),
@@ -102,7 +102,7 @@ impl IngestError {
 
     /// The gRPC status (OTLP/gRPC): `INVALID_ARGUMENT` for malformed data,
     /// `RESOURCE_EXHAUSTED` above `--max-body-bytes`, `UNAVAILABLE` (retryable) otherwise.
-    pub fn grpc_status(&self) -> tonic::Status {
+    pub(super) fn grpc_status(&self) -> tonic::Status {
         use gpuwatch_store::Error as E;
         match self {
             IngestError::Refused(refused) => refused.grpc_status(),
@@ -142,7 +142,7 @@ fn disk_full(e: &gpuwatch_store::Error) -> Response {
 /// limit), decodes it with `decode` and writes the rows, all of it counted and timed. `decode`
 /// gets the request and the time of arrival (ns) and returns the rows and what the protocol
 /// answers with.
-pub async fn write<R, S, D>(
+pub(super) async fn write<R, S, D>(
     app: &App,
     protocol: Protocol,
     read: impl Future<Output = Result<R, gpuwatch_store::Error>>,
@@ -198,7 +198,7 @@ where
 /// The body of an HTTP write, at most `limit` bytes (before decompression: the decoders keep
 /// the limit after it). A larger one is read to its end and dropped (up to a bound), so the
 /// client gets the 413 answer instead of a broken connection.
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, gpuwatch_store::Error> {
+pub(super) async fn read_body(body: Body, limit: usize) -> Result<Bytes, gpuwatch_store::Error> {
     use futures::StreamExt;
     const DRAIN_AT_MOST: usize = 1 << 30;
     let too_large = || gpuwatch_store::Error::TooLarge { limit };
@@ -225,7 +225,10 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, gpuwatch_store
 }
 
 /// A header's text, if it is text.
-pub fn header_text(headers: &axum::http::HeaderMap, name: header::HeaderName) -> Option<String> {
+pub(super) fn header_text(
+    headers: &axum::http::HeaderMap,
+    name: header::HeaderName,
+) -> Option<String> {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())

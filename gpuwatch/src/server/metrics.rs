@@ -31,7 +31,7 @@ type Labels2 = [(&'static str, &'static str); 2];
 
 /// The metrics the server's own code records (the others are read at scrape time).
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub(super) struct Metrics {
     ingest_requests: Family<Labels2, Counter>,
     ingest_seconds: Family<Labels1, Histogram, fn() -> Histogram>,
     /// Persist latency (`gpuwatch_persist_duration_seconds`).
@@ -54,7 +54,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A write request of `protocol` ended with `outcome` (`ok`, `bad_request`, …) after `took`.
-    pub fn ingest(&self, protocol: Protocol, outcome: &'static str, took: Duration) {
+    pub(super) fn ingest(&self, protocol: Protocol, outcome: &'static str, took: Duration) {
         self.ingest_requests
             .get_or_create(&[("protocol", protocol.as_str()), ("outcome", outcome)])
             .inc();

@@ -19,11 +19,11 @@ use super::App;
 use super::ingest::{self, Protocol, header_text, read_body};
 
 /// The header that carries the number of rejected samples of an accepted request.
-pub const REJECTED_HEADER: &str = "x-gpuwatch-rejected-samples";
+pub(super) const REJECTED_HEADER: &str = "x-gpuwatch-rejected-samples";
 
 /// Counters of the remote-write endpoint, registered for `/metrics`.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(super) struct Counters {
     requests: Counter,
     samples: Family<[(&'static str, &'static str); 1], Counter>,
 }
@@ -46,7 +46,7 @@ impl Counters {
     }
 
     /// Registers the counters.
-    pub fn register(&self, r: &mut Registry) {
+    pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "gpuwatch_remote_write_requests",
             "Remote write requests stored",
@@ -61,7 +61,7 @@ impl Counters {
 }
 
 /// The handler.
-pub async fn handle(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+pub(super) async fn handle(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     let limit = app.max_body_bytes;
     let content_type = header_text(&headers, header::CONTENT_TYPE);
     let encoding = header_text(&headers, header::CONTENT_ENCODING);

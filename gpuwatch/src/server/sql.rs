@@ -22,7 +22,7 @@ use gpuwatch_query::format::{Encoder, Format};
 use gpuwatch_query::{Error, Status};
 
 /// The engine, once the store is ready.
-pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
+pub(crate) type EngineSlot = Arc<OnceLock<QueryEngine>>;
 
 /// What the SQL handlers share: the engine, and the latency histogram of their queries.
 #[derive(Debug, Clone)]
@@ -38,17 +38,17 @@ const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 const FLUSH_BEFORE_CUT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Largest SQL request body accepted.
-pub const MAX_SQL_BODY_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SQL_BODY_BYTES: usize = 1 << 20;
 
 /// The SQL routes.
-pub fn router(engine: EngineSlot, seconds: Histogram) -> Router {
+pub(crate) fn router(engine: EngineSlot, seconds: Histogram) -> Router {
     Router::new()
         .route("/api/v1/sql", get(get_sql).post(post_sql))
         .with_state(Sql { engine, seconds })
 }
 
 /// A JSON error answer with the status of `status`.
-pub fn error_response(status: Status, message: &str) -> Response {
+pub(crate) fn error_response(status: Status, message: &str) -> Response {
     let code = StatusCode::from_u16(status.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = serde_json::json!({ "error": message }).to_string();
     let mut resp = (code, body).into_response();
@@ -64,7 +64,7 @@ pub fn error_response(status: Status, message: &str) -> Response {
 }
 
 /// A query engine error as an HTTP answer (the engine crate knows no HTTP).
-pub trait ErrorResponse {
+pub(crate) trait ErrorResponse {
     /// The JSON error answer with the error's status.
     fn into_response(self) -> Response;
 }

@@ -14,7 +14,7 @@ pub(super) fn error(severity: &str, code: &str, message: impl Into<String>) -> P
 }
 
 /// The SQLSTATE of a DataFusion error.
-pub fn sqlstate(e: &DataFusionError) -> &'static str {
+pub(super) fn sqlstate(e: &DataFusionError) -> &'static str {
     if gpuwatch_query::bounded::ValueTooLarge::find(e).is_some() {
         return "54000";
     }

@@ -48,14 +48,14 @@ use crate::server::sql::EngineSlot;
 use gpuwatch_query::QueryEngine;
 use gpuwatch_query::{Error, lower_first};
 
-pub use pgwire::tokio::tokio_rustls::TlsAcceptor;
+pub(crate) use pgwire::tokio::tokio_rustls::TlsAcceptor;
 
 /// The database (DataFusion catalog) name clients see, e.g. in `current_database()`.
-pub const DATABASE: &str = "gpuwatch";
+pub(crate) const DATABASE: &str = "gpuwatch";
 
 /// Why a password is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// Not a configured token (SQLSTATE 28P01).
     InvalidPassword,
     /// A valid token that may not run queries (SQLSTATE 28000), with the reason.
@@ -63,14 +63,14 @@ pub enum Denied {
 }
 
 /// Checks the password a client sends at startup: the server's bearer tokens.
-pub trait PasswordCheck: Send + Sync + fmt::Debug {
+pub(crate) trait PasswordCheck: Send + Sync + fmt::Debug {
     /// `Ok` when `password` lets `user` run queries.
     fn check(&self, user: &str, password: &str) -> Result<(), Denied>;
 }
 
 /// How the Postgres listener runs.
 #[derive(Clone, Default)]
-pub struct PgOptions {
+pub(crate) struct PgOptions {
     /// When set, clients log in with a cleartext password checked here; otherwise anyone
     /// reaching the listener is let in (the server only binds loopback then).
     pub auth: Option<Arc<dyn PasswordCheck>>,
@@ -93,9 +93,9 @@ impl fmt::Debug for PgOptions {
 
 mod admit;
 mod errors;
-pub mod functions;
-pub mod information_schema;
-pub mod rewrite;
+pub(crate) mod functions;
+pub(crate) mod information_schema;
+pub(crate) mod rewrite;
 mod session;
 
 use admit::{Verdict, admit, admit_all};
@@ -172,14 +172,14 @@ fn guard(
 }
 
 /// The handlers of one listener.
-pub struct Front {
+pub(crate) struct Front {
     shared: Arc<Shared>,
     parser: Arc<GatedParser>,
 }
 
 impl Front {
     /// Handlers over the engine in `engine` (set once the store is open).
-    pub fn new(
+    pub(crate) fn new(
         engine: EngineSlot,
         auth: Option<Arc<dyn PasswordCheck>>,
         require_tls: bool,
@@ -446,7 +446,7 @@ where
 type DfStatement = (String, Option<(Sql, LogicalPlan)>);
 
 /// The extended-protocol parser: the gate, then `datafusion-postgres`'s parser and planner.
-pub struct GatedParser {
+pub(crate) struct GatedParser {
     shared: Arc<Shared>,
 }
 
@@ -586,7 +586,7 @@ impl ErrorHandler for LogErrors {
 }
 
 /// Everything `pgwire` asks of a server, for one listener.
-pub struct Handlers {
+pub(crate) struct Handlers {
     front: Arc<Front>,
     cancel: Arc<DefaultCancelHandler>,
 }
@@ -594,7 +594,7 @@ pub struct Handlers {
 impl Handlers {
     /// Handlers over `engine`, checking passwords with `auth` when set, refusing plain
     /// connections when `require_tls`.
-    pub fn new(
+    pub(crate) fn new(
         engine: EngineSlot,
         auth: Option<Arc<dyn PasswordCheck>>,
         require_tls: bool,
@@ -630,7 +630,7 @@ impl PgWireServerHandlers for Handlers {
 }
 
 /// Serves the Postgres protocol on `listener` until `shutdown` changes.
-pub fn serve(
+pub(crate) fn serve(
     listener: TcpListener,
     engine: EngineSlot,
     options: PgOptions,
