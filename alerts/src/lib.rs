@@ -24,9 +24,7 @@ pub mod state;
 pub mod template;
 
 #[cfg(test)]
-mod fleet_tests;
-#[cfg(test)]
-mod pack_tests;
+mod tests;
 
 pub use engine::{Alert, RuleEngine, State};
 pub use error::{Error, Result};
