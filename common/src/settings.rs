@@ -279,12 +279,15 @@ fn parse_with_env(
 
 /// Whether `value` is one `arg` takes; the reason, if not.
 fn check_value(arg: &clap::Arg, value: &str) -> std::result::Result<(), String> {
-    let Some(long) = arg.get_long() else {
-        return Ok(());
-    };
+    // A bare copy: the value parser alone, without the relations (conflicts, requirements)
+    // that name other arguments of the declaring command.
+    let bare = clap::Arg::new(arg.get_id().clone())
+        .long("value")
+        .value_parser(arg.get_value_parser().clone())
+        .ignore_case(arg.is_ignore_case_set());
     let probe = Command::new("probe")
-        .arg(arg.clone().env(None::<&'static str>).required(false))
-        .try_get_matches_from([OsString::from("probe"), format!("--{long}={value}").into()]);
+        .arg(bare)
+        .try_get_matches_from([OsString::from("probe"), format!("--value={value}").into()]);
     let parsed = probe;
     if parsed.is_ok() {
         return Ok(());

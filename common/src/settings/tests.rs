@@ -33,7 +33,7 @@ struct Other {
     #[arg(long, env = "T_MODE", value_enum, default_value = "fast")]
     mode: Mode,
     /// Optional path.
-    #[arg(long, env = "T_PATH")]
+    #[arg(long, env = "T_PATH", conflicts_with = "label")]
     path: Option<PathBuf>,
 }
 
@@ -138,6 +138,12 @@ fn environment_values() {
     assert!(
         e.to_string().contains("T_EVERY") && e.to_string().contains("use e.g. 5s"),
         "{e}"
+    );
+    // A variable of an argument related to others (conflicts_with) is checked too.
+    let l = load_with(&[], &[("T_PATH", "/p")]).expect("load");
+    assert_eq!(
+        l.settings.other.path.as_deref(),
+        Some(std::path::Path::new("/p"))
     );
     let e = load_with(&[], &[("T_OPEN", "maybe")]).expect_err("bad bool");
     assert!(e.to_string().contains("T_OPEN"), "{e}");
