@@ -20,11 +20,11 @@ use datafusion_postgres::pgwire::api::{
 use datafusion_postgres::pgwire::error::PgWireResult;
 
 use super::errors::{engine_error, error};
+use super::information_schema::PgInformationSchema;
 use super::{DATABASE, PasswordCheck};
-use crate::QueryEngine;
-use crate::error::Error;
-use crate::http::EngineSlot;
-use crate::pg_information_schema::PgInformationSchema;
+use crate::server::sql::EngineSlot;
+use gpuwatch_query::Error;
+use gpuwatch_query::QueryEngine;
 
 /// The per-process state behind every connection, built when the engine is ready.
 pub(super) struct Ready {
@@ -46,7 +46,7 @@ impl Ready {
     /// session. Costs (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms
     /// at a connection's first statement for its service; a session made from scratch (with
     /// its own `pg_catalog`) would cost about 60 ms.
-    /// `limit`: the statement's time limit, kept inside its plan ([`crate::deadline`]); `None`
+    /// `limit`: the statement's time limit, kept inside its plan ([`gpuwatch_query::deadline`]); `None`
     /// for cursors.
     pub(super) fn session(
         &self,
@@ -85,14 +85,14 @@ impl Ready {
             return Ok(None);
         };
         self.engine.admit()?;
-        let runtime = crate::engine::own_pool(self.state.runtime_env(), pool)?;
+        let runtime = gpuwatch_query::engine::own_pool(self.state.runtime_env(), pool)?;
         let mut state = SessionStateBuilder::new_from_existing(self.state.clone())
             .with_runtime_env(runtime)
             .build();
         if let Some(limit) = limit {
             state
                 .config_mut()
-                .set_extension(Arc::new(crate::deadline::Deadline::after(limit)));
+                .set_extension(Arc::new(gpuwatch_query::deadline::Deadline::after(limit)));
         }
         Ok(Some(state))
     }
@@ -114,14 +114,16 @@ pub(super) struct ConnectionSession {
 /// `DECLARE` that replaces a cursor takes over its slot. `COMMIT` and `ROLLBACK` leave cursors
 /// open, as `datafusion-postgres` does.
 #[derive(Default)]
-pub(super) struct CursorSlots(Mutex<HashMap<String, crate::engine::QuerySlot>>);
+pub(super) struct CursorSlots(Mutex<HashMap<String, gpuwatch_query::engine::QuerySlot>>);
 
 impl CursorSlots {
     pub(super) fn of(extensions: &SessionExtensions) -> Arc<Self> {
         extensions.get_or_insert_with(Self::default)
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::engine::QuerySlot>> {
+    fn slots(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, gpuwatch_query::engine::QuerySlot>> {
         // A panic while the map was locked leaves it consistent (inserts and removals only).
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -132,7 +134,7 @@ impl CursorSlots {
         &self,
         name: &str,
         engine: &QueryEngine,
-    ) -> Result<crate::engine::QuerySlot, Error> {
+    ) -> Result<gpuwatch_query::engine::QuerySlot, Error> {
         if let Some(slot) = self.slots().remove(name) {
             return Ok(slot);
         }
@@ -142,7 +144,12 @@ impl CursorSlots {
     /// After a `DECLARE` of `name` ran under `slot`: the slot stays with the cursor when the
     /// cursor is open (`opened`: the portal store holds it; a failed `DECLARE` that would have
     /// replaced a cursor leaves that one open), and is freed otherwise.
-    pub(super) fn settle(&self, name: String, slot: crate::engine::QuerySlot, opened: bool) {
+    pub(super) fn settle(
+        &self,
+        name: String,
+        slot: gpuwatch_query::engine::QuerySlot,
+        opened: bool,
+    ) {
         if opened {
             self.slots().insert(name, slot);
         }
@@ -205,11 +212,11 @@ pub(super) fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .ok_or_else(|| format!("catalog {DATABASE} missing in the postgres session"))?;
     own.register_schema("public", public)
         .map_err(|e| e.to_string())?;
-    crate::pg_functions::register(&ctx);
+    super::functions::register(&ctx);
     // The same time-series aggregates as over HTTP.
-    ctx.register_udaf(crate::udf::increase());
-    ctx.register_udaf(crate::udf::rate());
-    crate::bounded::register(&ctx, engine.max_value_bytes());
+    ctx.register_udaf(gpuwatch_query::udf::increase());
+    ctx.register_udaf(gpuwatch_query::udf::rate());
+    gpuwatch_query::bounded::register(&ctx, engine.max_value_bytes());
     setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| e.to_string())?;
     let state = ctx.state();
     let information_schema = PgInformationSchema::new(
@@ -283,9 +290,9 @@ mod tests {
     pub(super) fn ready(memory_limit: Option<usize>) -> Ready {
         let engine = QueryEngine::new(
             Arc::new(NoRows),
-            crate::EngineConfig {
+            gpuwatch_query::EngineConfig {
                 memory_limit,
-                ..crate::EngineConfig::default()
+                ..gpuwatch_query::EngineConfig::default()
             },
         )
         .expect("engine");
@@ -394,9 +401,9 @@ mod tests {
     fn open_cursors_hold_query_slots() {
         let engine = QueryEngine::new(
             Arc::new(NoRows),
-            crate::EngineConfig {
+            gpuwatch_query::EngineConfig {
                 max_concurrent_queries: Some(1),
-                ..crate::EngineConfig::default()
+                ..gpuwatch_query::EngineConfig::default()
             },
         )
         .expect("engine");
@@ -546,8 +553,8 @@ mod tests {
             .await
             .expect_err("stopped");
         assert_eq!(
-            crate::deadline::DeadlinePassed::find(&err),
-            Some(crate::deadline::DeadlinePassed(limit)),
+            gpuwatch_query::deadline::DeadlinePassed::find(&err),
+            Some(gpuwatch_query::deadline::DeadlinePassed(limit)),
             "{err}"
         );
         let state = ready.statement_state(None).expect("state").expect("own");

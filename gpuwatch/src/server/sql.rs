@@ -13,15 +13,23 @@ use serde::Deserialize;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
 use tracing::Instrument;
 
-use crate::engine::QueryEngine;
-use crate::error::{Error, Status};
-use crate::executor::AbortOnDrop;
-use crate::format::{Encoder, Format};
+use gpuwatch_query::QueryEngine;
+use gpuwatch_query::executor::AbortOnDrop;
+use gpuwatch_query::format::{Encoder, Format};
+use gpuwatch_query::{Error, Status};
 
 /// The engine, once the store is ready.
-pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
+pub(crate) type EngineSlot = Arc<OnceLock<QueryEngine>>;
+
+/// What the SQL handlers share: the engine, and the latency histogram of their queries.
+#[derive(Debug, Clone)]
+struct Sql {
+    engine: EngineSlot,
+    seconds: Histogram,
+}
 
 /// How long after the time limit the handler gives up on a query task that has not answered.
 const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -30,17 +38,17 @@ const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 const FLUSH_BEFORE_CUT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Largest SQL request body accepted.
-pub const MAX_SQL_BODY_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SQL_BODY_BYTES: usize = 1 << 20;
 
 /// The SQL routes.
-pub fn router(engine: EngineSlot) -> Router {
+pub(crate) fn router(engine: EngineSlot, seconds: Histogram) -> Router {
     Router::new()
         .route("/api/v1/sql", get(get_sql).post(post_sql))
-        .with_state(engine)
+        .with_state(Sql { engine, seconds })
 }
 
 /// A JSON error answer with the status of `status`.
-pub fn error_response(status: Status, message: &str) -> Response {
+pub(crate) fn error_response(status: Status, message: &str) -> Response {
     let code = StatusCode::from_u16(status.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = serde_json::json!({ "error": message }).to_string();
     let mut resp = (code, body).into_response();
@@ -55,7 +63,13 @@ pub fn error_response(status: Status, message: &str) -> Response {
     resp
 }
 
-impl IntoResponse for Error {
+/// A query engine error as an HTTP answer (the engine crate knows no HTTP).
+pub(crate) trait ErrorResponse {
+    /// The JSON error answer with the error's status.
+    fn into_response(self) -> Response;
+}
+
+impl ErrorResponse for Error {
     fn into_response(self) -> Response {
         if matches!(self.status(), Status::Internal) {
             tracing::error!(error = %self, "query failed");
@@ -80,7 +94,7 @@ struct PostBody {
 }
 
 async fn get_sql(
-    State(engine): State<EngineSlot>,
+    State(Sql { engine, seconds }): State<Sql>,
     params: Result<Query<GetParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(Query(params)) = params else {
@@ -90,10 +104,10 @@ async fn get_sql(
     let Some(sql) = params.q.or(params.sql) else {
         return Error::BadRequest("missing query: use ?q=<sql>".into()).into_response();
     };
-    run(&engine, &sql, params.format.as_deref()).await
+    run(&engine, &seconds, &sql, params.format.as_deref()).await
 }
 
-async fn post_sql(State(engine): State<EngineSlot>, body: Body) -> Response {
+async fn post_sql(State(Sql { engine, seconds }): State<Sql>, body: Body) -> Response {
     let body = match axum::body::to_bytes(body, MAX_SQL_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
@@ -114,18 +128,23 @@ async fn post_sql(State(engine): State<EngineSlot>, body: Body) -> Response {
             .into_response();
         }
     };
-    run(&engine, &parsed.sql, parsed.format.as_deref()).await
+    run(&engine, &seconds, &parsed.sql, parsed.format.as_deref()).await
 }
 
 /// Runs `sql` and streams the answer. Planning, execution and encoding all run on the query
-/// runtime ([`crate::executor`]); this handler only relays the encoded chunks. The first batch
+/// runtime ([`gpuwatch_query::executor`]); this handler only relays the encoded chunks. The first batch
 /// is awaited before the status is sent (so planning and early execution errors, and a first
 /// chunk already over `--max-answer-bytes`, get their status code); after that each batch is
 /// encoded and sent as it comes, and a later failure, the time limit or `--max-answer-bytes`
 /// ends the response early: the text formats get a last line `{"error": "..."}`, and the
 /// chunked body is cut without its terminating chunk, so no client takes it for a complete
 /// answer. A client that goes away stops the query.
-async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
+async fn run(
+    engine: &EngineSlot,
+    seconds: &Histogram,
+    sql: &str,
+    format: Option<&str>,
+) -> Response {
     let format: Format = match format.unwrap_or("json").parse() {
         Ok(f) => f,
         Err(e) => return e.into_response(),
@@ -143,9 +162,10 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
         bytes = tracing::field::Empty,
         error = tracing::field::Empty,
     );
-    let task = engine
-        .executor()
-        .spawn(answer(engine.clone(), sql.to_owned(), format, head_tx, body_tx).instrument(span));
+    let task = engine.executor().spawn(timed(
+        seconds.clone(),
+        answer(engine.clone(), sql.to_owned(), format, head_tx, body_tx).instrument(span),
+    ));
     let task = AbortOnDrop(task);
     // The query task keeps the time limit itself; this side keeps it too (with a little grace
     // for the task's own answer), in case the query's threads are too busy to notice.
@@ -196,6 +216,13 @@ fn shorten(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// Runs `work`, observing how long it took in `seconds`.
+async fn timed(seconds: Histogram, work: impl std::future::Future<Output = ()>) {
+    let started = std::time::Instant::now();
+    work.await;
+    seconds.observe(started.elapsed().as_secs_f64());
+}
+
 /// The query task: plans and runs `sql`, says through `head` whether the answer starts, then
 /// sends it encoded through `body`.
 async fn answer(
@@ -208,32 +235,12 @@ async fn answer(
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit;
     let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
-    let (_slot, mut stream) = match engine
-        .start(&sql)
-        .instrument(tracing::info_span!("plan"))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = head.send(Err(e));
-            return;
-        }
-    };
     let execute = tracing::info_span!("execute");
     let encode = tracing::info_span!("encode");
-    let mut rows = 0usize;
-    let first = match tokio::time::timeout_at(deadline, stream.next())
-        .instrument(execute.clone())
-        .await
-    {
-        Err(_) => {
-            let _ = head.send(Err(Error::Timeout(limit)));
-            return;
-        }
-        Ok(None) => None,
-        Ok(Some(Ok(b))) => Some(b),
-        Ok(Some(Err(e))) => {
-            let _ = head.send(Err(Error::from(e)));
+    let (_slot, stream, first) = match first_batch(&engine, &sql, deadline, &execute).await {
+        Ok(started) => started,
+        Err(e) => {
+            let _ = head.send(Err(e));
             return;
         }
     };
@@ -244,26 +251,15 @@ async fn answer(
             return;
         }
     };
-    let Some(first) = first else {
+    let (chunk, more) = match first {
         // No rows: the whole answer is the encoder's opening and closing.
-        let chunk = match encoder.finish() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = head.send(Err(e));
-                return;
-            }
-        };
-        if chunk.len() > max_bytes {
-            let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
-            return;
-        }
-        if head.send(Ok(())).is_ok() {
-            let _ = body.send(Ok(Bytes::from(chunk))).await;
-        }
-        return;
+        None => (encoder.finish(), None),
+        Some(b) => (
+            encode.in_scope(|| encoder.write(&b)),
+            Some((encoder, b.num_rows())),
+        ),
     };
-    rows += first.num_rows();
-    let chunk = match encode.in_scope(|| encoder.write(&first)) {
+    let chunk = match chunk {
         Ok(c) => c,
         Err(e) => {
             let _ = head.send(Err(e));
@@ -277,56 +273,160 @@ async fn answer(
     if head.send(Ok(())).is_err() {
         return;
     }
-    let mut sent = chunk.len();
+    let sent = chunk.len();
+    let Some((encoder, rows)) = more else {
+        let _ = body.send(Ok(Bytes::from(chunk))).await;
+        return;
+    };
     if body.send(Ok(Bytes::from(chunk))).await.is_err() {
         return;
     }
-    let failure = loop {
-        let batch = match tokio::time::timeout_at(deadline, stream.next())
-            .instrument(execute.clone())
-            .await
-        {
-            Err(_) => break Error::Timeout(limit),
-            Ok(Some(Ok(b))) => b,
-            Ok(Some(Err(e))) => break Error::from(e),
-            Ok(None) => match encoder.finish() {
-                Ok(tail) => {
-                    if sent + tail.len() > max_bytes {
-                        break Error::AnswerTooLarge(max_bytes);
-                    }
-                    let span = tracing::Span::current();
-                    span.record("rows", rows);
-                    span.record("bytes", sent + tail.len());
-                    let _ = body.send(Ok(Bytes::from(tail))).await;
-                    return;
-                }
-                Err(e) => break e,
-            },
-        };
-        rows += batch.num_rows();
-        let chunk = match encode.in_scope(|| encoder.write(&batch)) {
-            Ok(c) => c,
-            Err(e) => break e,
-        };
-        sent += chunk.len();
-        if sent > max_bytes {
-            break Error::AnswerTooLarge(max_bytes);
-        }
-        if body.send(Ok(Bytes::from(chunk))).await.is_err() {
-            return;
-        }
+    let answer = Streaming {
+        deadline,
+        limit,
+        max_bytes,
+        format,
+        execute,
+        encode,
+        rows,
+        sent,
     };
-    let span = tracing::Span::current();
-    span.record("rows", rows);
-    span.record("bytes", sent);
-    span.record("error", tracing::field::display(&failure));
-    tracing::warn!(error = %failure, "answer cut short");
-    if format.is_text() {
-        let line = format!(
-            "\n{}\n",
-            serde_json::json!({ "error": failure.to_string() })
-        );
-        let _ = body.send(Ok(Bytes::from(line))).await;
+    answer.rest(stream, encoder, body).await;
+}
+
+/// Plans `sql` and waits for its first batch (`None`: no rows) within the time limit.
+async fn first_batch(
+    engine: &QueryEngine,
+    sql: &str,
+    deadline: tokio::time::Instant,
+    execute: &tracing::Span,
+) -> Result<
+    (
+        gpuwatch_query::engine::QuerySlot,
+        datafusion::execution::SendableRecordBatchStream,
+        Option<arrow::array::RecordBatch>,
+    ),
+    Error,
+> {
+    let (slot, mut stream) = engine
+        .start(sql)
+        .instrument(tracing::info_span!("plan"))
+        .await?;
+    match tokio::time::timeout_at(deadline, stream.next())
+        .instrument(execute.clone())
+        .await
+    {
+        Err(_) => Err(Error::Timeout(engine.query_timeout())),
+        Ok(None) => Ok((slot, stream, None)),
+        Ok(Some(Ok(b))) => Ok((slot, stream, Some(b))),
+        Ok(Some(Err(e))) => Err(Error::from(e)),
     }
-    let _ = body.send(Err(std::io::Error::other(failure))).await;
+}
+
+/// Where a streaming answer stands after its first chunk.
+#[derive(Debug)]
+struct Streaming {
+    deadline: tokio::time::Instant,
+    limit: std::time::Duration,
+    max_bytes: usize,
+    format: Format,
+    execute: tracing::Span,
+    encode: tracing::Span,
+    rows: usize,
+    sent: usize,
+}
+
+impl Streaming {
+    /// Encodes and sends the batches after the first, then the encoder's end; a failure, the
+    /// time limit or `--max-answer-bytes` cuts the answer (an error line for text formats).
+    async fn rest(
+        self,
+        mut stream: datafusion::execution::SendableRecordBatchStream,
+        mut encoder: Encoder,
+        body: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    ) {
+        let Streaming {
+            deadline,
+            limit,
+            max_bytes,
+            format,
+            execute,
+            encode,
+            mut rows,
+            mut sent,
+        } = self;
+        let failure = loop {
+            let batch = match tokio::time::timeout_at(deadline, stream.next())
+                .instrument(execute.clone())
+                .await
+            {
+                Err(_) => break Error::Timeout(limit),
+                Ok(Some(Ok(b))) => b,
+                Ok(Some(Err(e))) => break Error::from(e),
+                Ok(None) => match encoder.finish() {
+                    Ok(tail) => {
+                        if sent + tail.len() > max_bytes {
+                            break Error::AnswerTooLarge(max_bytes);
+                        }
+                        let span = tracing::Span::current();
+                        span.record("rows", rows);
+                        span.record("bytes", sent + tail.len());
+                        let _ = body.send(Ok(Bytes::from(tail))).await;
+                        return;
+                    }
+                    Err(e) => break e,
+                },
+            };
+            rows += batch.num_rows();
+            let chunk = match encode.in_scope(|| encoder.write(&batch)) {
+                Ok(c) => c,
+                Err(e) => break e,
+            };
+            sent += chunk.len();
+            if sent > max_bytes {
+                break Error::AnswerTooLarge(max_bytes);
+            }
+            if body.send(Ok(Bytes::from(chunk))).await.is_err() {
+                return;
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("rows", rows);
+        span.record("bytes", sent);
+        span.record("error", tracing::field::display(&failure));
+        tracing::warn!(error = %failure, "answer cut short");
+        if format.is_text() {
+            let line = format!(
+                "\n{}\n",
+                serde_json::json!({ "error": failure.to_string() })
+            );
+            let _ = body.send(Ok(Bytes::from(line))).await;
+        }
+        let _ = body.send(Err(std::io::Error::other(failure))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_and_unavailable_answers_say_when_to_retry() {
+        let resp = error_response(Status::TooManyRequests, "busy");
+        assert_eq!(resp.status().as_u16(), 429);
+        assert_eq!(
+            resp.headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        let resp = Error::Busy(1).into_response();
+        assert_eq!(resp.status().as_u16(), 429);
+        assert!(
+            error_response(Status::BadRequest, "x")
+                .headers()
+                .get("retry-after")
+                .is_none()
+        );
+    }
 }
