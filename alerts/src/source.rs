@@ -37,12 +37,26 @@ pub trait RuleSource: Send + Sync {
 pub struct EngineSource {
     engine: QueryEngine,
     timeout: std::time::Duration,
+    promql: gpuwatch_promql::Settings,
 }
 
 impl EngineSource {
-    /// A source over `engine`; a query longer than `timeout` fails.
+    /// A source over `engine`; a query longer than `timeout` fails. PromQL rules are evaluated
+    /// with the default settings (lookback, sample limit) unless [`Self::with_promql`] says.
     pub fn new(engine: QueryEngine, timeout: std::time::Duration) -> Self {
-        Self { engine, timeout }
+        Self {
+            engine,
+            timeout,
+            promql: gpuwatch_promql::Settings::default(),
+        }
+    }
+
+    /// The same source, evaluating PromQL rules with `settings` (their timeout is the source's).
+    pub fn with_promql(self, settings: gpuwatch_promql::Settings) -> Self {
+        Self {
+            promql: settings,
+            ..self
+        }
     }
 }
 
@@ -74,7 +88,7 @@ impl EngineSource {
         let t = now_nanos.div_euclid(1_000_000);
         let settings = gpuwatch_promql::Settings {
             timeout: self.timeout,
-            ..Default::default()
+            ..self.promql.clone()
         };
         let ev = gpuwatch_promql::Evaluator::new(&self.engine, settings, t, t);
         let value = tokio::time::timeout(self.timeout, ev.eval_instant_top(&parsed, t))

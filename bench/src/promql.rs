@@ -22,7 +22,7 @@ use crate::{FleetArgs, parse_duration};
 
 /// Flags of `promql`.
 #[derive(Args, Debug, Clone)]
-pub struct PromqlArgs {
+pub(crate) struct PromqlArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     /// Simulated history to load; it ends when the load starts.
@@ -240,7 +240,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs the benchmark.
-pub async fn run(args: PromqlArgs) -> Result<()> {
+pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
     if args.fleet.interval.is_zero() || args.step.is_zero() {
         return Err("--interval and --step must be positive".into());
     }

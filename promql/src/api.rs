@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use gpuwatch_query::QueryEngine;
 use gpuwatch_query::executor::AbortOnDrop;
-use gpuwatch_query::http::EngineSlot;
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr};
 
@@ -31,6 +30,10 @@ const MAX_BODY: usize = 1 << 20;
 
 /// Most points a range query may have per series (Prometheus's limit).
 const MAX_POINTS: i64 = 11_000;
+
+/// Where the server's query engine is, once the store is open (empty until then: the handlers
+/// answer `unavailable`).
+pub type EngineSlot = Arc<OnceLock<QueryEngine>>;
 
 /// What the handlers share.
 #[derive(Clone)]

@@ -148,6 +148,16 @@ pub struct Evaluator<'a> {
     query_end: i64,
 }
 
+impl std::fmt::Debug for Evaluator<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evaluator")
+            .field("settings", &self.settings)
+            .field("query_start", &self.query_start)
+            .field("query_end", &self.query_end)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Milliseconds since the epoch of a `SystemTime` (negative before 1970).
 pub fn system_ms(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {

@@ -319,7 +319,7 @@ impl Default for EngineConfig {
 /// Only the memory pool is the query's own. The object stores, the caches (Parquet footers, file
 /// statistics) and the spill directory are `base`'s: a fresh cache per query would read every
 /// file's footer again at each query.
-pub(crate) fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
+pub fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
     let mut runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::clone(&base.object_store_registry))
         .with_memory_pool(pool)
@@ -431,7 +431,7 @@ impl QueryEngine {
 
     /// The memory pool of one query: its own `--query-memory-limit` inside the ceiling's
     /// shared pool, or alone; `None` when neither is set.
-    pub(crate) fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
+    pub fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
         match (&self.config.ceiling, self.config.memory_limit) {
             (Some(ceiling), limit) => Some(ceiling.query_pool(limit)),
             (None, Some(limit)) => Some(crate::memory::standalone_pool(limit)),
@@ -440,7 +440,7 @@ impl QueryEngine {
     }
 
     /// Refuses a query while the process is near its memory ceiling.
-    pub(crate) fn admit(&self) -> Result<()> {
+    pub fn admit(&self) -> Result<()> {
         if let Some(ceiling) = &self.config.ceiling {
             ceiling
                 .admit_query()

@@ -21,7 +21,7 @@ use crate::export::Compression;
 
 /// What the OTEL variables say (each `None` or empty when unset).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct OtelEnv {
+pub(super) struct OtelEnv {
     /// An endpoint used exactly as given (`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`).
     pub exact_endpoint: Option<String>,
     /// A base endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`).
@@ -48,7 +48,7 @@ const PREFIX: &str = "OTEL_EXPORTER_OTLP_";
 const METRICS_PREFIX: &str = "OTEL_EXPORTER_OTLP_METRICS_";
 
 /// Reads the variables through `env` (empty values count as unset).
-pub fn read(env: &dyn Fn(&str) -> Option<String>) -> Result<OtelEnv> {
+pub(super) fn read(env: &dyn Fn(&str) -> Option<String>) -> Result<OtelEnv> {
     let get = |name: &str| {
         env(name)
             .map(|v| v.trim().to_string())
@@ -126,7 +126,7 @@ pub fn read(env: &dyn Fn(&str) -> Option<String>) -> Result<OtelEnv> {
 
 /// `key1=value1,key2=value2` with percent-encoded values (the W3C baggage form the
 /// specification uses for headers and resource attributes).
-pub fn parse_pairs(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
+pub(super) fn parse_pairs(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (k, v) = item
@@ -162,7 +162,7 @@ fn percent_decode(s: &str) -> std::result::Result<String, String> {
 }
 
 /// Checks a header for what HTTP and gRPC metadata accept.
-pub fn check_header(name: &str, value: &str) -> std::result::Result<(), String> {
+pub(super) fn check_header(name: &str, value: &str) -> std::result::Result<(), String> {
     let name_ok = !name.is_empty()
         && name
             .bytes()
@@ -176,6 +176,83 @@ pub fn check_header(name: &str, value: &str) -> std::result::Result<(), String> 
         return Err(format!("the value of header {name} has control characters"));
     }
     Ok(())
+}
+
+/// The agent's own settings that the OTEL variables may fill in.
+#[derive(Debug)]
+pub(super) struct Own {
+    /// True when a flag, `GPUWATCH_ENDPOINT` or the file gave the endpoint.
+    pub endpoint_given: bool,
+    /// The endpoint (the default when not given).
+    pub endpoint: String,
+    /// The protocol, decided already (the agent's own, else the OTEL one, else http).
+    pub protocol: Protocol,
+    /// `--header` pairs.
+    pub headers: Vec<(String, String)>,
+    /// `--label` pairs.
+    pub labels: Vec<(String, String)>,
+    /// `--host`, if given.
+    pub host: Option<String>,
+}
+
+/// The merged result.
+#[derive(Debug)]
+pub(super) struct Merged {
+    /// The endpoint.
+    pub endpoint: String,
+    /// Resource attributes: `--label`, then the OTEL ones it does not name.
+    pub labels: Vec<(String, String)>,
+    /// The host: `--host`, else `host.name` of `OTEL_RESOURCE_ATTRIBUTES`.
+    pub host: Option<String>,
+    /// How requests are sent.
+    pub export: crate::export::ExportOptions,
+}
+
+/// Fills in what the agent's own settings leave open from the OTEL variables.
+pub(super) fn apply(otel: OtelEnv, own: Own) -> Result<Merged> {
+    let mut export = crate::export::ExportOptions::default();
+    let endpoint = if own.endpoint_given {
+        own.endpoint
+    } else if let Some(exact) = otel.exact_endpoint {
+        export.exact_url = own.protocol == Protocol::Http;
+        exact
+    } else if let Some(base) = otel.base_endpoint {
+        base
+    } else if own.protocol == Protocol::Grpc {
+        crate::export::DEFAULT_GRPC_ENDPOINT.to_string()
+    } else {
+        own.endpoint
+    };
+    let mut headers = otel.headers;
+    for (k, v) in own.headers {
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
+        headers.push((k, v));
+    }
+    export.headers = headers;
+    if let Some(t) = otel.timeout {
+        export.timeout = t;
+    }
+    export.compression = otel.compression.unwrap_or_default();
+    export.ca_file = otel.certificate;
+    export.client_identity = otel.client_certificate.zip(otel.client_key);
+    let mut host = own.host;
+    let mut labels = own.labels;
+    for (k, v) in otel.resource_attributes {
+        match k.as_str() {
+            "host.name" => {
+                host.get_or_insert(v);
+            }
+            "gpuwatch.simulated" => {}
+            _ if labels.iter().any(|(n, _)| *n == k) => {}
+            _ => labels.push((k, v)),
+        }
+    }
+    Ok(Merged {
+        endpoint,
+        labels,
+        host,
+        export,
+    })
 }
 
 #[cfg(test)]
@@ -243,81 +320,4 @@ mod tests {
         let e = read(&env_of(&[("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem")])).expect_err("half");
         assert!(e.to_string().contains("set both"), "{e}");
     }
-}
-
-/// The agent's own settings that the OTEL variables may fill in.
-#[derive(Debug)]
-pub struct Own {
-    /// True when a flag, `GPUWATCH_ENDPOINT` or the file gave the endpoint.
-    pub endpoint_given: bool,
-    /// The endpoint (the default when not given).
-    pub endpoint: String,
-    /// The protocol, decided already (the agent's own, else the OTEL one, else http).
-    pub protocol: Protocol,
-    /// `--header` pairs.
-    pub headers: Vec<(String, String)>,
-    /// `--label` pairs.
-    pub labels: Vec<(String, String)>,
-    /// `--host`, if given.
-    pub host: Option<String>,
-}
-
-/// The merged result.
-#[derive(Debug)]
-pub struct Merged {
-    /// The endpoint.
-    pub endpoint: String,
-    /// Resource attributes: `--label`, then the OTEL ones it does not name.
-    pub labels: Vec<(String, String)>,
-    /// The host: `--host`, else `host.name` of `OTEL_RESOURCE_ATTRIBUTES`.
-    pub host: Option<String>,
-    /// How requests are sent.
-    pub export: crate::export::ExportOptions,
-}
-
-/// Fills in what the agent's own settings leave open from the OTEL variables.
-pub fn apply(otel: OtelEnv, own: Own) -> Result<Merged> {
-    let mut export = crate::export::ExportOptions::default();
-    let endpoint = if own.endpoint_given {
-        own.endpoint
-    } else if let Some(exact) = otel.exact_endpoint {
-        export.exact_url = own.protocol == Protocol::Http;
-        exact
-    } else if let Some(base) = otel.base_endpoint {
-        base
-    } else if own.protocol == Protocol::Grpc {
-        crate::export::DEFAULT_GRPC_ENDPOINT.to_string()
-    } else {
-        own.endpoint
-    };
-    let mut headers = otel.headers;
-    for (k, v) in own.headers {
-        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-        headers.push((k, v));
-    }
-    export.headers = headers;
-    if let Some(t) = otel.timeout {
-        export.timeout = t;
-    }
-    export.compression = otel.compression.unwrap_or_default();
-    export.ca_file = otel.certificate;
-    export.client_identity = otel.client_certificate.zip(otel.client_key);
-    let mut host = own.host;
-    let mut labels = own.labels;
-    for (k, v) in otel.resource_attributes {
-        match k.as_str() {
-            "host.name" => {
-                host.get_or_insert(v);
-            }
-            "gpuwatch.simulated" => {}
-            _ if labels.iter().any(|(n, _)| *n == k) => {}
-            _ => labels.push((k, v)),
-        }
-    }
-    Ok(Merged {
-        endpoint,
-        labels,
-        host,
-        export,
-    })
 }

@@ -94,11 +94,6 @@ fn tls_config(options: &ExportOptions) -> Result<ClientTlsConfig> {
 }
 
 impl GrpcTransport {
-    #[cfg(test)]
-    pub(crate) fn new(endpoint: &str) -> Result<Self> {
-        Self::with_options(endpoint, &ExportOptions::default())
-    }
-
     pub(crate) fn with_options(endpoint: &str, options: &ExportOptions) -> Result<Self> {
         let url = grpc_url(endpoint)?;
         let mut metadata = MetadataMap::new();
