@@ -17,6 +17,7 @@ mod error;
 pub mod history;
 pub mod metrics;
 pub mod notify;
+mod recover;
 pub mod rules;
 pub mod service;
 pub mod source;

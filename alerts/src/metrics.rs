@@ -26,6 +26,8 @@ pub const QUEUED: &str = "gpuwatch_notifications_queued";
 pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
 /// Hours the job-usage ledger holds.
 pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
+/// Alerting state files found damaged at start and moved to quarantine.
+pub const STATE_QUARANTINED: &str = "gpuwatch_alerting_state_files_quarantined";
 
 /// Renders the metrics.
 pub fn render(a: &Alerting) -> String {
@@ -43,6 +45,11 @@ pub fn render(a: &Alerting) -> String {
             l.hours()
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP {STATE_QUARANTINED} Alerting state files found damaged at start and moved to quarantine (alerting started without them)\n# TYPE {STATE_QUARANTINED} gauge\n{STATE_QUARANTINED} {}",
+        a.quarantined().len()
+    );
     let alerts = a.alerts();
     let _ = writeln!(
         out,

@@ -29,6 +29,7 @@ pub mod auth;
 mod background;
 mod grpc;
 mod metrics;
+mod readiness;
 mod remote_write;
 pub mod tls;
 
@@ -169,7 +170,9 @@ enum WriteRefused {
 impl WriteRefused {
     fn message(&self) -> String {
         match self {
-            WriteRefused::NotReady => gpuwatch_store::Error::NotReady.to_string(),
+            WriteRefused::NotReady => {
+                gpuwatch_store::Error::NotReady(gpuwatch_store::startup::reason()).to_string()
+            }
             WriteRefused::QueryNode => gpuwatch_store::Error::ReadOnly.to_string(),
             WriteRefused::Memory(p) => {
                 format!("{p}: write not stored, retry after the Retry-After delay")
@@ -304,7 +307,7 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
         .with_state(app.clone());
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readiness::readyz))
         .route("/metrics", get(metrics::self_metrics))
         .with_state(app.clone())
         .merge(ingest.clone())
@@ -481,39 +484,13 @@ async fn not_found() -> Response {
     resp
 }
 
-async fn readyz(State(app): State<App>) -> Response {
-    if let Some(why) = app.store.get().and_then(|s| s.fenced()) {
-        return error_response(Status::Unavailable, &format!("not ready: {why}"));
-    }
-    if app.store.get().is_some() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        error_response(
-            Status::Unavailable,
-            "not ready: write-ahead log replay in progress",
-        )
-    }
-}
-
 fn store_error(e: &gpuwatch_store::Error) -> Response {
     use gpuwatch_store::Error as E;
     match e {
         E::TooLarge { .. } => error_response(Status::PayloadTooLarge, &e.to_string()),
-        E::NotReady => error_response(Status::Unavailable, &e.to_string()),
+        E::NotReady(_) => error_response(Status::Unavailable, &e.to_string()),
         E::BufferFull { .. } => error_response(Status::Unavailable, &e.to_string()),
-        _ if e.is_disk_full() => {
-            tracing::error!(error = %e, "disk full: refusing writes until space is freed");
-            let mut resp = error_response(
-                Status::Unavailable,
-                &format!(
-                    "disk full, write not stored: free space in the data directory and retry ({e})"
-                ),
-            );
-            *resp.status_mut() = StatusCode::INSUFFICIENT_STORAGE;
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            resp
-        }
+        _ if e.is_disk_full() => readiness::disk_full(e),
         _ if e.is_client_error() => error_response(Status::BadRequest, &e.to_string()),
         _ => {
             tracing::error!(error = %e, "write failed");

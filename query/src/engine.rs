@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use crate::error::Error;
 use crate::executor::{AbortOnDrop, Executor};
 use crate::memory::Ceiling;
+use crate::skipped::{ScanNotes, may_be_damage, verify_scanned};
 use crate::{Result, gate};
 
 /// A table of the store, as DataFusion sees it.
@@ -99,7 +100,11 @@ impl TableProvider for StoreTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let TableSnapshot { batches, files } = self.store.snapshot(self.table);
+        let TableSnapshot {
+            batches,
+            files,
+            warnings,
+        } = self.store.snapshot(self.table);
         // Prune by the catalog's time range of each file: a file that cannot hold a row passing
         // the `time` filters is never opened.
         let (lo, hi) = time_range(filters);
@@ -114,6 +119,9 @@ impl TableProvider for StoreTable {
         self.stats
             .files_scanned
             .fetch_add(files.len() as u64, Ordering::Relaxed);
+        if let Some(notes) = state.config().get_extension::<ScanNotes>() {
+            notes.record(self.table, &warnings, files.iter().map(|(l, _)| l));
+        }
         let schema = Arc::clone(&self.schema);
         let batches = batches
             .iter()
@@ -198,6 +206,11 @@ pub struct ScanStats {
     pub files_scanned: AtomicU64,
     /// Parquet files skipped because their time range cannot match the query's `time` filters.
     pub files_pruned: AtomicU64,
+    /// Answers that left data out (a damaged file, unread versions of a damaged log) and said
+    /// so.
+    pub answers_with_skipped_data: AtomicU64,
+    /// Queries run again after their read found a damaged file.
+    pub retried_after_damage: AtomicU64,
 }
 
 /// Nanoseconds since the epoch of a timestamp literal.
@@ -337,15 +350,31 @@ pub struct QueryResult {
     pub schema: SchemaRef,
     /// The rows.
     pub batches: Vec<RecordBatch>,
+    /// What the answer left out (damaged files, unread log versions).
+    pub warnings: Vec<String>,
 }
 
 /// The SQL engine over the store.
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: SessionContext,
+    store: Arc<dyn ReadStore>,
     config: EngineConfig,
     stats: Arc<ScanStats>,
     slots: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+/// How many times a query runs again after its read found damaged data files.
+const DAMAGE_RETRIES: usize = 3;
+
+/// A started query: its slot, its batches, and what its answer leaves out.
+pub struct Started {
+    /// Its place among the `--max-concurrent-queries` (freed on drop).
+    pub slot: QuerySlot,
+    /// The batches.
+    pub stream: SendableRecordBatchStream,
+    /// What the answer leaves out (damaged files, unread log versions), for the client.
+    pub warnings: Vec<String>,
 }
 
 /// A running query's place among the `--max-concurrent-queries`; freed on drop.
@@ -407,6 +436,7 @@ impl QueryEngine {
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
         Ok(Self {
             ctx,
+            store,
             config,
             stats,
             slots,
@@ -451,7 +481,7 @@ impl QueryEngine {
 
     /// The session a query runs in: the shared one, or one with its own memory pool when
     /// a memory limit or ceiling is set (so one query cannot starve the others).
-    fn session(&self) -> Result<SessionContext> {
+    fn session(&self, notes: &Arc<ScanNotes>) -> Result<SessionContext> {
         let mut state =
             datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state());
         if let Some(pool) = self.query_pool() {
@@ -464,6 +494,7 @@ impl QueryEngine {
             .set_extension(Arc::new(crate::deadline::Deadline::after(
                 self.config.query_timeout,
             )));
+        state.config_mut().set_extension(Arc::clone(notes));
         Ok(SessionContext::new_with_state(state))
     }
 
@@ -473,16 +504,58 @@ impl QueryEngine {
     }
 
     /// Plans a read-only statement and starts it, as a stream of batches, on the caller's
-    /// runtime (see [`QueryEngine::start`] for the query runtime).
-    pub async fn stream(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+    /// runtime (see [`QueryEngine::start`] for the query runtime). Its scans record what they
+    /// read and left out in `notes`.
+    pub async fn stream(
+        &self,
+        sql: &str,
+        notes: &Arc<ScanNotes>,
+    ) -> Result<SendableRecordBatchStream> {
         gate::check(sql)?;
         self.admit()?;
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let df = self.session()?.sql_with_options(sql, options).await?;
+        let df = self.session(notes)?.sql_with_options(sql, options).await?;
         Ok(df.execute_stream().await?)
+    }
+
+    /// The store the engine reads.
+    pub fn store(&self) -> &Arc<dyn ReadStore> {
+        &self.store
+    }
+
+    /// Plans and runs `sql` up to its first batch. A read that fails on a data file the store
+    /// did not know to be damaged has the files it read checked; when some were damaged, the
+    /// query runs again without them (at most [`DAMAGE_RETRIES`] times), its notes naming them.
+    async fn first_batch(
+        &self,
+        sql: &str,
+    ) -> Result<(
+        SendableRecordBatchStream,
+        Option<DfResult<RecordBatch>>,
+        Arc<ScanNotes>,
+    )> {
+        let mut attempt = 0;
+        loop {
+            let notes = Arc::new(ScanNotes::default());
+            let mut stream = self.stream(sql, &notes).await?;
+            let first = stream.next().await;
+            if let Some(Err(e)) = &first
+                && may_be_damage(e)
+                && attempt < DAMAGE_RETRIES
+                && verify_scanned(&self.store, &notes).await > 0
+            {
+                attempt += 1;
+                self.stats
+                    .retried_after_damage
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "a query's read failed on a damaged data file: run again without it");
+                continue;
+            }
+            return Ok((stream, first, notes));
+        }
     }
 
     /// Memory one query may hold (`--query-memory-limit`); `None`: unbounded.
@@ -518,28 +591,43 @@ impl QueryEngine {
     /// Takes a query slot, plans `sql` within the time limit and starts it on the query runtime:
     /// the caller pulls the batches (and keeps the slot until it is done). Dropping the stream
     /// stops the query; so does the memory ceiling, with a [`crate::memory::Pressure`] error.
-    pub async fn start(&self, sql: &str) -> Result<(QuerySlot, SendableRecordBatchStream)> {
+    /// The first batch is read before this returns, so the warnings (data the answer leaves
+    /// out, [`crate::skipped`]) are known before the answer starts.
+    pub async fn start(&self, sql: &str) -> Result<Started> {
         let slot = self.try_slot()?;
         let limit = self.config.query_timeout;
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
+        let (started_tx, started_rx) =
+            tokio::sync::oneshot::channel::<Result<(SchemaRef, Vec<String>)>>();
         let (tx, rx) = tokio::sync::mpsc::channel::<DfResult<RecordBatch>>(2);
         let engine = self.clone();
         let sql = sql.to_owned();
         let task = self.config.executor.spawn(async move {
-            let stream = match engine.stream(&sql).await {
+            let (stream, first, notes) = match engine.first_batch(&sql).await {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = started_tx.send(Err(e));
                     return;
                 }
             };
-            if started_tx.send(Ok(stream.schema())).is_err() {
+            let warnings = notes.warnings();
+            if !warnings.is_empty() {
+                engine
+                    .stats
+                    .answers_with_skipped_data
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            if started_tx.send(Ok((stream.schema(), warnings))).is_err() {
                 return;
             }
-            engine.pump(stream, tx).await;
+            if let Some(first) = first
+                && tx.send(first).await.is_err()
+            {
+                return;
+            }
+            engine.pump(stream, tx, &notes).await;
         });
         let task = AbortOnDrop(task);
-        let schema = match tokio::time::timeout(limit, started_rx).await {
+        let (schema, warnings) = match tokio::time::timeout(limit, started_rx).await {
             Err(_) => return Err(Error::Timeout(limit)),
             Ok(Err(_)) => return Err(Error::Internal("the query task ended early".into())),
             Ok(Ok(r)) => r?,
@@ -548,18 +636,21 @@ impl QueryEngine {
             let b = rx.recv().await?;
             Some((b, (rx, task)))
         });
-        Ok((
+        Ok(Started {
             slot,
-            Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
-        ))
+            stream: Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
+            warnings,
+        })
     }
 
     /// Sends `stream`'s batches to `tx` until the end, until the receiver is gone, or until the
-    /// memory ceiling stops running queries.
+    /// memory ceiling stops running queries. A read that fails on a damaged file past the
+    /// first batch ends the answer; the file is found and left out of later queries.
     async fn pump(
         &self,
         mut stream: SendableRecordBatchStream,
         tx: mpsc::Sender<DfResult<RecordBatch>>,
+        notes: &ScanNotes,
     ) {
         let mut stops = self.config.ceiling.as_ref().map(|c| c.stops());
         loop {
@@ -572,6 +663,10 @@ impl QueryEngine {
             tokio::select! {
                 b = stream.next() => {
                     let Some(b) = b else { return };
+                    let b = match b {
+                        Err(e) if may_be_damage(&e) => Err(self.damage_found(e, notes).await),
+                        other => other,
+                    };
                     if tx.send(b).await.is_err() {
                         return;
                     }
@@ -587,11 +682,34 @@ impl QueryEngine {
         }
     }
 
+    /// `e`, a read failure past the first batch, with the damaged files it found named.
+    async fn damage_found(
+        &self,
+        e: datafusion::error::DataFusionError,
+        notes: &ScanNotes,
+    ) -> datafusion::error::DataFusionError {
+        let before = notes.warnings().len();
+        if verify_scanned(&self.store, notes).await == 0 {
+            return e;
+        }
+        let found = notes.warnings().split_off(before).join("; ");
+        datafusion::error::DataFusionError::Context(
+            format!(
+                "the answer was cut short by a damaged data file, which later queries skip: {found}"
+            ),
+            Box::new(e),
+        )
+    }
+
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
         let deadline = tokio::time::Instant::now() + self.config.query_timeout;
         let limit = self.config.query_timeout;
-        let (_slot, mut stream) = self.start(sql).await?;
+        let Started {
+            slot: _slot,
+            mut stream,
+            warnings,
+        } = self.start(sql).await?;
         let schema = stream.schema();
         let mut batches = Vec::new();
         loop {
@@ -601,7 +719,11 @@ impl QueryEngine {
                 Ok(Some(b)) => batches.push(b.map_err(Error::from)?),
             }
         }
-        Ok(QueryResult { schema, batches })
+        Ok(QueryResult {
+            schema,
+            batches,
+            warnings,
+        })
     }
 }
 

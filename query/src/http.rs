@@ -131,9 +131,9 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
         Err(e) => return e.into_response(),
     };
     let Some(engine) = engine.get() else {
-        return Error::NotReady.into_response();
+        return Error::NotReady(gpuwatch_store::startup::reason()).into_response();
     };
-    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<Vec<String>, Error>>();
     let (body_tx, body_rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
     let span = tracing::info_span!(
         "query",
@@ -151,14 +151,14 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
     // for the task's own answer), in case the query's threads are too busy to notice.
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit + DEADLINE_GRACE;
-    match tokio::time::timeout_at(deadline, head_rx).await {
-        Ok(Ok(Ok(()))) => {}
+    let warnings = match tokio::time::timeout_at(deadline, head_rx).await {
+        Ok(Ok(Ok(w))) => w,
         Ok(Ok(Err(e))) => return e.into_response(),
         Ok(Err(_)) => {
             return Error::Internal("the query task ended early".into()).into_response();
         }
         Err(_) => return Error::Timeout(limit).into_response(),
-    }
+    };
     let body = futures::stream::unfold((body_rx, Some(task)), move |(mut rx, task)| async move {
         let task = task?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -184,7 +184,29 @@ async fn run(engine: &EngineSlot, sql: &str, format: Option<&str>) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.content_type()),
     );
+    for w in &warnings {
+        resp.headers_mut().append(WARNING_HEADER, header_value(w));
+    }
     resp
+}
+
+/// The header an answer that left data out carries, once per warning
+/// ([`crate::skipped`]).
+pub const WARNING_HEADER: &str = "gpuwatch-warning";
+
+/// `text` as a header value: visible ASCII and spaces only (anything else becomes `?`).
+fn header_value(text: &str) -> HeaderValue {
+    let clean: String = text
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&clean).unwrap_or_else(|_| HeaderValue::from_static("data left out"))
 }
 
 /// At most `max` bytes of `text`, on a character boundary.
@@ -202,13 +224,17 @@ async fn answer(
     engine: QueryEngine,
     sql: String,
     format: Format,
-    head: tokio::sync::oneshot::Sender<Result<(), Error>>,
+    head: tokio::sync::oneshot::Sender<Result<Vec<String>, Error>>,
     body: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
 ) {
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit;
     let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
-    let (_slot, mut stream) = match engine
+    let crate::engine::Started {
+        slot: _slot,
+        mut stream,
+        warnings,
+    } = match engine
         .start(&sql)
         .instrument(tracing::info_span!("plan"))
         .await
@@ -219,6 +245,9 @@ async fn answer(
             return;
         }
     };
+    if !warnings.is_empty() {
+        tracing::warn!(warnings = ?warnings, "the answer leaves damaged data out");
+    }
     let execute = tracing::info_span!("execute");
     let encode = tracing::info_span!("encode");
     let mut rows = 0usize;
@@ -257,7 +286,7 @@ async fn answer(
             let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
             return;
         }
-        if head.send(Ok(())).is_ok() {
+        if head.send(Ok(warnings)).is_ok() {
             let _ = body.send(Ok(Bytes::from(chunk))).await;
         }
         return;
@@ -274,7 +303,7 @@ async fn answer(
         let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
         return;
     }
-    if head.send(Ok(())).is_err() {
+    if head.send(Ok(warnings)).is_err() {
         return;
     }
     let mut sent = chunk.len();

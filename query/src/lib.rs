@@ -22,6 +22,7 @@ pub mod pg_functions;
 pub mod pg_information_schema;
 pub mod pg_rewrite;
 pub mod run_aggregate;
+pub mod skipped;
 pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};

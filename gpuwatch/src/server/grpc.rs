@@ -33,7 +33,7 @@ fn status(e: &gpuwatch_store::Error) -> tonic::Status {
     use gpuwatch_store::Error as E;
     match e {
         E::TooLarge { .. } => tonic::Status::resource_exhausted(e.to_string()),
-        E::NotReady => tonic::Status::unavailable(e.to_string()),
+        E::NotReady(_) => tonic::Status::unavailable(e.to_string()),
         _ if e.is_client_error() => tonic::Status::invalid_argument(e.to_string()),
         _ => {
             tracing::error!(error = %e, "otlp/grpc write failed");

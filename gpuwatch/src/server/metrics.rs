@@ -179,7 +179,7 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
         line(
             "gpuwatch_writes_rejected_disk_full_total",
             "counter",
-            "Writes refused with 507 because the disk was full",
+            "Writes refused with 503 because the disk was full",
             s.rejected_disk_full.load(Ordering::Relaxed),
         );
         line(
@@ -243,6 +243,7 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
             "Files deleted by vacuum (removed from a table past the grace period, or named by no commit)",
             s.vacuumed_files.load(Ordering::Relaxed),
         );
+        damage_samples(store, &mut line);
     }
     if let Some(engine) = app.engine.get() {
         let s = engine.scan_stats();
@@ -258,6 +259,66 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
             "Parquet files skipped by queries because their time range cannot match",
             s.files_pruned.load(Ordering::Relaxed),
         );
+        line(
+            "gpuwatch_query_answers_with_skipped_data_total",
+            "counter",
+            "Answers that left damaged data out and said so (a Gpuwatch-Warning header, a Postgres notice)",
+            s.answers_with_skipped_data.load(Ordering::Relaxed),
+        );
+        line(
+            "gpuwatch_query_retried_after_damage_total",
+            "counter",
+            "Queries run again without a data file their read found damaged",
+            s.retried_after_damage.load(Ordering::Relaxed),
+        );
     }
     out
+}
+
+/// The damage the store knows of (docs/operations.md).
+fn damage_samples(
+    store: &gpuwatch_store::Store,
+    line: &mut impl FnMut(&'static str, &'static str, &'static str, u64),
+) {
+    let s = store.stats();
+    line(
+        "gpuwatch_wal_damaged_segments_total",
+        "counter",
+        "Write-ahead log segments found damaged at replay (every valid record in them replayed)",
+        s.wal_damaged_segments.load(Ordering::Relaxed),
+    );
+    line(
+        "gpuwatch_wal_skipped_bytes_total",
+        "counter",
+        "Write-ahead log bytes skipped at replay because they held no valid record",
+        s.wal_skipped_bytes.load(Ordering::Relaxed),
+    );
+    line(
+        "gpuwatch_wal_quarantined_segments_total",
+        "counter",
+        "Damaged write-ahead log segments moved to quarantine once their valid records were committed",
+        s.wal_quarantined_segments.load(Ordering::Relaxed),
+    );
+    line(
+        "gpuwatch_damaged_files",
+        "gauge",
+        "Data files left out of answers and maintenance because they are missing, empty or unreadable",
+        store.damaged_files().len() as u64,
+    );
+    let tables = gpuwatch_store::schema::Table::ALL;
+    line(
+        "gpuwatch_damaged_table_logs",
+        "gauge",
+        "Tables whose Delta log has versions that cannot be read (no commit or vacuum runs on them)",
+        tables
+            .iter()
+            .filter(|t| store.log_health(**t).blocks())
+            .count() as u64,
+    );
+    line(
+        "gpuwatch_persists_held_back_total",
+        "counter",
+        "Persists that kept a table's rows buffered and in the write-ahead log because its Delta log is damaged",
+        s.persists_held_back.load(Ordering::Relaxed),
+    );
 }

@@ -79,7 +79,7 @@ impl Store {
             .and_then(|()| self.compact(now, &mut reopened, &mut report))
             .and_then(|()| self.vacuum(now, &mut report));
         if let Err(e) = done {
-            if matches!(e, Error::DeltaConflict(_)) {
+            if matches!(e, Error::DeltaConflict { .. }) {
                 self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
             }
             return Err(e);
@@ -115,8 +115,9 @@ impl Store {
                 continue;
             };
             let cutoff = now.saturating_sub(keep);
+            // A damaged file is never removed (then vacuumed): it waits for `gpuwatch repair`.
             let doomed: Vec<FileMeta> = self
-                .files(table)
+                .readable_files(table)
                 .iter()
                 .filter(|f| {
                     // Raw samples go only once their hour is rolled up.
@@ -129,6 +130,10 @@ impl Store {
                 continue;
             }
             let mut tables = lock(&self.tables);
+            if let Some(why) = tables.blocked(table) {
+                tracing::warn!(table = table.name(), "retention skipped: {why}");
+                continue;
+            }
             let ms = now.div_euclid(1_000_000);
             self.maintenance_commit(
                 &mut tables,
@@ -161,7 +166,11 @@ impl Store {
         let cfg = &self.config.compaction;
         let mut windows: BTreeMap<(Table, i64), Vec<FileMeta>> = BTreeMap::new();
         for table in Table::ALL.into_iter().filter(|t| t.is_ingested()) {
-            for f in self.files(table).iter().filter(|f| f.has_time_range()) {
+            for f in self
+                .readable_files(table)
+                .iter()
+                .filter(|f| f.has_time_range())
+            {
                 windows
                     .entry((table, compact::window_of(f)))
                     .or_default()
@@ -189,11 +198,54 @@ impl Store {
                 true
             };
             if needed {
-                self.compact_window(table, hour, &files, closed, now, report)?;
+                self.compact_or_skip(table, hour, &files, closed, now, report)?;
             }
         }
         *reopened = still_reopened;
         Ok(())
+    }
+
+    /// Compacts one window. A window that cannot be compacted now (a damaged input, a table
+    /// whose log is damaged) is skipped, and every other window goes on; a conflict with
+    /// another maintainer ends the pass.
+    fn compact_or_skip(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+        now: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let needs = if closed && table == Table::GpuMetrics {
+            vec![table, Table::GpuMetrics1m, Table::GpuMetrics1h]
+        } else {
+            vec![table]
+        };
+        let blocked = {
+            let tables = lock(&self.tables);
+            needs.iter().find_map(|t| tables.blocked(*t))
+        };
+        if let Some(why) = blocked {
+            tracing::warn!(
+                table = table.name(),
+                hour,
+                "compaction of the hour skipped: {why}"
+            );
+            report.windows_skipped += 1;
+            return Ok(());
+        }
+        match self.compact_window(table, hour, inputs, closed, now, report) {
+            Ok(()) => Ok(()),
+            Err(e @ Error::DeltaConflict { .. }) | Err(e @ Error::Fenced(_)) => Err(e),
+            Err(e) => {
+                let damaged = self.find_damaged(table, inputs);
+                tracing::warn!(table = table.name(), hour, error = %e, damaged = damaged.len(),
+                    "compaction of the hour failed; it is retried at the next pass without any damaged file, and every other hour goes on");
+                report.windows_skipped += 1;
+                Ok(())
+            }
+        }
     }
 
     fn compact_window(
