@@ -18,6 +18,9 @@ pub enum Error {
     /// The server answered with an error (for `gpuwatch sql`).
     #[error("{0}")]
     Remote(String),
+    /// `gpuwatch check` found damage: exit code 1.
+    #[error("{0}")]
+    Damaged(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),

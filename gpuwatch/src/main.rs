@@ -2,6 +2,7 @@
 //! components built, servers started, shutdown handled.
 
 mod alerts_wiring;
+mod check;
 mod config;
 mod demo;
 mod error;
@@ -44,6 +45,12 @@ enum Command {
     Job(JobArgs),
     /// List jobs with their GPU-hours, idle share and cost (most recent first).
     Jobs(JobsArgs),
+    /// Check a stopped server's data (WAL, Delta logs, data files, alerting state) offline:
+    /// list every damaged item with what it holds; exit 1 when anything is damaged.
+    Check(check::CheckArgs),
+    /// Repair a stopped server's data offline: rebuild what can be rebuilt and move the rest to
+    /// quarantine/, never deleting anything. A dry run unless --apply is given.
+    Repair(check::RepairArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -712,6 +719,8 @@ async fn run() -> Result<()> {
             print!("{out}");
             Ok(())
         }
+        Command::Check(args) => check::check(&args),
+        Command::Repair(args) => check::repair(&args),
         Command::Sql(args) => {
             let out = sql::run(&args.server, &args.sql, args.format, args.timeout).await?;
             use std::io::Write;

@@ -11,6 +11,7 @@
 //! hours, and drops files past their table's retention.
 
 pub mod buffer;
+pub mod check;
 pub mod clock;
 pub mod compact;
 pub mod delta;

@@ -522,6 +522,40 @@ impl DeltaTables {
         Err(Error::DeltaConflict { table, source })
     }
 
+    /// Commits a repair (`gpuwatch repair`, offline): files re-added and damaged ones removed.
+    /// The `txn` of every writer whose files it re-adds rides along as `Action::Txn`. One
+    /// attempt.
+    pub fn commit_repair(&mut self, table: Table, actions: Vec<Action>) -> Result<u64> {
+        if let Some(why) = self.blocked(table) {
+            return Err(Error::LogDamaged(why));
+        }
+        let kind = Kind::Expire {
+            predicate: "gpuwatch repair".into(),
+        };
+        self.commit_once(table, actions, &kind, None)
+            .map_err(|e| delta_error(&self.storage, table, e))
+    }
+
+    /// The paths (in the table) of every file removed from `table` and not vacuumed yet, as its
+    /// log's tombstones say.
+    pub fn tombstones(&self, table: Table) -> Result<HashSet<String>> {
+        use futures::TryStreamExt;
+        let log = self.log(table)?;
+        let Some(state) = log.table.state.clone() else {
+            return Ok(HashSet::new());
+        };
+        let store = log.table.log_store();
+        self.storage
+            .block(async move {
+                state
+                    .all_tombstones(store.as_ref())
+                    .map_ok(|t| t.path().into_owned())
+                    .try_collect::<HashSet<String>>()
+                    .await
+            })?
+            .map_err(|e| delta_error(&self.storage, table, e))
+    }
+
     fn commit_once(
         &mut self,
         table: Table,

@@ -389,3 +389,164 @@ fn maintenance_skips_a_damaged_file_and_goes_on_with_every_other_hour(p: &Place)
 fn powers_readable(s: &Store) -> Vec<f64> {
     powers(s)
 }
+
+fn check_config(p: &Place) -> crate::check::CheckConfig {
+    let c = p.config();
+    crate::check::CheckConfig {
+        data_dir: c.data_dir,
+        object_store: c.object_store,
+        object_store_options: c.object_store_options,
+        quick: false,
+    }
+}
+
+fn kinds(r: &crate::check::Report) -> Vec<crate::check::Kind> {
+    r.findings
+        .iter()
+        .filter(|f| f.damage)
+        .map(|f| f.kind)
+        .collect()
+}
+
+on_both!(
+    repair_commits_again_the_files_of_a_lost_commit,
+    repair_rebuilds_a_table_whose_first_commit_is_gone,
+    repair_removes_a_damaged_data_file_and_keeps_it_in_quarantine,
+);
+
+fn repair_commits_again_the_files_of_a_lost_commit(p: &Place) {
+    {
+        let s = open(p);
+        for round in 0..3 {
+            for i in round * 5..round * 5 + 5 {
+                s.write(&write_of(i)).expect("write");
+            }
+            s.persist().expect("persist");
+        }
+        clobber(&s, &commit(Table::GpuMetrics, 2), b"");
+    }
+    use crate::check::Kind;
+    let cfg = check_config(p);
+    let found = crate::check::check(&cfg).expect("check");
+    assert!(found.damaged());
+    assert_eq!(
+        kinds(&found),
+        vec![
+            Kind::Commit,
+            Kind::UnreadVersion,
+            Kind::UnreadFile,
+            Kind::UnreadFile
+        ],
+        "{found:#?}"
+    );
+    let unread: Vec<_> = found
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::UnreadFile)
+        .collect();
+    assert!(
+        unread
+            .iter()
+            .all(|f| f.rows == Some(5) && f.action.starts_with("commit again"))
+    );
+    let gm = found
+        .tables
+        .iter()
+        .find(|t| t.table == "gpu_metrics")
+        .expect("table");
+    assert_eq!((gm.read_at, gm.lost), (Some(1), Some([2, 3])));
+    // A dry run changes nothing.
+    let dry = crate::check::repair(&cfg, false).expect("dry run");
+    assert!(!dry.applied);
+    assert_eq!(
+        kinds(&crate::check::check(&cfg).expect("check")),
+        kinds(&found)
+    );
+    let done = crate::check::repair(&cfg, true).expect("repair");
+    assert!(done.applied);
+    let after = crate::check::check(&cfg).expect("check");
+    assert!(!after.damaged(), "{after:#?}");
+    assert_eq!(
+        after
+            .findings
+            .iter()
+            .filter(|f| f.kind == Kind::Quarantined)
+            .count(),
+        2,
+        "the damaged commit and the version after it are kept in quarantine"
+    );
+    let s = open(p);
+    assert_eq!(powers(&s), expected(15), "every row is back, none twice");
+    assert!(s.log_health(Table::GpuMetrics).bad.is_empty());
+    s.write(&write_of(15)).expect("write");
+    assert!(
+        s.persist()
+            .expect("persist")
+            .expect("report")
+            .held_back
+            .is_empty()
+    );
+    drop(s);
+    assert_eq!(powers(&open(p)), expected(16));
+}
+
+fn repair_rebuilds_a_table_whose_first_commit_is_gone(p: &Place) {
+    {
+        let s = open(p);
+        for i in 0..4 {
+            s.write(&metric_write(i)).expect("write");
+        }
+        s.persist().expect("persist");
+        clobber(&s, &commit(Table::Metrics, 0), b"");
+    }
+    let cfg = check_config(p);
+    crate::check::repair(&cfg, true).expect("repair");
+    assert!(!crate::check::check(&cfg).expect("check").damaged());
+    let s = open(p);
+    assert_eq!(metric_rows(&s), 4);
+    assert!(!s.log_health(Table::Metrics).damaged());
+}
+
+fn repair_removes_a_damaged_data_file_and_keeps_it_in_quarantine(p: &Place) {
+    let bad = {
+        let s = open(p);
+        for hour in 0..2 {
+            for i in hour * 10..hour * 10 + 10 {
+                s.write(&write_at(i, 360)).expect("write");
+            }
+            s.persist().expect("persist");
+        }
+        let mut files = files_in(&s);
+        files.sort_by_key(|f| f.min_time);
+        clobber(&s, &files[0].path, &vec![7u8; files[0].bytes as usize]);
+        files[0].clone()
+    };
+    let cfg = check_config(p);
+    let found = crate::check::check(&cfg).expect("check");
+    let data: Vec<_> = found
+        .findings
+        .iter()
+        .filter(|f| f.kind == crate::check::Kind::DataFile)
+        .collect();
+    assert_eq!(data.len(), 1, "{found:#?}");
+    assert_eq!((data[0].rows, data[0].hour.is_some()), (Some(10), true));
+    let quick = crate::check::check(&crate::check::CheckConfig {
+        quick: true,
+        ..cfg.clone()
+    })
+    .expect("quick");
+    assert!(!quick.damaged(), "same size: only a full read finds it");
+    crate::check::repair(&cfg, true).expect("repair");
+    let after = crate::check::check(&cfg).expect("check");
+    assert!(!after.damaged(), "{after:#?}");
+    let s = open(p);
+    assert!(s.damaged_files().is_empty());
+    assert_eq!(powers(&s), (10..20).map(|i| i as f64).collect::<Vec<_>>());
+    assert!(s.storage().read(&bad.path).is_err(), "moved away");
+    let kept = after
+        .findings
+        .iter()
+        .find(|f| f.kind == crate::check::Kind::Quarantined)
+        .expect("in quarantine");
+    assert!(kept.path.contains("/quarantine/"), "{}", kept.path);
+}
