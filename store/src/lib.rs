@@ -30,6 +30,6 @@ pub use compact::{CompactionConfig, MaintenanceReport, RetentionConfig};
 pub use error::{Error, Result};
 pub use ingest::WriteBatch;
 pub use store::{
-    DamagedFile, PersistReport, ReadStore, Store, StoreConfig, StoreStats, TableSnapshot,
+    DamagedFile, PersistReport, ReadStore, Skipped, Store, StoreConfig, StoreStats, TableSnapshot,
     check_presence, verify_file,
 };

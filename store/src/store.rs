@@ -148,8 +148,31 @@ pub struct TableSnapshot {
     /// what the store knows of it.
     pub files: Vec<(String, FileMeta)>,
     /// What this view leaves out and why (damaged files, unread versions of a damaged log):
-    /// every answer built on it says so.
-    pub warnings: Vec<String>,
+    /// every answer that could have read it says so.
+    pub warnings: Vec<Skipped>,
+}
+
+/// Data a snapshot leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// What and why, for the client.
+    pub text: String,
+    /// The `time` range (ns, inclusive) the data left out covers: a query outside it missed
+    /// nothing. `i64::MIN..=i64::MAX` when unknown.
+    pub min_time: i64,
+    /// See `min_time`.
+    pub max_time: i64,
+}
+
+impl Skipped {
+    /// Data left out at any time.
+    pub fn anytime(text: String) -> Self {
+        Self {
+            text,
+            min_time: i64::MIN,
+            max_time: i64::MAX,
+        }
+    }
 }
 
 /// The narrow read interface the query engine uses.
@@ -770,13 +793,17 @@ impl ReadStore for Store {
         drop(s);
         let mut warnings = Vec::new();
         if let Some(why) = self.health.blocked(table) {
-            warnings.push(why);
+            warnings.push(Skipped::anytime(why));
         }
         let damage = lock(&self.damage);
         let mut files = Vec::with_capacity(all.len());
         for m in all.iter() {
             match damage.file(&m.path) {
-                Some(d) => warnings.push(d.warning()),
+                Some(d) => warnings.push(Skipped {
+                    text: d.warning(),
+                    min_time: m.min_time,
+                    max_time: m.max_time,
+                }),
                 None => files.push((self.storage.location(&m.path), m.clone())),
             }
         }

@@ -282,6 +282,7 @@ mod tests {
             gpuwatch_store::TableSnapshot {
                 batches: Vec::new(),
                 files: Vec::new(),
+                warnings: Vec::new(),
             }
         }
     }

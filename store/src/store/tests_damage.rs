@@ -203,7 +203,7 @@ fn a_zero_byte_newest_commit_is_an_error_and_the_table_is_read_at_its_last_good_
     assert_eq!(powers(&s), expected(5));
     let warnings = s.snapshot(Table::GpuMetrics).warnings;
     assert!(
-        warnings.len() == 1 && warnings[0].contains("versions 2..=2 are not read"),
+        warnings.len() == 1 && warnings[0].text.contains("versions 2..=2 are not read"),
         "{warnings:?}"
     );
     // Writes are kept (WAL and buffer); the persist holds the table back; other tables commit.
@@ -281,7 +281,9 @@ fn a_zero_byte_first_commit_of_one_table_leaves_the_others_serving(p: &Place) {
     assert_eq!(powers(&s), expected(2));
     assert_eq!(metric_rows(&s), 1);
     assert!(
-        s.snapshot(Table::Metrics).warnings[0].contains("no version is readable"),
+        s.snapshot(Table::Metrics).warnings[0]
+            .text
+            .contains("no version is readable"),
         "{:?}",
         s.snapshot(Table::Metrics).warnings
     );
@@ -315,11 +317,18 @@ fn a_missing_empty_or_garbled_data_file_costs_only_its_rows(p: &Place) {
     let snap = s.snapshot(Table::GpuMetrics);
     assert_eq!(snap.files.len(), 2);
     assert_eq!(
-        snap.warnings,
+        snap.warnings
+            .iter()
+            .map(|w| w.text.clone())
+            .collect::<Vec<_>>(),
         vec![format!(
             "skipped damaged file {} (10 rows): it is empty (0 bytes)",
             files[0].path
         )]
+    );
+    assert_eq!(
+        (snap.warnings[0].min_time, snap.warnings[0].max_time),
+        (files[0].min_time, files[0].max_time)
     );
     // The garbled one is found when a read fails on it.
     let locations: Vec<String> = snap.files.iter().map(|(l, _)| l.clone()).collect();
