@@ -559,3 +559,41 @@ fn repair_removes_a_damaged_data_file_and_keeps_it_in_quarantine(p: &Place) {
         .expect("in quarantine");
     assert!(kept.path.contains("/quarantine/"), "{}", kept.path);
 }
+
+on_both!(a_newest_commit_cut_at_a_line_boundary_is_caught_by_its_count);
+
+/// A commit cut exactly between two lines still parses line by line; the count of file actions
+/// its commitInfo announces tells it apart, so its files are never read as not being there.
+fn a_newest_commit_cut_at_a_line_boundary_is_caught_by_its_count(p: &Place) {
+    {
+        let s = open(p);
+        s.write(&write_of(0)).expect("write");
+        s.persist().expect("persist");
+        // Two hours in one persist: one commit adding two files.
+        s.write(&write_at(1, 3600)).expect("write");
+        s.write(&write_at(2, 3600)).expect("write");
+        let r = s.persist().expect("persist").expect("report");
+        assert_eq!(r.files.len(), 2);
+        let rel = commit(Table::GpuMetrics, 2);
+        let text = s.storage().read(&rel).expect("commit");
+        let text = String::from_utf8(text.to_vec()).expect("utf-8");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>();
+        let last_add = kept
+            .iter()
+            .rposition(|l| l.starts_with("{\"add\""))
+            .expect("an add");
+        let cut = kept[..last_add].join("\n") + "\n";
+        clobber(&s, &rel, cut.as_bytes());
+    }
+    let s = open(p);
+    let health = s.log_health(Table::GpuMetrics);
+    assert_eq!(health.lost(), Some((2, 2)), "{health:?}");
+    assert!(
+        health.bad[0].problem.contains("1 of the 2 add/remove actions"),
+        "{health:?}"
+    );
+    assert_eq!(powers(&s), expected(1));
+}
