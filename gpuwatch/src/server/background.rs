@@ -81,6 +81,9 @@ pub(super) async fn run(b: Background) {
         Ok(engine) => engine,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the query engine");
+            gpuwatch_store::startup::set(format!(
+                "the query engine cannot be built ({e}): the server stays unready"
+            ));
             return;
         }
     };
@@ -104,6 +107,9 @@ pub(super) async fn run(b: Background) {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot start alerting; the server stays unready");
+            gpuwatch_store::startup::set(format!(
+                "the store is open but alerting cannot start ({e}): fix the cause and restart the server"
+            ));
             return;
         }
     }

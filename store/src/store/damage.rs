@@ -182,11 +182,21 @@ impl Store {
         }
     }
 
-    /// Checks that the files of `table` not checked yet are present with their size.
+    /// Checks that the files of `table` not checked yet are present with their size, and
+    /// forgets the files that left the table.
     pub(super) fn check_new_files(&self, table: Table) {
+        let files = self.files(table);
         let fresh: Vec<FileMeta> = {
-            let damage = lock(&self.damage);
-            self.files(table)
+            let mut damage = lock(&self.damage);
+            let current: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+            let dir = format!("tables/{}/", table.name());
+            damage
+                .present
+                .retain(|p| !p.starts_with(&dir) || current.contains(p.as_str()));
+            damage
+                .files
+                .retain(|p, _| !p.starts_with(&dir) || current.contains(p.as_str()));
+            files
                 .iter()
                 .filter(|f| !damage.present.contains(&f.path))
                 .cloned()

@@ -577,10 +577,7 @@ fn a_newest_commit_cut_at_a_line_boundary_is_caught_by_its_count(p: &Place) {
         let rel = commit(Table::GpuMetrics, 2);
         let text = s.storage().read(&rel).expect("commit");
         let text = String::from_utf8(text.to_vec()).expect("utf-8");
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.is_empty())
-            .collect::<Vec<_>>();
+        let kept: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>();
         let last_add = kept
             .iter()
             .rposition(|l| l.starts_with("{\"add\""))
@@ -592,7 +589,9 @@ fn a_newest_commit_cut_at_a_line_boundary_is_caught_by_its_count(p: &Place) {
     let health = s.log_health(Table::GpuMetrics);
     assert_eq!(health.lost(), Some((2, 2)), "{health:?}");
     assert!(
-        health.bad[0].problem.contains("1 of the 2 add/remove actions"),
+        health.bad[0]
+            .problem
+            .contains("1 of the 2 add/remove actions"),
         "{health:?}"
     );
     assert_eq!(powers(&s), expected(1));
