@@ -332,32 +332,10 @@ async fn a_zero_filled_4k_hole_in_the_wal_costs_only_the_writes_under_it() {
     assert_rows(&server, "GPU-hole", 300, &lost).await;
 }
 
-/// A zero-byte newest `gpu_metrics` commit (as a full disk or a crashed copy leaves it) on local
-/// disk or S3: an error, never an empty commit. The table is read at the version before it
-/// (exactly its rows), the answer says so, the other tables serve and ingest, writes are kept;
-/// `gpuwatch check` names it, `gpuwatch repair --apply` brings every row back.
-async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("d");
-    let prefix = "faults/newest";
-    let mut builder = TestServer::builder()
-        .data_dir(&data)
-        .arg("--persist-interval")
-        .arg("300ms");
-    let mut env = Vec::new();
-    if let Some(s3) = s3 {
-        builder = builder.object_store(s3, prefix);
-        env = s3.env();
-    }
-    let mut server = builder.start();
-    let t0 = base_time();
-    write_power_batch(&server, "GPU-a", 0..50, t0).await;
-    wait_persisted(&server, "gpu_metrics", 50).await;
-    write_power_batch(&server, "GPU-a", 50..100, t0).await;
-    wait_persisted(&server, "gpu_metrics", 100).await;
-    server.kill9();
+/// Empties the newest commit of `gpu_metrics` (locally or in the bucket); returns its name.
+fn empty_newest_commit(data: &Path, s3: Option<(&S3Server, &str)>) -> String {
     let newest = match s3 {
-        Some(s3) => {
+        Some((s3, prefix)) => {
             let mut keys: Vec<String> = s3
                 .keys(&format!("{prefix}/tables/gpu_metrics/_delta_log/"))
                 .into_iter()
@@ -369,37 +347,39 @@ async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
             key
         }
         None => {
-            let path = commits(&data, "gpu_metrics").pop().expect("a commit");
+            let path = commits(data, "gpu_metrics").pop().expect("a commit");
             std::fs::write(&path, b"").expect("zero bytes");
             path.display().to_string()
         }
     };
-    let name = newest.rsplit('/').next().expect("name").to_string();
-    server.restart();
+    newest.rsplit('/').next().expect("name").to_string()
+}
 
-    // Exactly the rows of the versions before it; the answer says what it left out.
-    assert_rows(&server, "GPU-a", 50, &[]).await;
+/// While `name` is damaged: exactly the rows before it, every answer says so, the other tables
+/// are ready, and writes are taken.
+async fn assert_contained(server: &TestServer, name: &str, t0: i64) {
+    assert_rows(server, "GPU-a", 50, &[]).await;
     let (status, warnings, _) = sql_warned(
-        &server,
+        server,
         "SELECT count(*) FROM gpu_metrics WHERE gpu_uuid = 'GPU-a'",
     )
     .await;
     assert_eq!(status, 200);
     assert!(
-        warnings.len() == 1 && warnings[0].contains(&name) && warnings[0].contains("are not read"),
+        warnings.len() == 1 && warnings[0].contains(name) && warnings[0].contains("are not read"),
         "{warnings:?}"
     );
-    let (code, body) = readyz(&server, "");
+    let (code, body) = readyz(server, "");
     assert!(
         code == 200 && body.contains("degraded: table gpu_metrics"),
         "{body}"
     );
-    let (code, body) = readyz(&server, "?table=gpu_metrics");
+    let (code, body) = readyz(server, "?table=gpu_metrics");
     assert!(
         code == 503 && body.contains("is empty (0 bytes)") && body.contains("gpuwatch repair"),
         "{body}"
     );
-    assert_eq!(readyz(&server, "?table=metrics").0, 200);
+    assert_eq!(readyz(server, "?table=metrics").0, 200);
     assert_eq!(
         metric(server.http, "gpuwatch_damaged_table_logs"),
         Some(1.0)
@@ -411,19 +391,22 @@ async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
     );
     let out = server.psql(None, "disable", &["-c", "SELECT count(*) FROM gpu_metrics"]);
     assert!(
-        out.ok && out.stderr.contains("WARNING") && out.stderr.contains(&name),
+        out.ok && out.stderr.contains("WARNING") && out.stderr.contains(name),
         "{out:?}"
     );
-
     // Writes are kept (the damaged table's in the WAL), the other tables persist.
-    write_power(&server, "GPU-a", 100..110, t0).await;
-    write_requests(&server, 0..5, t0).await;
-    wait_persisted(&server, "metrics", 5).await;
-    server.kill9();
+    write_power(server, "GPU-a", 100..110, t0).await;
+    write_requests(server, 0..5, t0).await;
+    wait_persisted(server, "metrics", 5).await;
+}
 
+/// `gpuwatch check` names `name`, a dry run changes nothing, `repair --apply` fixes it.
+fn check_and_repair(data: &Path, s3: Option<(&S3Server, &str)>, name: &str) {
     let mut args = vec!["--data-dir".to_string(), data.display().to_string()];
-    if let Some(s3) = s3 {
+    let mut env = Vec::new();
+    if let Some((s3, prefix)) = s3 {
         args.extend(["--object-store".to_string(), s3.url(prefix)]);
+        env = s3.env();
     }
     let with = |cmd: &str, more: &[&str]| {
         let mut a: Vec<&str> = vec![cmd];
@@ -434,7 +417,7 @@ async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
     let (code, out, _) = with("check", &[]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.contains(&name) && out.contains("is empty (0 bytes)"),
+        out.contains(name) && out.contains("is empty (0 bytes)"),
         "{out}"
     );
     let (code, out, err) = with("repair", &[]);
@@ -450,7 +433,35 @@ async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
             .as_array()
             .is_some_and(|f| f.iter().any(|x| x["kind"] == "quarantined"))
     );
+}
 
+/// A zero-byte newest `gpu_metrics` commit (as a full disk or a crashed copy leaves it) on local
+/// disk or S3: an error, never an empty commit. The table is read at the version before it
+/// (exactly its rows), the answer says so, the other tables serve and ingest, writes are kept;
+/// `gpuwatch check` names it, `gpuwatch repair --apply` brings every row back.
+async fn zero_byte_newest_commit(s3: Option<&S3Server>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("d");
+    let bucket = s3.map(|s| (s, "faults/newest"));
+    let mut builder = TestServer::builder()
+        .data_dir(&data)
+        .arg("--persist-interval")
+        .arg("300ms");
+    if let Some((s3, prefix)) = bucket {
+        builder = builder.object_store(s3, prefix);
+    }
+    let mut server = builder.start();
+    let t0 = base_time();
+    write_power_batch(&server, "GPU-a", 0..50, t0).await;
+    wait_persisted(&server, "gpu_metrics", 50).await;
+    write_power_batch(&server, "GPU-a", 50..100, t0).await;
+    wait_persisted(&server, "gpu_metrics", 100).await;
+    server.kill9();
+    let name = empty_newest_commit(&data, bucket);
+    server.restart();
+    assert_contained(&server, &name, t0).await;
+    server.kill9();
+    check_and_repair(&data, bucket, &name);
     server.restart();
     assert_rows(&server, "GPU-a", 110, &[]).await;
     let (_, warnings, _) = sql_warned(&server, "SELECT count(*) FROM gpu_metrics").await;
