@@ -563,7 +563,7 @@ impl Store {
             // Cannot fail for a batch of the table's schema; if it did, the record would be
             // replayed at the next start although the write was refused (at least once).
             tracing::info_span!("buffer").in_scope(|| s.active.push(write))?;
-            if s.active.bytes() >= limit / 2 {
+            if s.active.bytes() >= limit / 2 && self.persistable_bytes(&s.active) >= limit / 2 {
                 self.persist_wanted.notify_one();
             }
             pos
@@ -581,6 +581,15 @@ impl Store {
             Ordering::Relaxed,
         );
         Ok(())
+    }
+
+    /// Bytes of `buffers` a persist can commit: those of tables whose log is not damaged.
+    fn persistable_bytes(&self, buffers: &Buffers) -> usize {
+        buffers
+            .tables()
+            .filter(|(t, _)| self.health.blocked(*t).is_none())
+            .map(|(_, b)| b.bytes())
+            .sum()
     }
 
     /// Why a persist cannot empty the buffer (tables whose log is damaged), for the answer of
@@ -630,7 +639,9 @@ impl Store {
         self.check_fenced()?;
         let (frozen, through) = {
             let mut s = lock(&self.state);
-            if s.active.is_empty() {
+            if s.active.is_empty() || self.persistable_bytes(&s.active) == 0 {
+                // Nothing, or only rows of tables whose log is damaged: no commit can take
+                // them, so the WAL is not rotated for nothing.
                 return Ok(None);
             }
             let Some(wal) = s.wal.as_mut() else {

@@ -212,6 +212,20 @@ fn a_zero_byte_newest_commit_is_an_error_and_the_table_is_read_at_its_last_good_
     let r = s.persist().expect("persist").expect("report");
     assert_eq!(r.held_back, vec![Table::GpuMetrics]);
     assert_eq!(metric_rows(&s), 1);
+    let segments = wal::list_segments(&p.path().join("wal"))
+        .expect("list")
+        .len();
+    assert!(
+        s.persist().expect("persist").is_none(),
+        "only held-back rows: nothing to commit"
+    );
+    assert_eq!(
+        wal::list_segments(&p.path().join("wal"))
+            .expect("list")
+            .len(),
+        segments,
+        "and no new segment for nothing"
+    );
     assert_eq!(s.snapshot(Table::Metrics).files.len(), 1);
     assert!(
         wal::list_segments(&p.path().join("wal"))
