@@ -470,8 +470,12 @@ impl SimpleQueryHandler for Front {
                 Ok(out)
             };
             run.await
-        }
-        .map_err(classify)?;
+        };
+        // Planning reads the files' footers: a damaged one is found and named here too.
+        let responses = match responses {
+            Ok(r) => r,
+            Err(e) => return Err(checks.damage_found(e).await),
+        };
         checks.notify(client).await?;
         Ok(responses
             .into_iter()
@@ -605,7 +609,10 @@ impl ExtendedQueryHandler for Front {
         .await
         {
             Ok(r) => {
-                let r = r.map_err(classify)?;
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => return Err(checks.damage_found(e).await),
+                };
                 checks.notify(client).await?;
                 Ok(guard(
                     r,
