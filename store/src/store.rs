@@ -661,28 +661,7 @@ impl Store {
         let mut failed = Buffers::default();
         let now = now_millis(self.clock.as_ref());
         for (table, buf) in frozen.tables() {
-            let result = {
-                let mut tables = lock(&self.tables);
-                let mut committed = lock(&self.committed);
-                let r = commit_table(
-                    &self.storage,
-                    &mut tables,
-                    &mut committed,
-                    table,
-                    buf.batches(),
-                    through,
-                    now,
-                );
-                let mut s = lock(&self.state);
-                if r.is_ok() {
-                    // The rows leave the buffer as their files enter the view, in one step.
-                    s.frozen.take(table);
-                }
-                // A refresh may have brought other servers' files too.
-                s.files.insert(table, tables.files(table));
-                r
-            };
-            match result {
+            match self.persist_table(table, buf.batches(), through, now) {
                 Ok(written) => {
                     self.stats.delta_commits.fetch_add(1, Ordering::Relaxed);
                     report.rows += written.iter().map(|w| w.meta.rows).sum::<u64>();
@@ -718,6 +697,41 @@ impl Store {
             self.stats.persist_failures.fetch_add(1, Ordering::Relaxed);
             return Err(e);
         }
+        self.persisted(report, held_back).map(Some)
+    }
+
+    /// Commits one table's frozen rows; once the commit is in the log, its rows leave the
+    /// buffer as its files enter the view, in one step.
+    fn persist_table(
+        &self,
+        table: Table,
+        batches: &[RecordBatch],
+        through: u64,
+        now: i64,
+    ) -> Result<Vec<Written>> {
+        let mut tables = lock(&self.tables);
+        let mut committed = lock(&self.committed);
+        let r = commit_table(
+            &self.storage,
+            &mut tables,
+            &mut committed,
+            table,
+            batches,
+            through,
+            now,
+        );
+        let mut s = lock(&self.state);
+        if r.is_ok() {
+            s.frozen.take(table);
+        }
+        // A refresh may have brought other servers' files too.
+        s.files.insert(table, tables.files(table));
+        r
+    }
+
+    /// After every table's commit landed (or was held back): counts, and retires the WAL
+    /// segments the commits cover — unless rows were held back, which keep the WAL.
+    fn persisted(&self, mut report: PersistReport, held_back: Vec<Table>) -> Result<PersistReport> {
         self.stats.persists.fetch_add(1, Ordering::Relaxed);
         self.stats
             .persisted_rows
@@ -726,7 +740,7 @@ impl Store {
             let now = now_millis(self.clock.as_ref());
             retire_segments(
                 &self.config.data_dir,
-                through,
+                report.wal_persisted_through,
                 &mut lock(&self.wal_damage),
                 now,
                 &self.stats,
@@ -738,7 +752,7 @@ impl Store {
                 .fetch_add(1, Ordering::Relaxed);
             report.held_back = held_back;
         }
-        Ok(Some(report))
+        Ok(report)
     }
 
     /// Brings the view of the tables to their newest versions (commits of other servers).
