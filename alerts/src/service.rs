@@ -59,10 +59,11 @@ impl Alerting {
                 store.clone(),
             );
             match (opened, dir) {
-                (Err(Error::Corrupt { path, message }), Some(d))
+                (Err(Error::Corrupt { path, source }), Some(d))
                     if quarantined.len() < 8 && path.starts_with(d) =>
                 {
-                    let moved = crate::recover::set_aside(d, &path, &message, clock.as_ref())?;
+                    let problem = source.to_string();
+                    let moved = crate::state::set_aside(d, &path, &problem, clock.as_ref())?;
                     quarantined.push(moved);
                 }
                 (Ok(mut a), _) => {

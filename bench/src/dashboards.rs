@@ -28,7 +28,7 @@ use load::{Load, count};
 
 /// Flags of `dashboards`.
 #[derive(Args, Debug, Clone)]
-pub struct DashboardsArgs {
+pub(crate) struct DashboardsArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     /// Simulated history to load; it ends when the load starts.
@@ -366,7 +366,7 @@ fn time_panels(args: &DashboardsArgs, pg_port: u16, to: &str, job: &str) -> Resu
 }
 
 /// Runs the benchmark.
-pub async fn run(args: DashboardsArgs) -> Result<()> {
+pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
     if !args.script.is_file() {
         return Err(format!(
             "{}: not found; run from the repository root or pass --script",

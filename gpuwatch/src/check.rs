@@ -12,7 +12,7 @@ use crate::jobs::ReportFormat;
 
 /// Where `check` and `repair` look.
 #[derive(Debug, Clone, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The server's data directory (WAL, writer id, alerting state; the tables too without
     /// --object-store).
     #[arg(
@@ -36,7 +36,7 @@ pub struct CheckArgs {
 
 /// `gpuwatch repair`'s flags.
 #[derive(Debug, Clone, Args)]
-pub struct RepairArgs {
+pub(crate) struct RepairArgs {
     #[command(flatten)]
     check: CheckArgs,
     /// Make the changes; without it, repair only says what it would do (a dry run).
@@ -59,8 +59,11 @@ fn print(report: &Report, format: ReportFormat) -> Result<()> {
     let text = match format {
         ReportFormat::Table => report.to_table(),
         ReportFormat::Json => {
-            let mut j = serde_json::to_string_pretty(report)
-                .map_err(|e| Error::Other(format!("cannot encode the report: {e}")))?;
+            let mut j =
+                serde_json::to_string_pretty(report).map_err(|source| Error::Encode {
+                    what: "report",
+                    source,
+                })?;
             j.push('\n');
             j
         }
@@ -71,7 +74,7 @@ fn print(report: &Report, format: ReportFormat) -> Result<()> {
 
 /// `gpuwatch check`: lists every damaged WAL record, commit and data file; exit 1 when there is
 /// damage.
-pub fn check(args: &CheckArgs) -> Result<()> {
+pub(crate) fn check(args: &CheckArgs) -> Result<()> {
     let report = gpuwatch_store::check::check(&args.config())?;
     print(&report, args.format)?;
     if report.damaged() {
@@ -83,7 +86,7 @@ pub fn check(args: &CheckArgs) -> Result<()> {
 }
 
 /// `gpuwatch repair`: what would be done (dry run), or, with `--apply`, done.
-pub fn repair(args: &RepairArgs) -> Result<()> {
+pub(crate) fn repair(args: &RepairArgs) -> Result<()> {
     let report = gpuwatch_store::check::repair(&args.check.config(), args.apply)?;
     print(&report, args.check.format)?;
     if report.damaged() && !args.apply {

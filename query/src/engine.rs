@@ -338,7 +338,7 @@ impl Default for EngineConfig {
 /// Only the memory pool is the query's own. The object stores, the caches (Parquet footers, file
 /// statistics) and the spill directory are `base`'s: a fresh cache per query would read every
 /// file's footer again at each query.
-pub(crate) fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
+pub fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
     let mut runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::clone(&base.object_store_registry))
         .with_memory_pool(pool)
@@ -386,6 +386,16 @@ pub struct Started {
 /// A running query's place among the `--max-concurrent-queries`; freed on drop.
 #[derive(Debug)]
 pub struct QuerySlot(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl fmt::Debug for Started {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Started")
+            .field("slot", &self.slot)
+            .field("schema", &self.stream.schema())
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
 
 impl fmt::Debug for QueryEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -467,7 +477,7 @@ impl QueryEngine {
 
     /// The memory pool of one query: its own `--query-memory-limit` inside the ceiling's
     /// shared pool, or alone; `None` when neither is set.
-    pub(crate) fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
+    pub fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
         match (&self.config.ceiling, self.config.memory_limit) {
             (Some(ceiling), limit) => Some(ceiling.query_pool(limit)),
             (None, Some(limit)) => Some(crate::memory::standalone_pool(limit)),
@@ -476,7 +486,7 @@ impl QueryEngine {
     }
 
     /// Refuses a query while the process is near its memory ceiling.
-    pub(crate) fn admit(&self) -> Result<()> {
+    pub fn admit(&self) -> Result<()> {
         if let Some(ceiling) = &self.config.ceiling {
             ceiling
                 .admit_query()

@@ -182,7 +182,7 @@ impl Error {
 
 /// True when `e` or any of its causes is an `io::Error` of a full disk or quota (`ENOSPC`,
 /// `EDQUOT`).
-pub fn chain_is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn chain_is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
         if let Some(io) = err.downcast_ref::<std::io::Error>() {

@@ -452,6 +452,13 @@ impl Store {
         &self.stats
     }
 
+    /// The latency histogram of the WAL's fsyncs (the server registers it).
+    pub fn wal_fsync_seconds(
+        &self,
+    ) -> gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram {
+        self.commit.fsync_seconds().clone()
+    }
+
     /// Fsyncs performed by the WAL's group commit.
     pub fn wal_fsyncs(&self) -> u64 {
         self.commit.fsyncs()

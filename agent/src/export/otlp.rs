@@ -471,8 +471,4 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
 }
 
 #[cfg(test)]
-mod collection_tests;
-#[cfg(test)]
-mod direct_tests;
-#[cfg(test)]
 mod tests;

@@ -708,5 +708,4 @@ impl TableProvider for JobsTable {
 }
 
 #[cfg(test)]
-#[path = "ledger_tests.rs"]
 mod tests;

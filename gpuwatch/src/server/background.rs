@@ -7,11 +7,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use gpuwatch_query::http::EngineSlot;
+use crate::server::sql::EngineSlot;
+use gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram;
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::Clock;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
 use tokio::sync::watch;
+
+use super::App;
+use crate::config::{Role, ServeConfig, WalSync};
 
 /// Everything the background work needs.
 pub(super) struct Background {
@@ -29,7 +33,42 @@ pub(super) struct Background {
     pub sync_every: Option<Duration>,
     pub maintain_every: Option<Duration>,
     pub refresh_every: Duration,
+    pub persist_seconds: Histogram,
     pub stop: watch::Receiver<bool>,
+}
+
+impl Background {
+    /// The background work of a server run with `config`, filling the slots of `app`.
+    pub(super) fn new(
+        config: &ServeConfig,
+        app: &App,
+        clock: Arc<dyn Clock>,
+        rules: gpuwatch_alerts::RuleFile,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        let storage = &config.settings.storage;
+        Background {
+            store_slot: Arc::clone(&app.store),
+            engine_slot: Arc::clone(&app.engine),
+            alerts_slot: Arc::clone(&app.alerting),
+            store_config: config.store_config(app.ceiling.as_deref()),
+            engine_config: config.engine_config(app.ceiling.clone()),
+            clock,
+            rules,
+            alerts: config.alerts.clone(),
+            data_dir: config.data_dir.clone(),
+            ingest: config.settings.role.role != Role::Query,
+            persist_every: config.persist_interval,
+            sync_every: (storage.wal_sync == WalSync::Interval)
+                .then_some(storage.wal_sync_interval.get()),
+            maintain_every: config
+                .maintenance
+                .then_some(storage.compaction_interval.get()),
+            refresh_every: storage.refresh_interval.get(),
+            persist_seconds: app.metrics.persist_seconds.clone(),
+            stop,
+        }
+    }
 }
 
 /// The longest wait between two attempts to open the store.
@@ -96,7 +135,7 @@ pub(super) async fn run(b: Background) {
         // directory may be another server's.
         b.ingest.then_some(b.data_dir.as_path()),
         history_store,
-        b.clock,
+        Arc::clone(&b.clock),
         query_timeout,
         b.stop.clone(),
     )
@@ -125,18 +164,61 @@ pub(super) async fn run(b: Background) {
             "queries (a query node: no writes)"
         }
     );
-    if let Some(every) = b.sync_every {
-        spawn_every(&store, every, b.stop.clone(), "wal_sync", |s| {
+    spawn_loops(
+        &store,
+        b.sync_every,
+        b.maintain_every,
+        b.refresh_every,
+        &b.stop,
+    );
+    if !b.ingest {
+        return;
+    }
+    persist_loop(&store, b.persist_every, &b.persist_seconds, b.stop).await;
+}
+
+/// Persists every `every`, and early when the buffer is half full, until `stop`.
+async fn persist_loop(
+    store: &Arc<Store>,
+    every: Duration,
+    seconds: &Histogram,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => persist(store, seconds).await,
+            _ = store.persist_wanted().notified() => {
+                tracing::info!("write buffer at half its cap: persisting early");
+                persist(store, seconds).await;
+            }
+            _ = stop.changed() => break,
+        }
+    }
+}
+
+/// The periodic WAL fsync (`--wal-sync interval`), maintenance (`--maintenance on`) and the
+/// tables' refresh, each on a blocking thread.
+fn spawn_loops(
+    store: &Arc<Store>,
+    sync_every: Option<Duration>,
+    maintain_every: Option<Duration>,
+    refresh_every: Duration,
+    stop: &watch::Receiver<bool>,
+) {
+    if let Some(every) = sync_every {
+        spawn_every(store, every, stop.clone(), "wal_sync", |s| {
             if let Err(e) = s.sync_wal() {
                 tracing::error!(error = %e, "periodic write-ahead log fsync failed");
             }
         });
     }
-    if let Some(every) = b.maintain_every {
+    if let Some(every) = maintain_every {
         spawn_every(
-            &store,
+            store,
             every,
-            b.stop.clone(),
+            stop.clone(),
             "compaction",
             |s| match tracing::info_span!("compaction").in_scope(|| s.maintain()) {
                 Ok(r) if r != gpuwatch_store::MaintenanceReport::default() => {
@@ -159,27 +241,11 @@ pub(super) async fn run(b: Background) {
             },
         );
     }
-    spawn_every(&store, b.refresh_every, b.stop.clone(), "refresh", |s| {
+    spawn_every(store, refresh_every, stop.clone(), "refresh", |s| {
         if let Err(e) = tracing::info_span!("refresh").in_scope(|| s.refresh()) {
             tracing::warn!(error = %e, "could not read the tables' logs; retried at the next interval");
         }
     });
-    if !b.ingest {
-        return;
-    }
-    let mut stop = b.stop;
-    let mut tick = tokio::time::interval(b.persist_every);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => persist(&store).await,
-            _ = store.persist_wanted().notified() => {
-                tracing::info!("write buffer at half its cap: persisting early");
-                persist(&store).await;
-            }
-            _ = stop.changed() => break,
-        }
-    }
 }
 
 /// Runs `work` on a blocking thread every `every`, the first time after one interval.
@@ -210,13 +276,15 @@ fn spawn_every(
 }
 
 /// One persist, logged.
-pub(super) async fn persist(store: &Arc<Store>) {
+pub(super) async fn persist(store: &Arc<Store>, seconds: &Histogram) {
     let s = Arc::clone(store);
-    match tokio::task::spawn_blocking(move || {
+    let started = std::time::Instant::now();
+    let done = tokio::task::spawn_blocking(move || {
         tracing::info_span!("persist").in_scope(|| s.persist())
     })
-    .await
-    {
+    .await;
+    seconds.observe(started.elapsed().as_secs_f64());
+    match done {
         Ok(Ok(Some(r))) => tracing::info!(
             files = r.files.len(),
             rows = r.rows,

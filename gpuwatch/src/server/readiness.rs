@@ -1,4 +1,5 @@
-//! Honest readiness: `/readyz` and the answers of refused writes say the real reason.
+//! Honest readiness: `/readyz` says the real reason (as the answers of refused writes do,
+//! `WriteRefused` and `super::ingest`).
 //!
 //! - Not open yet: what the store is doing (opening the logs, replaying the WAL, segment n of
 //!   m) or why it cannot open (a full disk, an unreachable object store) and when it retries;
@@ -12,13 +13,13 @@
 use std::collections::HashMap;
 
 use axum::extract::{Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use gpuwatch_query::Status;
-use gpuwatch_query::http::error_response;
 use gpuwatch_store::schema::Table;
 
 use super::App;
+use super::sql::error_response;
 
 pub(super) async fn readyz(
     State(app): State<App>,
@@ -64,20 +65,4 @@ pub(super) async fn readyz(
         ));
     }
     (StatusCode::OK, body).into_response()
-}
-
-/// The answer to a write refused because the disk is full: 503 with `Retry-After` (OTLP
-/// exporters and Prometheus retry it; the write was not acknowledged, nothing acknowledged
-/// before is lost, and writes are taken again as soon as space is freed).
-pub(super) fn disk_full(e: &gpuwatch_store::Error) -> Response {
-    tracing::error!(error = %e, "disk full: refusing writes until space is freed");
-    let mut resp = error_response(
-        Status::Unavailable,
-        &format!(
-            "disk full, write not stored: free space where the data directory is; writes are taken again once there is room ({e})"
-        ),
-    );
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-    resp
 }
