@@ -59,11 +59,10 @@ fn print(report: &Report, format: ReportFormat) -> Result<()> {
     let text = match format {
         ReportFormat::Table => report.to_table(),
         ReportFormat::Json => {
-            let mut j =
-                serde_json::to_string_pretty(report).map_err(|source| Error::Encode {
-                    what: "report",
-                    source,
-                })?;
+            let mut j = serde_json::to_string_pretty(report).map_err(|source| Error::Encode {
+                what: "report",
+                source,
+            })?;
             j.push('\n');
             j
         }

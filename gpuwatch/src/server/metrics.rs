@@ -364,7 +364,11 @@ const ENGINE: &[Entry<QueryEngine>] = &[
         "gpuwatch_query_answers_with_skipped_data_total",
         Kind::Counter,
         "Answers that left damaged data out and said so (a Gpuwatch-Warning header, a Postgres notice)",
-        |e| e.scan_stats().answers_with_skipped_data.load(Ordering::Relaxed),
+        |e| {
+            e.scan_stats()
+                .answers_with_skipped_data
+                .load(Ordering::Relaxed)
+        },
     ),
     (
         "gpuwatch_query_retried_after_damage_total",

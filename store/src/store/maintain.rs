@@ -257,6 +257,55 @@ impl Store {
         now: i64,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
+        let written = self.write_window(table, hour, inputs, closed)?;
+        let mut tables = lock(&self.tables);
+        // Another maintainer (or retention) took an input away: leave the window be.
+        let current = tables.files(table);
+        if !inputs
+            .iter()
+            .all(|i| current.iter().any(|f| f.path == i.path))
+        {
+            drop(tables);
+            self.discard(&written);
+            return Ok(());
+        }
+        let committed = self.commit_window(&mut tables, table, hour, inputs, &written, now);
+        drop(tables);
+        if let Err((e, landed)) = committed {
+            // Files of commits that did not land go; those that landed stay.
+            let rollups: Vec<(Table, Written)> = written
+                .iter()
+                .filter(|(t, _)| *t != table)
+                .skip(landed)
+                .cloned()
+                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
+                .collect();
+            self.discard(&rollups);
+            return Err(e);
+        }
+        report.windows_compacted += 1;
+        report.files_merged += inputs.len();
+        report.rollup_files += written.len() - 1;
+        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            table = table.name(),
+            hour,
+            files = inputs.len(),
+            closed,
+            "window compacted"
+        );
+        Ok(())
+    }
+
+    /// Writes the window's merged file and, for a closed hour of `gpu_metrics`, its rollups;
+    /// on failure nothing written stays.
+    fn write_window(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+    ) -> Result<Vec<(Table, Written)>> {
         let storage = &self.storage;
         let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
         let name = format!("c{}", random_hex());
@@ -275,31 +324,37 @@ impl Store {
                     result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
             }
         }
-        let discard = |written: &[(Table, Written)]| {
-            let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
-            persist::remove_files(storage, &files);
-        };
-        if let Err(e) = result {
-            discard(&written);
-            return Err(e);
+        match result {
+            Ok(()) => Ok(written),
+            Err(e) => {
+                self.discard(&written);
+                Err(e)
+            }
         }
-        let mut tables = lock(&self.tables);
-        // Another maintainer (or retention) took an input away: leave the window be.
-        let current = tables.files(table);
-        if !inputs
-            .iter()
-            .all(|i| current.iter().any(|f| f.path == i.path))
-        {
-            drop(tables);
-            discard(&written);
-            return Ok(());
-        }
+    }
+
+    fn discard(&self, written: &[(Table, Written)]) {
+        let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
+        persist::remove_files(&self.storage, &files);
+    }
+
+    /// Commits the window's rollups, then the raw hour's compaction; on failure, the error and
+    /// how many rollup commits landed.
+    fn commit_window(
+        &self,
+        tables: &mut DeltaTables,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        written: &[(Table, Written)],
+        now: i64,
+    ) -> std::result::Result<(), (Error, usize)> {
+        let ms = now_millis(self.clock.as_ref());
         let start = time_text(hour.saturating_mul(HOUR_NANOS));
         let end = time_text((hour + 1).saturating_mul(HOUR_NANOS));
         // Rollups first: a crash before the raw hour's commit leaves it unmarked, so the next
         // pass builds its rollups again (replacing these), never an hour marked without them.
         let mut committed = 0;
-        let mut outcome = Ok(());
         for (t, w) in written.iter().filter(|(t, _)| *t != table) {
             let old: Vec<FileMeta> = tables
                 .files(*t)
@@ -309,54 +364,19 @@ impl Store {
                 .collect();
             let mut actions = removes(&old, true, ms);
             actions.push(Action::Add(w.add.clone()));
-            outcome = self.maintenance_commit(
-                &mut tables,
-                *t,
-                actions,
-                Kind::Replace {
-                    predicate: format!("time >= '{start}' AND time < '{end}'"),
-                },
-                now,
-            );
-            if outcome.is_err() {
-                break;
-            }
+            let predicate = format!("time >= '{start}' AND time < '{end}'");
+            self.maintenance_commit(tables, *t, actions, Kind::Replace { predicate }, now)
+                .map_err(|e| (e, committed))?;
             committed += 1;
         }
-        if outcome.is_ok()
-            && let Some((_, w)) = written.iter().find(|(t, _)| *t == table)
-        {
+        if let Some((_, w)) = written.iter().find(|(t, _)| *t == table) {
             let mut add = w.add.clone();
             add.data_change = false;
             let mut actions = removes(inputs, false, ms);
             actions.push(Action::Add(add));
-            outcome = self.maintenance_commit(&mut tables, table, actions, Kind::Compact, now);
+            self.maintenance_commit(tables, table, actions, Kind::Compact, now)
+                .map_err(|e| (e, committed))?;
         }
-        drop(tables);
-        if let Err(e) = outcome {
-            // Files of commits that did not land go; those that landed stay.
-            let rollups: Vec<(Table, Written)> = written
-                .iter()
-                .filter(|(t, _)| *t != table)
-                .skip(committed)
-                .cloned()
-                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
-                .collect();
-            discard(&rollups);
-            return Err(e);
-        }
-        let rollups = written.len() - 1;
-        report.windows_compacted += 1;
-        report.files_merged += inputs.len();
-        report.rollup_files += rollups;
-        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            table = table.name(),
-            hour,
-            files = inputs.len(),
-            closed,
-            "window compacted"
-        );
         Ok(())
     }
 
