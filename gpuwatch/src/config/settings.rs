@@ -98,8 +98,9 @@ pub(crate) struct Listeners {
 /// maintenance.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub(crate) struct Storage {
-    /// Data directory: WAL, writer id, and the Delta tables (tables/<table>/) unless
-    /// --object-store is given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
+    /// Data directory: WAL, writer id, damaged files set aside (quarantine/,
+    /// docs/operations.md), and the Delta tables (tables/<table>/) unless --object-store is
+    /// given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep the Delta tables in an object store, s3://bucket/prefix, instead of the data

@@ -192,6 +192,8 @@ const BEFORE: &[(&str, &[&str])] = &[
             "--timeout",
         ],
     ),
+    ("check", &[]),
+    ("repair", &[]),
     (
         "agent",
         &[
@@ -220,13 +222,28 @@ const BEFORE: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The ones added since: one client surface and one log format for both binaries.
+/// The ones added since: one client surface and one log format for both binaries; the offline
+/// `check` and `repair` commands (docs/operations.md).
 const ADDED: &[(&str, &[&str])] = &[
     ("serve", &["--log-format"]),
     ("demo", &[]),
     ("sql", &["--token", "--token-file"]),
     ("job", &["--token-file"]),
     ("jobs", &["--token-file"]),
+    (
+        "check",
+        &["--data-dir", "--object-store", "--quick", "--format"],
+    ),
+    (
+        "repair",
+        &[
+            "--data-dir",
+            "--object-store",
+            "--quick",
+            "--format",
+            "--apply",
+        ],
+    ),
     ("agent", &["--log-format"]),
 ];
 
