@@ -47,6 +47,15 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A damaged state file could not be moved to quarantine.
+    #[error("cannot move the damaged {} to quarantine: {source}", path.display())]
+    Quarantine {
+        /// The file.
+        path: PathBuf,
+        /// The store's error.
+        #[source]
+        source: gpuwatch_store::Error,
+    },
     /// A state could not be encoded.
     #[error("cannot encode {what}: {source}")]
     Encode {

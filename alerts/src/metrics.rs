@@ -28,6 +28,8 @@ pub const QUEUED: &str = "gpuwatch_notifications_queued";
 pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
 /// Hours the job-usage ledger holds.
 pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
+/// Alerting state files found damaged at start and moved to quarantine.
+pub const STATE_QUARANTINED: &str = "gpuwatch_alerting_state_files_quarantined";
 
 /// Registers the alerting service's metrics with `registry`, read at each scrape from the
 /// service `current` returns (none before the store is open).
@@ -58,6 +60,12 @@ pub fn samples(a: &Alerting) -> Vec<Sample> {
             l.hours() as f64,
         ));
     }
+    out.push(Sample::new(
+        STATE_QUARANTINED,
+        Kind::Gauge,
+        "Alerting state files found damaged at start and moved to quarantine (alerting started without them)",
+        a.quarantined().len() as f64,
+    ));
     let alerts = a.alerts();
     for s in [State::Pending, State::Firing, State::Resolved] {
         let n = alerts.iter().filter(|x| x.state == s).count();

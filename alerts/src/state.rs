@@ -2,10 +2,14 @@
 //! (`state.json`), the dispatcher's groups (`notify.json`), the silences (`silences.json`) and
 //! the outbox's queued notifications. One reader and one writer for all of them: JSON, written
 //! atomically (a temporary file, fsynced, renamed over the old one, the directory fsynced); a
-//! file that does not decode is an error that says to move it away.
+//! file that does not decode is an error that says to move it away. At start, such a file is
+//! set aside ([`set_aside`]): it moves to `<data-dir>/quarantine/` with a note, loudly, instead
+//! of keeping alerting (and the server) from starting.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use gpuwatch_store::clock::Clock;
+use gpuwatch_store::quarantine::{self, Note};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -76,6 +80,45 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Moves `path` (a file under `dir`, `<data-dir>/alerts`) that could not be read because of
+/// `problem` to the data directory's quarantine, with a note. Returns where it went.
+pub(crate) fn set_aside(
+    dir: &Path,
+    path: &Path,
+    problem: &str,
+    clock: &dyn Clock,
+) -> Result<PathBuf> {
+    let data_dir = dir.parent().unwrap_or(dir);
+    let rel = path
+        .strip_prefix(data_dir)
+        .map_err(|_| {
+            Error::Other(format!(
+                "{} is not under {}",
+                path.display(),
+                data_dir.display()
+            ))
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let now = clock.now_nanos().div_euclid(1_000_000);
+    let note = Note::new(
+        &rel,
+        now,
+        format!("unreadable alerting state ({problem}): alerting started without it"),
+        serde_json::json!({
+            "effect": "alerts that were pending or firing start again from pending; silences in this file must be made again; queued notifications in it are not sent",
+        }),
+    );
+    let moved =
+        quarantine::move_local(data_dir, &rel, &note, now).map_err(|source| Error::Quarantine {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    tracing::error!(file = %path.display(), quarantined = %moved.display(), problem,
+        "alerting state damaged: moved to quarantine, alerting starts from an empty state (firing alerts fire again, silences must be made again)");
+    Ok(moved)
 }
 
 #[cfg(test)]

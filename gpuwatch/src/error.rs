@@ -70,6 +70,18 @@ pub(crate) enum Error {
     /// The server answered with an error (its own message).
     #[error("{0}")]
     Remote(String),
+    /// `gpuwatch check` found damage (exit code 1); the report was printed.
+    #[error("{0}")]
+    Damaged(String),
+    /// A report could not be encoded (`--format json`).
+    #[error("cannot encode the {what}: {source}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// Self-telemetry could not be set up.
     #[error("cannot install the trace exporter: {0}")]
     Telemetry(#[source] tracing_subscriber::reload::Error),

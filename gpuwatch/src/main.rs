@@ -1,8 +1,9 @@
 //! `gpuwatch`: the server and the command line. This crate only wires the pieces: settings
 //! in (`config`), components built, servers started, shutdown handled; the command line's client
-//! subcommands (`client`, `sql`, `jobs`).
+//! subcommands (`client`, `sql`, `jobs`) and the offline `check` and `repair` (`check`).
 
 mod alerts_wiring;
+mod check;
 mod client;
 mod config;
 mod demo;
@@ -45,6 +46,12 @@ enum Command {
     Job(JobArgs),
     /// List jobs with their GPU-hours, idle share and cost (most recent first).
     Jobs(JobsArgs),
+    /// Check a stopped server's data (WAL, Delta logs, data files, alerting state) offline:
+    /// list every damaged item with what it holds; exit 1 when anything is damaged.
+    Check(check::CheckArgs),
+    /// Repair a stopped server's data offline: rebuild what can be rebuilt and move the rest to
+    /// quarantine/, never deleting anything. A dry run unless --apply is given.
+    Repair(check::RepairArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -279,6 +286,9 @@ async fn run() -> Result<()> {
                 .await?
                 .into_bytes()
         }
+        // The report is printed whether or not it finds damage; damage is exit code 1.
+        Command::Check(args) => return check::check(&args),
+        Command::Repair(args) => return check::repair(&args),
         Command::Sql(args) => sql::run(&args.client.client()?, &args.sql, args.format).await?,
     };
     use std::io::Write;

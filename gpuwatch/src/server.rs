@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use crate::server::sql::{EngineSlot, error_response};
 use axum::Router;
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use gpuwatch_query::Status;
 use gpuwatch_query::memory::Ceiling;
 use gpuwatch_store::Store;
@@ -29,6 +28,7 @@ mod ingest;
 mod metrics;
 mod otlp_http;
 pub(crate) mod pg;
+mod readiness;
 mod remote_write;
 mod routes;
 pub(crate) mod sql;
@@ -76,7 +76,9 @@ pub(crate) enum WriteRefused {
 impl WriteRefused {
     fn message(&self) -> String {
         match self {
-            WriteRefused::NotReady => gpuwatch_store::Error::NotReady.to_string(),
+            WriteRefused::NotReady => {
+                gpuwatch_store::Error::NotReady(gpuwatch_store::startup::reason()).to_string()
+            }
             WriteRefused::QueryNode => gpuwatch_store::Error::ReadOnly.to_string(),
             WriteRefused::Memory(p) => {
                 format!("{p}: write not stored, retry after the Retry-After delay")
@@ -338,20 +340,6 @@ async fn not_found() -> Response {
     let mut resp = error_response(Status::BadRequest, "no such endpoint: see docs/http-api.md");
     *resp.status_mut() = StatusCode::NOT_FOUND;
     resp
-}
-
-async fn readyz(State(app): State<App>) -> Response {
-    if let Some(why) = app.store.get().and_then(|s| s.fenced()) {
-        return error_response(Status::Unavailable, &format!("not ready: {why}"));
-    }
-    if app.store.get().is_some() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        error_response(
-            Status::Unavailable,
-            "not ready: write-ahead log replay in progress",
-        )
-    }
 }
 
 #[cfg(test)]

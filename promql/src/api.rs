@@ -132,7 +132,9 @@ where
     Fut: Future<Output = Result<String>> + Send + 'static,
 {
     let Some(engine) = api.engine.get() else {
-        return error_response(&Error::Query(gpuwatch_query::Error::NotReady));
+        return error_response(&Error::Query(gpuwatch_query::Error::NotReady(
+            gpuwatch_store::startup::reason(),
+        )));
     };
     let limit = match time_limit(engine, p) {
         Ok(l) => l,
@@ -230,7 +232,8 @@ async fn query(
     run(&api, &p, move |engine, settings| async move {
         let ev = Evaluator::new(&engine, settings, t, t);
         let v = ev.eval_instant_top(&expr, t).await?;
-        Ok(json::success(&json::instant(&v, t, keeps_order(&expr))))
+        let data = json::instant(&v, t, keeps_order(&expr));
+        Ok(json::success_warned(&data, &ev.warnings()))
     })
     .await
 }
@@ -287,7 +290,7 @@ async fn query_range(
         let ev = Evaluator::new(&engine, settings, g.start, end);
         let v = ev.eval(&expr, g).await?;
         crate::functions::check_range_result(&v)?;
-        Ok(json::success(&json::range(&v, g)))
+        Ok(json::success_warned(&json::range(&v, g), &ev.warnings()))
     })
     .await
 }
@@ -327,14 +330,15 @@ fn span(p: &Params) -> Result<(i64, i64)> {
     Ok((start, end))
 }
 
-/// Every series the selectors (or, with none, every series) match in `[start, end]`.
+/// Every series the selectors (or, with none, every series) match in `[start, end]`, and the
+/// warnings of their reads.
 async fn matching_series(
     engine: &QueryEngine,
     settings: &Settings,
     sets: Vec<Vec<Matcher>>,
     start: i64,
     end: i64,
-) -> Result<Vec<Labels>> {
+) -> Result<(Vec<Labels>, Vec<String>)> {
     let sets = if sets.is_empty() {
         vec![vec![Matcher::new(
             MatchOp::Re(regex::Regex::new("^(?:.+)$").map_err(|e| bad(e.to_string()))?),
@@ -351,7 +355,7 @@ async fn matching_series(
             all.insert(l);
         }
     }
-    Ok(all.into_iter().collect())
+    Ok((all.into_iter().collect(), budget.warnings()))
 }
 
 async fn series(
@@ -370,7 +374,7 @@ async fn series(
         Err(e) => return error_response(&e),
     };
     run(&api, &p, move |engine, settings| async move {
-        let found = matching_series(&engine, &settings, sets, start, end).await?;
+        let (found, warnings) = matching_series(&engine, &settings, sets, start, end).await?;
         let mut out = String::from("[");
         for (i, l) in found.iter().enumerate() {
             if i > 0 {
@@ -379,7 +383,7 @@ async fn series(
             json::labels(&mut out, l);
         }
         out.push(']');
-        Ok(json::success(&out))
+        Ok(json::success_warned(&out, &warnings))
     })
     .await
 }
@@ -405,12 +409,15 @@ async fn label_names(
         Err(e) => return error_response(&e),
     };
     run(&api, &p, move |engine, settings| async move {
-        let found = matching_series(&engine, &settings, sets, start, end).await?;
+        let (found, warnings) = matching_series(&engine, &settings, sets, start, end).await?;
         let names: BTreeSet<&str> = found
             .iter()
             .flat_map(|l| l.pairs().iter().map(|(k, _)| k.as_str()))
             .collect();
-        Ok(json::success(&string_list(names.into_iter())))
+        Ok(json::success_warned(
+            &string_list(names.into_iter()),
+            &warnings,
+        ))
     })
     .await
 }
@@ -439,13 +446,16 @@ async fn label_values(
         Err(e) => return error_response(&e),
     };
     run(&api, &p, move |engine, settings| async move {
-        let found = matching_series(&engine, &settings, sets, start, end).await?;
+        let (found, warnings) = matching_series(&engine, &settings, sets, start, end).await?;
         let values: BTreeSet<&str> = found
             .iter()
             .map(|l| l.get(&name))
             .filter(|v| !v.is_empty())
             .collect();
-        Ok(json::success(&string_list(values.into_iter())))
+        Ok(json::success_warned(
+            &string_list(values.into_iter()),
+            &warnings,
+        ))
     })
     .await
 }

@@ -188,6 +188,11 @@ impl<'a> Evaluator<'a> {
         }
     }
 
+    /// The warnings of the evaluation's reads so far (damaged files left out).
+    pub fn warnings(&self) -> Vec<String> {
+        self.budget.warnings()
+    }
+
     /// Fails once the time limit has passed.
     pub(crate) fn check_deadline(&self, stage: &'static str) -> Result<()> {
         if Instant::now() > self.deadline {

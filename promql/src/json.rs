@@ -50,6 +50,18 @@ pub fn success(data: &str) -> String {
     format!("{{\"status\":\"success\",\"data\":{data}}}")
 }
 
+/// A success with Prometheus's `warnings` (what the answer left out), when there are any.
+pub fn success_warned(data: &str, warnings: &[String]) -> String {
+    if warnings.is_empty() {
+        return success(data);
+    }
+    let list: Vec<String> = warnings.iter().map(|w| string(w)).collect();
+    format!(
+        "{{\"status\":\"success\",\"data\":{data},\"warnings\":[{}]}}",
+        list.join(",")
+    )
+}
+
 /// The `data` of an instant query at `t`.
 pub fn instant(v: &Value, t: i64, keep_order: bool) -> String {
     let mut out = String::with_capacity(256);

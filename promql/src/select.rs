@@ -10,6 +10,7 @@
 //! `metrics`, whose rows carry their `labels` map as the label set.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, Float64Array, Int32Array, Int64Array, MapArray, RecordBatch,
@@ -17,6 +18,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Float64Type, Int32Type, Int64Type, TimestampNanosecondType};
 use futures::StreamExt;
 use gpuwatch_query::QueryEngine;
+use gpuwatch_query::skipped::ScanNotes;
 use gpuwatch_store::ingest::remote_write::{DCGM_FIELDS, dcgm_label_set};
 use gpuwatch_store::schema::LABEL_COLUMNS;
 use promql_parser::label::{MatchOp, Matcher};
@@ -43,6 +45,8 @@ pub struct RawSeries {
 pub struct Budget {
     left: std::sync::atomic::AtomicI64,
     limit: usize,
+    /// What the scans of the evaluation read and left out (damaged files).
+    notes: Arc<ScanNotes>,
 }
 
 impl Budget {
@@ -51,7 +55,13 @@ impl Budget {
         Self {
             left: std::sync::atomic::AtomicI64::new(i64::try_from(limit).unwrap_or(i64::MAX)),
             limit,
+            notes: Arc::default(),
         }
+    }
+
+    /// The warnings of the evaluation's scans so far: files left out as damaged.
+    pub fn warnings(&self) -> Vec<String> {
+        self.notes.warnings()
     }
 
     /// Takes `n` samples from the budget.
@@ -162,7 +172,8 @@ pub async fn select(
     check_selector(matchers)?;
     let mut out = Collector::default();
     collect(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
-    out.add_failed_scrapes(engine, min_ms, max_ms).await?;
+    out.add_failed_scrapes(engine, min_ms, max_ms, budget)
+        .await?;
     Ok(out.finish())
 }
 
@@ -247,6 +258,7 @@ impl Collector {
         engine: &QueryEngine,
         min_ms: i64,
         max_ms: i64,
+        budget: &Budget,
     ) -> Result<()> {
         if self.target_job.iter().all(Option::is_none) {
             return Ok(());
@@ -256,7 +268,7 @@ impl Collector {
             time_filter(min_ms, max_ms)
         );
         let mut failed: HashMap<(String, String), Vec<i64>> = HashMap::new();
-        for b in run(engine, &sql).await? {
+        for b in run(engine, &sql, budget).await? {
             let t = times_ms(&b)?;
             let Some(map) = b.column(1).as_map_opt() else {
                 continue;
@@ -473,8 +485,8 @@ fn unscale(v: f64, scale: f64) -> f64 {
     }
 }
 
-async fn run(engine: &QueryEngine, sql: &str) -> Result<Vec<RecordBatch>> {
-    let mut stream = engine.stream(sql).await?;
+async fn run(engine: &QueryEngine, sql: &str, budget: &Budget) -> Result<Vec<RecordBatch>> {
+    let mut stream = engine.stream(sql, &budget.notes).await?;
     let mut out = Vec::new();
     while let Some(b) = stream.next().await {
         out.push(b.map_err(|e| gpuwatch_query::Error::from(e))?);
@@ -517,7 +529,7 @@ async fn scan_gpu(
         columns.join(", "),
         filters.join(" AND ")
     );
-    for batch in run(engine, &sql).await? {
+    for batch in run(engine, &sql, budget).await? {
         gpu_batch(&batch, matchers, names, &columns, budget, out)?;
     }
     Ok(())
@@ -685,6 +697,7 @@ async fn metric_names(
     matchers: &[Matcher],
     min_ms: i64,
     max_ms: i64,
+    budget: &Budget,
 ) -> Result<Vec<String>> {
     let nm = name_matchers(matchers);
     if let Some(m) = nm.iter().find(|m| m.op == MatchOp::Equal) {
@@ -695,7 +708,7 @@ async fn metric_names(
         time_filter(min_ms, max_ms)
     );
     let mut out = Vec::new();
-    for b in run(engine, &sql).await? {
+    for b in run(engine, &sql, budget).await? {
         let names = Text::of(b.column(0))?;
         for i in 0..b.num_rows() {
             if let Some(n) = names.get(i)
@@ -716,7 +729,7 @@ async fn scan_metrics(
     budget: &Budget,
     out: &mut Collector,
 ) -> Result<()> {
-    let names = metric_names(engine, matchers, min_ms, max_ms).await?;
+    let names = metric_names(engine, matchers, min_ms, max_ms, budget).await?;
     if names.is_empty() {
         return Ok(());
     }
@@ -726,7 +739,7 @@ async fn scan_metrics(
         list.join(", "),
         time_filter(min_ms, max_ms)
     );
-    for batch in run(engine, &sql).await? {
+    for batch in run(engine, &sql, budget).await? {
         let n = batch.num_rows();
         if !out.labels_only {
             budget.take(n)?;

@@ -51,9 +51,9 @@ pub enum Error {
     )]
     MemoryPressure(usize, usize),
 
-    /// The server is not ready yet.
-    #[error("the server is not ready yet (write-ahead log replay in progress): retry shortly")]
-    NotReady,
+    /// The server is not ready yet; the text says why ([`gpuwatch_store::startup`]).
+    #[error("the server is not ready yet: {0}")]
+    NotReady(String),
 
     /// DataFusion failed in a way that is not the query's fault; the cause is kept.
     #[error("{message}")]
@@ -123,7 +123,7 @@ impl Error {
             Error::MemoryPressure(..) => Status::Unavailable,
             Error::NotAllowed(_) => Status::Forbidden,
             Error::Timeout(_) => Status::Timeout,
-            Error::ResourcesExhausted(_) | Error::NotReady => Status::Unavailable,
+            Error::ResourcesExhausted(_) | Error::NotReady(_) => Status::Unavailable,
             Error::Busy(_) => Status::TooManyRequests,
             Error::Internal(_) | Error::Engine { .. } | Error::Arrow { .. } => Status::Internal,
         }

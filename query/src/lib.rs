@@ -20,6 +20,7 @@ pub mod gate;
 pub mod memory;
 pub mod micros;
 pub mod run_aggregate;
+pub mod skipped;
 pub mod udf;
 
 pub use engine::{EngineConfig, QueryEngine, QueryResult};

@@ -37,8 +37,16 @@ pub(super) fn validate(cli: Cli, given: &BTreeSet<String>, otel: OtelEnv) -> Res
             endpoint_given: given.contains("endpoint"),
             endpoint: cli.endpoint.clone(),
             protocol,
-            headers: cli.header.iter().map(|h| (h.0.clone(), h.1.clone())).collect(),
-            labels: cli.label.iter().map(|l| (l.0.clone(), l.1.clone())).collect(),
+            headers: cli
+                .header
+                .iter()
+                .map(|h| (h.0.clone(), h.1.clone()))
+                .collect(),
+            labels: cli
+                .label
+                .iter()
+                .map(|l| (l.0.clone(), l.1.clone()))
+                .collect(),
             host,
         },
     )?;

@@ -23,6 +23,8 @@ pub(super) fn tables() -> Vec<(&'static str, Command)> {
         ("sql", sub("sql")),
         ("job", sub("job")),
         ("jobs", sub("jobs")),
+        ("check", sub("check")),
+        ("repair", sub("repair")),
         ("agent", gpuwatch_agent::config::Cli::command()),
     ]
 }

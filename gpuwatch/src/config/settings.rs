@@ -101,8 +101,9 @@ pub(crate) struct Listeners {
 /// maintenance.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub(crate) struct Storage {
-    /// Data directory: WAL, writer id, and the Delta tables (tables/<table>/) unless
-    /// --object-store is given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
+    /// Data directory: WAL, writer id, damaged files set aside (quarantine/,
+    /// docs/operations.md), and the Delta tables (tables/<table>/) unless --object-store is
+    /// given [default: ./gpuwatch-data; demo: ./gpuwatch-demo-data].
     #[arg(long, env = "GPUWATCH_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep the Delta tables in an object store, s3://bucket/prefix, instead of the data
@@ -193,7 +194,11 @@ pub(crate) struct PromQl {
     pub promql_lookback_delta: HumanDuration,
     /// Samples one PromQL query may load; past that it fails with `execution` (Prometheus's
     /// --query.max-samples).
-    #[arg(long, env = "GPUWATCH_PROMQL_MAX_SAMPLES", default_value_t = 50_000_000)]
+    #[arg(
+        long,
+        env = "GPUWATCH_PROMQL_MAX_SAMPLES",
+        default_value_t = 50_000_000
+    )]
     pub promql_max_samples: usize,
     /// The step of a subquery that gives none (`expr[1h:]`), as Prometheus's global
     /// evaluation_interval is.

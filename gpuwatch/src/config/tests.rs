@@ -235,6 +235,8 @@ const BEFORE: &[(&str, &[&str])] = &[
             "--timeout",
         ],
     ),
+    ("check", &[]),
+    ("repair", &[]),
     (
         "agent",
         &[
@@ -264,7 +266,8 @@ const BEFORE: &[(&str, &[&str])] = &[
 ];
 
 /// The ones added since: one client surface and one log format for both binaries; the PromQL
-/// evaluation settings of the Prometheus query API; the agent's headers.
+/// evaluation settings of the Prometheus query API; the agent's headers; the offline `check` and
+/// `repair` commands (docs/operations.md).
 const ADDED: &[(&str, &[&str])] = &[
     (
         "serve",
@@ -279,6 +282,20 @@ const ADDED: &[(&str, &[&str])] = &[
     ("sql", &["--token", "--token-file"]),
     ("job", &["--token-file"]),
     ("jobs", &["--token-file"]),
+    (
+        "check",
+        &["--data-dir", "--object-store", "--quick", "--format"],
+    ),
+    (
+        "repair",
+        &[
+            "--data-dir",
+            "--object-store",
+            "--quick",
+            "--format",
+            "--apply",
+        ],
+    ),
     ("agent", &["--log-format", "--header"]),
 ];
 

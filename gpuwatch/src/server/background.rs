@@ -71,21 +71,48 @@ impl Background {
     }
 }
 
+/// The longest wait between two attempts to open the store.
+const MAX_OPEN_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Opens the store, retrying with backoff (1 s, doubling, at most 30 s) until it opens or the
+/// server stops: a store that cannot open now (a full disk, an object store out of reach)
+/// opens by itself once the cause is gone. `/readyz` says why meanwhile.
+async fn open_store(b: &Background) -> Option<Arc<Store>> {
+    let mut stop = b.stop.clone();
+    let mut wait = Duration::from_secs(1);
+    for attempt in 1u64.. {
+        let clock = Arc::clone(&b.clock);
+        let config = b.store_config.clone();
+        let error = match tokio::task::spawn_blocking(move || Store::open(config, clock)).await {
+            Ok(Ok(s)) => return Some(Arc::new(s)),
+            Ok(Err(e)) => {
+                let hint = if e.is_disk_full() {
+                    " (free space where the data directory is)"
+                } else {
+                    ""
+                };
+                format!("{e}{hint}")
+            }
+            Err(e) => format!("the open task failed: {e}"),
+        };
+        tracing::error!(attempt, retry_in = ?wait, error = %error, "cannot open the store; retrying");
+        gpuwatch_store::startup::set(format!(
+            "cannot open the store (attempt {attempt}): {error}; retrying in {} s",
+            wait.as_secs()
+        ));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return None,
+        }
+        wait = (wait * 2).min(MAX_OPEN_BACKOFF);
+    }
+    None
+}
+
 /// Opens the store, builds the engine and alerting, then runs the loops until `stop`.
 pub(super) async fn run(b: Background) {
-    let clock = Arc::clone(&b.clock);
-    let store_config = b.store_config;
-    let opened = tokio::task::spawn_blocking(move || Store::open(store_config, clock)).await;
-    let store = match opened {
-        Ok(Ok(s)) => Arc::new(s),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot open the store; the server stays unready");
-            return;
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "store open task failed");
-            return;
-        }
+    let Some(store) = open_store(&b).await else {
+        return;
     };
     let read: Arc<dyn ReadStore> = Arc::clone(&store) as Arc<dyn ReadStore>;
     let query_timeout = b.engine_config.query_timeout;
@@ -93,6 +120,9 @@ pub(super) async fn run(b: Background) {
         Ok(engine) => engine,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the query engine");
+            gpuwatch_store::startup::set(format!(
+                "the query engine cannot be built ({e}): the server stays unready"
+            ));
             return;
         }
     };
@@ -116,6 +146,9 @@ pub(super) async fn run(b: Background) {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot start alerting; the server stays unready");
+            gpuwatch_store::startup::set(format!(
+                "the store is open but alerting cannot start ({e}): fix the cause and restart the server"
+            ));
             return;
         }
     }
@@ -199,8 +232,8 @@ fn spawn_loops(
                     );
                 }
                 Ok(_) => {}
-                Err(gpuwatch_store::Error::DeltaConflict(why)) => tracing::warn!(
-                    "maintenance met another maintainer's commit (only one server should run --maintenance on): nothing written, retried at the next interval: {why}"
+                Err(e @ gpuwatch_store::Error::DeltaConflict { .. }) => tracing::warn!(
+                    "maintenance met another maintainer's commit (only one server should run --maintenance on): nothing written, retried at the next interval: {e}"
                 ),
                 Err(e) => {
                     tracing::error!(error = %e, "maintenance failed; retried at the next interval")

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::server::sql::error_response;
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use gpuwatch_query::Status;
 use gpuwatch_store::Store;
@@ -82,7 +82,7 @@ impl IngestError {
             IngestError::Store(e @ E::TooLarge { .. }) => {
                 error_response(Status::PayloadTooLarge, &e.to_string())
             }
-            IngestError::Store(e @ (E::NotReady | E::BufferFull { .. })) => {
+            IngestError::Store(e @ (E::NotReady(_) | E::BufferFull { .. })) => {
                 error_response(Status::Unavailable, &e.to_string())
             }
             IngestError::Store(e) if e.is_disk_full() => disk_full(e),
@@ -109,7 +109,7 @@ impl IngestError {
             IngestError::Store(e @ E::TooLarge { .. }) => {
                 tonic::Status::resource_exhausted(e.to_string())
             }
-            IngestError::Store(e @ E::NotReady) => tonic::Status::unavailable(e.to_string()),
+            IngestError::Store(e @ E::NotReady(_)) => tonic::Status::unavailable(e.to_string()),
             IngestError::Store(e) if e.is_client_error() => {
                 tonic::Status::invalid_argument(e.to_string())
             }
@@ -125,14 +125,17 @@ impl IngestError {
     }
 }
 
-/// 507 with `Retry-After`: the disk is full; writes resume once space is freed.
+/// The answer to a write refused because the disk is full: 503 with `Retry-After` (OTLP
+/// exporters and Prometheus retry it; the write was not acknowledged, nothing acknowledged
+/// before is lost, and writes are taken again as soon as space is freed).
 fn disk_full(e: &gpuwatch_store::Error) -> Response {
     tracing::error!(error = %e, "disk full: refusing writes until space is freed");
     let mut resp = error_response(
         Status::Unavailable,
-        &format!("disk full, write not stored: free space in the data directory and retry ({e})"),
+        &format!(
+            "disk full, write not stored: free space where the data directory is; writes are taken again once there is room ({e})"
+        ),
     );
-    *resp.status_mut() = StatusCode::INSUFFICIENT_STORAGE;
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
     resp

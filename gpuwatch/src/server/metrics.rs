@@ -1,8 +1,8 @@
 //! The server's own metrics: one registry ([`Metrics::registry`]) that `/metrics` encodes
-//! (OpenMetrics text) — the store's, the query engine's and the memory ceiling's values read at
-//! each scrape ([`samples`], which self-telemetry sends too), the alerting service's, the
-//! latency histograms (ingest, queries, WAL fsync, persist), requests by protocol and outcome,
-//! `gpuwatch_build_info` and the `process_*` metrics.
+//! (OpenMetrics text) — the store's (its damage too), the query engine's and the memory
+//! ceiling's values read at each scrape ([`samples`], which self-telemetry sends too), the
+//! alerting service's, the latency histograms (ingest, queries, WAL fsync, persist), requests by
+//! protocol and outcome, `gpuwatch_build_info` and the `process_*` metrics.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -237,7 +237,7 @@ const STORE: &[Entry<Store>] = &[
     (
         "gpuwatch_writes_rejected_disk_full_total",
         Kind::Counter,
-        "Writes refused with 507 because the disk was full",
+        "Writes refused with 503 because the disk was full",
         |st| st.stats().rejected_disk_full.load(Ordering::Relaxed),
     ),
     (
@@ -302,6 +302,51 @@ const STORE: &[Entry<Store>] = &[
     ),
 ];
 
+/// The damage the store knows of (docs/operations.md).
+const DAMAGE: &[Entry<Store>] = &[
+    (
+        "gpuwatch_wal_damaged_segments_total",
+        Kind::Counter,
+        "Write-ahead log segments found damaged at replay (every valid record in them replayed)",
+        |st| st.stats().wal_damaged_segments.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_wal_skipped_bytes_total",
+        Kind::Counter,
+        "Write-ahead log bytes skipped at replay because they held no valid record",
+        |st| st.stats().wal_skipped_bytes.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_wal_quarantined_segments_total",
+        Kind::Counter,
+        "Damaged write-ahead log segments moved to quarantine once their valid records were committed",
+        |st| st.stats().wal_quarantined_segments.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_damaged_files",
+        Kind::Gauge,
+        "Data files left out of answers and maintenance because they are missing, empty or unreadable",
+        |st| st.damaged_files().len() as u64,
+    ),
+    (
+        "gpuwatch_damaged_table_logs",
+        Kind::Gauge,
+        "Tables whose Delta log has versions that cannot be read (no commit or vacuum runs on them)",
+        |st| {
+            gpuwatch_store::schema::Table::ALL
+                .iter()
+                .filter(|t| st.log_health(**t).blocks())
+                .count() as u64
+        },
+    ),
+    (
+        "gpuwatch_persists_held_back_total",
+        Kind::Counter,
+        "Persists that kept a table's rows buffered and in the write-ahead log because its Delta log is damaged",
+        |st| st.stats().persists_held_back.load(Ordering::Relaxed),
+    ),
+];
+
 const ENGINE: &[Entry<QueryEngine>] = &[
     (
         "gpuwatch_query_files_scanned_total",
@@ -314,6 +359,22 @@ const ENGINE: &[Entry<QueryEngine>] = &[
         Kind::Counter,
         "Parquet files skipped by queries because their time range cannot match",
         |e| e.scan_stats().files_pruned.load(Ordering::Relaxed),
+    ),
+    (
+        "gpuwatch_query_answers_with_skipped_data_total",
+        Kind::Counter,
+        "Answers that left damaged data out and said so (a Gpuwatch-Warning header, a Postgres notice)",
+        |e| {
+            e.scan_stats()
+                .answers_with_skipped_data
+                .load(Ordering::Relaxed)
+        },
+    ),
+    (
+        "gpuwatch_query_retried_after_damage_total",
+        Kind::Counter,
+        "Queries run again without a data file their read found damaged",
+        |e| e.scan_stats().retried_after_damage.load(Ordering::Relaxed),
     ),
 ];
 
@@ -335,6 +396,7 @@ pub(super) fn samples(app: &App) -> Vec<Sample> {
     }
     if let Some(store) = app.store.get() {
         read(&mut out, STORE, store.as_ref());
+        read(&mut out, DAMAGE, store.as_ref());
     }
     if let Some(engine) = app.engine.get() {
         read(&mut out, ENGINE, engine);

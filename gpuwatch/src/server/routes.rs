@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
-use super::{App, auth, metrics, not_found, otlp_http, readyz, remote_write, sql};
+use super::{App, auth, metrics, not_found, otlp_http, readiness, remote_write, sql};
 use crate::config::ServeConfig;
 
 /// The main listener's router, and the ingest router the OTLP/HTTP listener serves too.
@@ -33,7 +33,7 @@ pub(super) fn routers(config: &ServeConfig, app: &App) -> (Router, Router) {
         .with_state(Arc::new(app.metrics.registry(app)));
     let main = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readiness::readyz))
         .with_state(app.clone())
         .merge(metrics)
         .merge(ingest.clone())

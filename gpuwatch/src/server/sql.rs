@@ -1,5 +1,6 @@
 //! SQL over HTTP: `POST /api/v1/sql` with `{"sql": "...", "format": "json"}`, or
-//! `GET /api/v1/sql?q=...&format=...`.
+//! `GET /api/v1/sql?q=...&format=...`. An answer that leaves damaged data out says so in a
+//! `Gpuwatch-Warning` header per warning ([`WARNING_HEADER`]).
 
 use std::sync::{Arc, OnceLock};
 
@@ -150,9 +151,9 @@ async fn run(
         Err(e) => return e.into_response(),
     };
     let Some(engine) = engine.get() else {
-        return Error::NotReady.into_response();
+        return Error::NotReady(gpuwatch_store::startup::reason()).into_response();
     };
-    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<Vec<String>, Error>>();
     let (body_tx, body_rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
     let span = tracing::info_span!(
         "query",
@@ -171,14 +172,14 @@ async fn run(
     // for the task's own answer), in case the query's threads are too busy to notice.
     let limit = engine.query_timeout();
     let deadline = tokio::time::Instant::now() + limit + DEADLINE_GRACE;
-    match tokio::time::timeout_at(deadline, head_rx).await {
-        Ok(Ok(Ok(()))) => {}
+    let warnings = match tokio::time::timeout_at(deadline, head_rx).await {
+        Ok(Ok(Ok(w))) => w,
         Ok(Ok(Err(e))) => return e.into_response(),
         Ok(Err(_)) => {
             return Error::Internal("the query task ended early".into()).into_response();
         }
         Err(_) => return Error::Timeout(limit).into_response(),
-    }
+    };
     let body = futures::stream::unfold((body_rx, Some(task)), move |(mut rx, task)| async move {
         let task = task?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -204,7 +205,29 @@ async fn run(
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.content_type()),
     );
+    for w in &warnings {
+        resp.headers_mut().append(WARNING_HEADER, header_value(w));
+    }
     resp
+}
+
+/// The header an answer that left data out carries, once per warning
+/// ([`gpuwatch_query::skipped`]).
+pub(crate) const WARNING_HEADER: &str = "gpuwatch-warning";
+
+/// `text` as a header value: visible ASCII and spaces only (anything else becomes `?`).
+fn header_value(text: &str) -> HeaderValue {
+    let clean: String = text
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&clean).unwrap_or_else(|_| HeaderValue::from_static("data left out"))
 }
 
 /// At most `max` bytes of `text`, on a character boundary.
@@ -229,7 +252,7 @@ async fn answer(
     engine: QueryEngine,
     sql: String,
     format: Format,
-    head: tokio::sync::oneshot::Sender<Result<(), Error>>,
+    head: tokio::sync::oneshot::Sender<Result<Vec<String>, Error>>,
     body: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
 ) {
     let limit = engine.query_timeout();
@@ -237,13 +260,17 @@ async fn answer(
     let max_bytes = engine.max_answer_bytes().unwrap_or(usize::MAX);
     let execute = tracing::info_span!("execute");
     let encode = tracing::info_span!("encode");
-    let (_slot, stream, first) = match first_batch(&engine, &sql, deadline, &execute).await {
-        Ok(started) => started,
-        Err(e) => {
-            let _ = head.send(Err(e));
-            return;
-        }
-    };
+    let (_slot, stream, first, warnings) =
+        match first_batch(&engine, &sql, deadline, &execute).await {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = head.send(Err(e));
+                return;
+            }
+        };
+    if !warnings.is_empty() {
+        tracing::warn!(warnings = ?warnings, "the answer leaves damaged data out");
+    }
     let mut encoder = match Encoder::new(&stream.schema(), format) {
         Ok(e) => e,
         Err(e) => {
@@ -270,7 +297,7 @@ async fn answer(
         let _ = head.send(Err(Error::AnswerTooLarge(max_bytes)));
         return;
     }
-    if head.send(Ok(())).is_err() {
+    if head.send(Ok(warnings)).is_err() {
         return;
     }
     let sent = chunk.len();
@@ -294,7 +321,8 @@ async fn answer(
     answer.rest(stream, encoder, body).await;
 }
 
-/// Plans `sql` and waits for its first batch (`None`: no rows) within the time limit.
+/// Plans `sql` and waits for its first batch (`None`: no rows) within the time limit; with
+/// the warnings of what the answer leaves out.
 async fn first_batch(
     engine: &QueryEngine,
     sql: &str,
@@ -305,10 +333,15 @@ async fn first_batch(
         gpuwatch_query::engine::QuerySlot,
         datafusion::execution::SendableRecordBatchStream,
         Option<arrow::array::RecordBatch>,
+        Vec<String>,
     ),
     Error,
 > {
-    let (slot, mut stream) = engine
+    let gpuwatch_query::engine::Started {
+        slot,
+        mut stream,
+        warnings,
+    } = engine
         .start(sql)
         .instrument(tracing::info_span!("plan"))
         .await?;
@@ -317,8 +350,8 @@ async fn first_batch(
         .await
     {
         Err(_) => Err(Error::Timeout(engine.query_timeout())),
-        Ok(None) => Ok((slot, stream, None)),
-        Ok(Some(Ok(b))) => Ok((slot, stream, Some(b))),
+        Ok(None) => Ok((slot, stream, None, warnings)),
+        Ok(Some(Ok(b))) => Ok((slot, stream, Some(b), warnings)),
         Ok(Some(Err(e))) => Err(Error::from(e)),
     }
 }

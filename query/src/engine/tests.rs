@@ -13,6 +13,7 @@ impl ReadStore for Fixed {
                 Vec::new()
             },
             files: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 }

@@ -175,7 +175,9 @@ fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
 }
 
 /// (name, value) pairs as the JSON object of the `series_labels` column.
-pub(crate) fn series_labels_json<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub(crate) fn series_labels_json<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
     let map: serde_json::Map<String, serde_json::Value> = pairs
         .into_iter()
         .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))

@@ -69,7 +69,7 @@ pub(super) fn engine_error(e: &Error) -> PgWireError {
         Error::ResourcesExhausted(_) | Error::MemoryPressure(..) => "53200",
         Error::ValueTooLarge(_) | Error::AnswerTooLarge(_) | Error::StatementTooLong(..) => "54000",
         Error::Busy(_) => "53000",
-        Error::NotReady => "57P03",
+        Error::NotReady(_) => "57P03",
         Error::Internal(_) | Error::Engine { .. } | Error::Arrow { .. } => "XX000",
     };
     error("ERROR", code, e.to_string())

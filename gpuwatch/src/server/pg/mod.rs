@@ -136,6 +136,7 @@ fn guard(
     deadline: tokio::time::Instant,
     limit: Duration,
     max_bytes: usize,
+    checks: Checks,
 ) -> Response {
     let Response::Query(mut q) = response else {
         return response;
@@ -143,32 +144,94 @@ fn guard(
     let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
     let stream = futures::stream::unfold(
         (rows, slot, false, 0usize),
-        move |(mut rows, slot, done, sent)| async move {
-            if done {
-                return None;
-            }
-            match tokio::time::timeout_at(deadline, rows.next()).await {
-                Ok(Some(Ok(row))) => {
-                    let sent = sent.saturating_add(row.data.len());
-                    if sent > max_bytes {
-                        return Some((
-                            Err(engine_error(&Error::AnswerTooLarge(max_bytes))),
-                            (rows, None, true, sent),
-                        ));
-                    }
-                    Some((Ok(row), (rows, slot, false, sent)))
+        move |(mut rows, slot, done, sent)| {
+            let checks = checks.clone();
+            async move {
+                if done {
+                    return None;
                 }
-                Ok(Some(Err(e))) => Some((Err(classify(e)), (rows, None, true, sent))),
-                Ok(None) => None,
-                Err(_) => Some((
-                    Err(engine_error(&Error::Timeout(limit))),
-                    (rows, None, true, sent),
-                )),
+                match tokio::time::timeout_at(deadline, rows.next()).await {
+                    Ok(Some(Ok(row))) => {
+                        let sent = sent.saturating_add(row.data.len());
+                        if sent > max_bytes {
+                            return Some((
+                                Err(engine_error(&Error::AnswerTooLarge(max_bytes))),
+                                (rows, None, true, sent),
+                            ));
+                        }
+                        Some((Ok(row), (rows, slot, false, sent)))
+                    }
+                    Ok(Some(Err(e))) => {
+                        Some((Err(checks.damage_found(e).await), (rows, None, true, sent)))
+                    }
+                    Ok(None) => None,
+                    Err(_) => Some((
+                        Err(engine_error(&Error::Timeout(limit))),
+                        (rows, None, true, sent),
+                    )),
+                }
             }
         },
     );
     q.data_rows = Box::pin(stream);
     Response::Query(q)
+}
+
+/// What a statement's scans read and left out, and the store to check damaged files with.
+#[derive(Clone)]
+struct Checks {
+    store: Arc<dyn gpuwatch_store::ReadStore>,
+    notes: Arc<gpuwatch_query::skipped::ScanNotes>,
+}
+
+impl Checks {
+    fn new(engine: &QueryEngine) -> Self {
+        Self {
+            store: Arc::clone(engine.store()),
+            notes: Arc::default(),
+        }
+    }
+
+    /// Sends the warnings of the statement's scans (data its answer leaves out) as notices.
+    async fn notify<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        for w in self.notes.warnings() {
+            let notice = pgwire::error::ErrorInfo::new("WARNING".into(), "01000".into(), w);
+            client
+                .send(PgWireBackendMessage::NoticeResponse(notice.into()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The error of a statement whose rows failed: when a damaged data file made it fail, the
+    /// file is found (and skipped by later statements) and named (`XX001`, data corrupted).
+    async fn damage_found(&self, e: PgWireError) -> PgWireError {
+        let damage = match &e {
+            PgWireError::ApiError(inner) => inner
+                .downcast_ref::<datafusion::error::DataFusionError>()
+                .is_some_and(gpuwatch_query::skipped::may_be_damage),
+            _ => false,
+        };
+        if !damage {
+            return classify(e);
+        }
+        let before = self.notes.warnings().len();
+        if gpuwatch_query::skipped::verify_scanned(&self.store, &self.notes).await == 0 {
+            return classify(e);
+        }
+        let found = self.notes.warnings().split_off(before).join("; ");
+        error(
+            "ERROR",
+            "XX001",
+            format!(
+                "the answer was cut short by a damaged data file, which later statements skip: {found}"
+            ),
+        )
+    }
 }
 
 /// The handlers of one listener.
@@ -329,8 +392,13 @@ impl SimpleQueryHandler for Front {
             None
         };
         let limit = time_limit(client, &ready.engine);
+        let checks = Checks::new(&ready.engine);
         // Cursors are not bound by the time limit once declared: no deadline in their plans.
-        let service = ready.session(client.session_extensions(), (!cursors).then_some(limit))?;
+        let service = ready.session(
+            client.session_extensions(),
+            (!cursors).then_some(limit),
+            &checks.notes,
+        )?;
         let deadline = tokio::time::Instant::now() + limit;
         let max_bytes = ready.engine.max_answer_bytes().unwrap_or(usize::MAX);
         let responses = if !one_at_a_time {
@@ -346,11 +414,16 @@ impl SimpleQueryHandler for Front {
                 limit,
             };
             each_statement(client, ready, &service, query, &verdicts, at, &mut slot).await
-        }
-        .map_err(classify)?;
+        };
+        // Planning reads the files' footers: a damaged one is found and named here too.
+        let responses = match responses {
+            Ok(r) => r,
+            Err(e) => return Err(checks.damage_found(e).await),
+        };
+        checks.notify(client).await?;
         Ok(responses
             .into_iter()
-            .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes))
+            .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes, checks.clone()))
             .collect())
     }
 }
@@ -530,9 +603,11 @@ impl ExtendedQueryHandler for Front {
             }
             Some((statement, _)) => admit(statement).map_err(|e| engine_error(&e))?,
         };
+        let checks = Checks::new(&ready.engine);
         let service = ready.session(
             client.session_extensions(),
             (verdict == Verdict::Query).then(|| time_limit(client, &ready.engine)),
+            &checks.notes,
         )?;
         sweep_cursors(client);
         match verdict {
@@ -565,13 +640,21 @@ impl ExtendedQueryHandler for Front {
         )
         .await
         {
-            Ok(r) => Ok(guard(
-                r.map_err(classify)?,
-                Some(slot),
-                deadline,
-                limit,
-                ready.engine.max_answer_bytes().unwrap_or(usize::MAX),
-            )),
+            Ok(r) => {
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => return Err(checks.damage_found(e).await),
+                };
+                checks.notify(client).await?;
+                Ok(guard(
+                    r,
+                    Some(slot),
+                    deadline,
+                    limit,
+                    ready.engine.max_answer_bytes().unwrap_or(usize::MAX),
+                    checks,
+                ))
+            }
             Err(_) => Err(engine_error(&Error::Timeout(limit))),
         }
     }

@@ -25,6 +25,7 @@ use super::{DATABASE, PasswordCheck};
 use crate::server::sql::EngineSlot;
 use gpuwatch_query::Error;
 use gpuwatch_query::QueryEngine;
+use gpuwatch_query::skipped::ScanNotes;
 
 /// The per-process state behind every connection, built when the engine is ready.
 pub(super) struct Ready {
@@ -38,24 +39,25 @@ pub(super) struct Ready {
 }
 
 impl Ready {
-    /// The session a connection's next statement runs in. With `--query-memory-limit`, the
-    /// connection's own session, its state made afresh from [`Ready::statement_state`] for each
-    /// statement: the statement's memory pool is its alone, as each HTTP query's is, so one
-    /// query cannot starve the queries of other connections, and a cursor left open does not
-    /// take from the next statement of its own connection. Without a limit, the shared
-    /// session. Costs (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms
-    /// at a connection's first statement for its service; a session made from scratch (with
-    /// its own `pg_catalog`) would cost about 60 ms.
-    /// `limit`: the statement's time limit, kept inside its plan ([`gpuwatch_query::deadline`]); `None`
-    /// for cursors.
+    /// The session a connection's next statement runs in: the connection's own session, its
+    /// state made afresh from [`Ready::statement_state`] for each statement, so that each
+    /// statement has its own notes and, with `--query-memory-limit`, a memory pool of its own,
+    /// as each HTTP query does: one query cannot starve the queries of other connections, and
+    /// a cursor left open does not take from the next statement of its own connection. Costs
+    /// (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms at a
+    /// connection's first statement for its service; a session made from scratch (with its own
+    /// `pg_catalog`) would cost about 60 ms.
+    /// `limit`: the statement's time limit, kept inside its plan ([`gpuwatch_query::deadline`]);
+    /// `None` for cursors.
     pub(super) fn session(
         &self,
         extensions: &SessionExtensions,
         limit: Option<std::time::Duration>,
+        notes: &Arc<ScanNotes>,
     ) -> PgWireResult<Arc<DfSessionService>> {
-        let Some(state) = self.statement_state(limit).map_err(|e| engine_error(&e))? else {
-            return Ok(Arc::clone(&self.service));
-        };
+        let state = self
+            .statement_state(limit, notes)
+            .map_err(|e| engine_error(&e))?;
         if let Some(own) = extensions.get::<ConnectionSession>() {
             // A connection runs one statement at a time: nothing else uses its state now. A
             // statement still streaming (an open cursor) keeps the runtime it started with.
@@ -72,29 +74,31 @@ impl Ready {
         Ok(service)
     }
 
-    /// The state of one statement's session: the shared state with a runtime whose memory pool
-    /// of `--query-memory-limit` bytes (inside the ceiling's, when there is one) is the statement's own (the engine's object stores,
-    /// caches and spill directory otherwise). Made from a copy of the shared state, not from
-    /// scratch: `pg_catalog`'s tables and the function registries are shared. `None` without a
-    /// memory limit.
+    /// The state of one statement's session: the shared state with the statement's time
+    /// limit and its [`ScanNotes`] (what its scans leave out, sent as notices), and with
+    /// `--query-memory-limit` a runtime whose memory pool (inside the ceiling's, when there is
+    /// one) is the statement's own (the engine's object stores, caches and spill directory
+    /// otherwise). Made from a copy of the shared state, not from scratch: `pg_catalog`'s
+    /// tables and the function registries are shared.
     pub(super) fn statement_state(
         &self,
         limit: Option<std::time::Duration>,
-    ) -> Result<Option<SessionState>, Error> {
-        let Some(pool) = self.engine.query_pool() else {
-            return Ok(None);
-        };
-        self.engine.admit()?;
-        let runtime = gpuwatch_query::engine::own_pool(self.state.runtime_env(), pool)?;
-        let mut state = SessionStateBuilder::new_from_existing(self.state.clone())
-            .with_runtime_env(runtime)
-            .build();
+        notes: &Arc<ScanNotes>,
+    ) -> Result<SessionState, Error> {
+        let mut builder = SessionStateBuilder::new_from_existing(self.state.clone());
+        if let Some(pool) = self.engine.query_pool() {
+            self.engine.admit()?;
+            let runtime = gpuwatch_query::engine::own_pool(self.state.runtime_env(), pool)?;
+            builder = builder.with_runtime_env(runtime);
+        }
+        let mut state = builder.build();
         if let Some(limit) = limit {
             state
                 .config_mut()
                 .set_extension(Arc::new(gpuwatch_query::deadline::Deadline::after(limit)));
         }
-        Ok(Some(state))
+        state.config_mut().set_extension(Arc::clone(notes));
+        Ok(state)
     }
 }
 
@@ -250,7 +254,9 @@ impl Shared {
             Some(r) => r,
             None => {
                 let Some(engine) = self.engine.get() else {
-                    return Err(engine_error(&Error::NotReady));
+                    return Err(engine_error(&Error::NotReady(
+                        gpuwatch_store::startup::reason(),
+                    )));
                 };
                 self.ready.get_or_init(|| {
                     let r = build(engine);
@@ -283,6 +289,7 @@ mod tests {
             gpuwatch_store::TableSnapshot {
                 batches: Vec::new(),
                 files: Vec::new(),
+                warnings: Vec::new(),
             }
         }
     }
@@ -334,7 +341,9 @@ mod tests {
         let ready = ready(Some(limit));
         // The session of a connection's next statement.
         let next = |connection: &SessionExtensions| -> Arc<SessionContext> {
-            ready.session(connection, None).expect("session");
+            ready
+                .session(connection, None, &Arc::new(ScanNotes::default()))
+                .expect("session");
             Arc::clone(
                 &connection
                     .get::<ConnectionSession>()
@@ -362,9 +371,10 @@ mod tests {
         assert_eq!(first_pool.reserved(), share);
 
         // A connection's service is made once.
+        let notes = Arc::new(ScanNotes::default());
         assert!(Arc::ptr_eq(
-            &ready.session(&one, None).expect("session"),
-            &ready.session(&one, None).expect("session")
+            &ready.session(&one, None, &notes).expect("session"),
+            &ready.session(&one, None, &notes).expect("session")
         ));
         let engine = ready.engine.context().runtime_env();
         let rt = next(&one).runtime_env();
@@ -385,14 +395,20 @@ mod tests {
             vec![vec![DATABASE.to_string(), "double precision".to_string()]]
         );
 
-        // Without a limit, statements run in the shared session.
+        // Without a limit, statements have a session of their own (for their notes) with the
+        // engine's runtime and pool.
         let unlimited = self::ready(None);
         let connection = SessionExtensions::new();
+        unlimited
+            .session(&connection, None, &notes)
+            .expect("session");
+        let own = connection
+            .get::<ConnectionSession>()
+            .expect("the connection's session");
         assert!(Arc::ptr_eq(
-            &unlimited.session(&connection, None).expect("session"),
-            &unlimited.service
+            &own.ctx.runtime_env().memory_pool,
+            &unlimited.engine.context().runtime_env().memory_pool
         ));
-        assert!(connection.get::<ConnectionSession>().is_none());
     }
 
     /// An open cursor holds a slot: a DECLARE takes a free one or the one of the cursor it
@@ -540,9 +556,9 @@ mod tests {
     async fn statements_stop_at_their_deadline_inside_the_plan() {
         let ready = ready(Some(64 << 20));
         let limit = std::time::Duration::from_millis(300);
+        let notes = Arc::new(ScanNotes::default());
         let state = ready
-            .statement_state(Some(limit))
-            .expect("state")
+            .statement_state(Some(limit), &notes)
             .expect("a state of its own");
         let ctx = SessionContext::new_with_state(state);
         let err = ctx
@@ -557,7 +573,7 @@ mod tests {
             Some(gpuwatch_query::deadline::DeadlinePassed(limit)),
             "{err}"
         );
-        let state = ready.statement_state(None).expect("state").expect("own");
+        let state = ready.statement_state(None, &notes).expect("own");
         let ctx = SessionContext::new_with_state(state);
         let n = texts(
             &ctx,
