@@ -10,6 +10,9 @@
 //! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
 //!   over the Postgres wire protocol on the same day of the fleet with its processes, XID and ECC
 //!   events, prices and alert history, slowest first.
+//! - `promql`: the same day of the fleet remote-written into gpuwatch and Prometheus; a PromQL
+//!   range query (`sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)` over 24 h at a 60 s step) timed on
+//!   both, side by side, the answers compared.
 //!
 //! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace, and
 //! [`workload`], the processes and events an agent would report on it.
@@ -18,6 +21,7 @@ mod dashboards;
 mod fleet;
 mod ingest;
 mod peers;
+mod promql;
 mod query;
 mod remote_write;
 mod send;
@@ -46,6 +50,9 @@ enum Command {
     Query(query::QueryArgs),
     /// Grafana dashboards: every panel's SQL over 24 h and 30 d of the fleet, slowest first.
     Dashboards(dashboards::DashboardsArgs),
+    /// The same day of the fleet in gpuwatch and in Prometheus; one PromQL range query timed on
+    /// both and the answers compared.
+    Promql(promql::PromqlArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -117,6 +124,7 @@ fn main() -> ExitCode {
             Command::Ingest(a) => ingest::run(a).await,
             Command::Query(a) => query::run(a).await,
             Command::Dashboards(a) => dashboards::run(a).await,
+            Command::Promql(a) => promql::run(a).await,
         }
     });
     match result {

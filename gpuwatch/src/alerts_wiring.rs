@@ -37,6 +37,8 @@ pub(crate) struct AlertsConfig {
     pub alerting: AlertingConfig,
     /// `[cost]`: prices and budgets.
     pub cost: CostConfig,
+    /// How `expr:` (PromQL) rules are evaluated (`--promql-*`).
+    pub promql: gpuwatch_promql::Settings,
 }
 
 /// Reads and checks every rules file (and the built-in pack when asked), before anything starts.
@@ -109,7 +111,9 @@ pub(crate) async fn start(
         clock,
         store,
     )?);
-    let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
+    let source = Arc::new(
+        EngineSource::new(engine.clone(), query_timeout).with_promql(config.promql.clone()),
+    );
     alerting.set_ledger(ledger);
     let mut tasks = alerting.start(source, stop);
     tasks.push(ledger_task);

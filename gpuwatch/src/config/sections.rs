@@ -55,6 +55,8 @@ impl Sections {
                 (None, true) => demo_prices(),
                 (None, false) => CostConfig::default(),
             },
+            // The `--promql-*` settings, set by `ServeSettings::validate`.
+            promql: gpuwatch_promql::Settings::default(),
         }
     }
 }

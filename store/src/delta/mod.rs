@@ -31,7 +31,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
-use deltalake_core::kernel::{Action, Transaction};
+use deltalake_core::kernel::{Action, StructField, Transaction};
 use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
 use deltalake_core::operations::create::CreateBuilder;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
@@ -271,7 +271,10 @@ async fn load_or_create(
     let mut delta = DeltaTable::new(Arc::clone(&log_store));
     if log_store.is_delta_table_location().await? {
         delta.load().await?;
-        return Ok(delta);
+        if !create {
+            return Ok(delta);
+        }
+        return add_missing_columns(delta, table).await;
     }
     if !create {
         return Ok(delta);
@@ -298,6 +301,40 @@ async fn load_or_create(
         Err(_) if log_store.is_delta_table_location().await? => {
             delta.load().await?;
             Ok(delta)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Adds to a table made by an earlier release the columns it lacks (`gpu_metrics.labels`), as
+/// nullable columns in one metadata commit, so that other engines see them too. Files written
+/// before read them as null. A concurrent writer that added them first leaves nothing to do.
+async fn add_missing_columns(
+    delta: DeltaTable,
+    table: Table,
+) -> std::result::Result<DeltaTable, DeltaTableError> {
+    let have: HashSet<String> = delta
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|f| f.name().clone())
+        .collect();
+    let missing: Vec<_> = schema::delta_columns(table)
+        .map_err(|e| DeltaTableError::Generic(e.to_string()))?
+        .into_iter()
+        .filter(|c| !have.contains(c.name()))
+        .map(|c| StructField::new(c.name().clone(), c.data_type().clone(), true))
+        .collect();
+    if missing.is_empty() {
+        return Ok(delta);
+    }
+    let log_store = delta.log_store();
+    match delta.add_columns().with_fields(missing).await {
+        Ok(t) => Ok(t),
+        Err(e) if is_conflict(&e) => {
+            let mut again = DeltaTable::new(log_store);
+            again.load().await?;
+            Ok(again)
         }
         Err(e) => Err(e),
     }
