@@ -1,0 +1,170 @@
+//! Network faults against the real server: points that cannot be read are rejected alone and
+//! reported, in OTLP/JSON and protobuf.
+
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::{
+    Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, metric::Data, number_data_point,
+};
+use prost::Message;
+
+use gpuwatch_e2e::TestServer;
+
+use crate::{now_ns, post_otlp, rows};
+
+/// The values of `metric` stored, in time order.
+async fn stored(server: &TestServer, metric: &str) -> Vec<f64> {
+    rows(
+        server,
+        &format!("SELECT value FROM metrics WHERE metric = '{metric}' ORDER BY time"),
+    )
+    .await
+    .iter()
+    .map(|r| r["value"].as_f64().unwrap_or(f64::NAN))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreadable_json_points_are_rejected_alone_and_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .start();
+    let now = now_ns();
+    let (t1, t2) = (now - 2_000_000_000, now - 1_000_000_000);
+    // Each metric holds one point the issue names as unreadable between two good ones.
+    let cases = [
+        (
+            "bad.space",
+            format!(r#"{{"timeUnixNano":"{now} ","asDouble":9}}"#),
+        ),
+        (
+            "bad.negative",
+            r#"{"timeUnixNano":"-5","asDouble":9}"#.to_string(),
+        ),
+        (
+            "bad.int",
+            format!(r#"{{"timeUnixNano":"{now}","asInt":"notanumber"}}"#),
+        ),
+        (
+            "bad.type",
+            format!(r#"{{"timeUnixNano":"{now}","asDouble":[1]}}"#),
+        ),
+    ];
+    let metrics: Vec<String> = cases
+        .iter()
+        .map(|(name, bad)| {
+            format!(
+                r#"{{"name":"{name}","gauge":{{"dataPoints":[{{"timeUnixNano":"{t1}","asDouble":1}},{bad},
+                    {{"timeUnixNano":"{t2}","asInt":"2"}}]}}}}"#
+            )
+        })
+        .chain([format!(
+            r#"{{"name":"bad.mono","sum":{{"isMonotonic":"true","dataPoints":[{{"timeUnixNano":"{t1}","asDouble":1}}]}}}}"#
+        )])
+        .collect();
+    let body = format!(
+        r#"{{"resourceMetrics":[{{"scopeMetrics":[{{"metrics":[{}]}}]}}]}}"#,
+        metrics.join(",")
+    );
+    let (status, text) = post_otlp(
+        &server.otlp_url(),
+        "application/json",
+        None,
+        body.into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let answer: serde_json::Value = serde_json::from_str(&text).expect("json answer");
+    assert_eq!(answer["partialSuccess"]["rejectedDataPoints"], 5, "{text}");
+    let msg = answer["partialSuccess"]["errorMessage"]
+        .as_str()
+        .unwrap_or("");
+    assert!(msg.contains("5 that could not be read"), "{msg}");
+    assert!(msg.contains("metric \"bad.space\" point 1"), "{msg}");
+    for (name, _) in &cases {
+        assert_eq!(
+            stored(&server, name).await,
+            [1.0, 2.0],
+            "{name}: siblings kept"
+        );
+    }
+    assert!(stored(&server, "bad.mono").await.is_empty());
+}
+
+fn point(t: i64, value: Option<f64>, attr: &str) -> NumberDataPoint {
+    NumberDataPoint {
+        time_unix_nano: t as u64,
+        value: value.map(number_data_point::Value::AsDouble),
+        attributes: vec![KeyValue {
+            key: "k".into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(attr.into())),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreadable_protobuf_points_are_rejected_alone_and_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .start();
+    let now = now_ns();
+    let points = vec![
+        point(now - 3_000_000_000, Some(1.0), "a"),
+        // Made not UTF-8 below: this point alone cannot be decoded.
+        point(now - 2_000_000_000, Some(7.0), "QQQQ"),
+        point(now - 1_000_000_000, Some(f64::NAN), "b"),
+        point(now - 1_000_000_000, None, "c"),
+        point(now, Some(2.0), "d"),
+    ];
+    let req = ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![Metric {
+                    name: "pb.mixed".into(),
+                    data: Some(Data::Gauge(Gauge {
+                        data_points: points,
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let mut bytes = req.encode_to_vec();
+    let at = bytes.windows(4).position(|w| w == b"QQQQ").expect("marker");
+    bytes[at] = 0xff;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/metrics", server.url()))
+        .header("content-type", "application/x-protobuf")
+        .body(bytes)
+        .send()
+        .await
+        .expect("otlp request");
+    assert_eq!(resp.status().as_u16(), 200);
+    let answer = ExportMetricsServiceResponse::decode(resp.bytes().await.expect("body").as_ref())
+        .expect("protobuf answer");
+    let partial = answer.partial_success.expect("partial success");
+    assert_eq!(partial.rejected_data_points, 3, "{}", partial.error_message);
+    assert!(
+        partial
+            .error_message
+            .contains("metric \"pb.mixed\" point 1"),
+        "{}",
+        partial.error_message
+    );
+    assert!(
+        partial
+            .error_message
+            .contains("2 with a nan, infinite or absent value")
+    );
+    assert_eq!(stored(&server, "pb.mixed").await, [1.0, 2.0]);
+}
