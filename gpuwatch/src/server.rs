@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 
 pub(crate) mod auth;
 mod background;
+mod browser;
 mod grpc;
 mod ingest;
 mod metrics;

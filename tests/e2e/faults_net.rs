@@ -168,3 +168,162 @@ async fn unreadable_protobuf_points_are_rejected_alone_and_reported() {
     );
     assert_eq!(stored(&server, "pb.mixed").await, [1.0, 2.0]);
 }
+
+/// One raw HTTP/1.1 request to `server`'s main listener: `headers` as sent (the `Host` among
+/// them), then `body`. Returns the status and the body text.
+fn raw(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = server.url().trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).expect("write");
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, text)
+}
+
+#[test]
+fn no_browser_page_can_drive_a_default_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--allowed-hosts")
+        .arg("gpuwatch.test")
+        .start();
+    let own = server.url().trim_start_matches("http://").to_string();
+    let host = ("Host", own.as_str());
+    let silence = r#"{"matchers":[{"name":"alertname","value":".*","isRegex":true}],"duration":"1000h","createdBy":"page","comment":"x"}"#;
+    let sql = r#"{"sql":"SELECT 1 AS one"}"#;
+    let json = ("Content-Type", "application/json");
+
+    // A "simple request" any page can send: text/plain bodies are refused before they are read.
+    let (code, text) = raw(
+        &server,
+        "POST",
+        "/api/v1/silences",
+        &[host, ("Content-Type", "text/plain")],
+        silence,
+    );
+    assert_eq!(code, 415, "{text}");
+    assert!(text.contains("application/json"), "{text}");
+    let (code, text) = raw(
+        &server,
+        "POST",
+        "/api/v1/sql",
+        &[host, ("Content-Type", "text/plain")],
+        sql,
+    );
+    assert_eq!(code, 415, "{text}");
+    let (code, _) = raw(
+        &server,
+        "POST",
+        "/api/v1/sql",
+        &[host, ("Content-Type", "application/x-www-form-urlencoded")],
+        sql,
+    );
+    assert_eq!(code, 415);
+    let (code, _) = raw(
+        &server,
+        "POST",
+        "/v1/metrics",
+        &[host, ("Content-Type", "text/plain")],
+        "{}",
+    );
+    assert_eq!(
+        code, 400,
+        "OTLP keeps the interface's 400 for a content type it does not speak"
+    );
+    // Cross-origin, however it is told.
+    let evil = ("Origin", "http://evil.example");
+    let (code, text) = raw(
+        &server,
+        "POST",
+        "/api/v1/silences",
+        &[host, json, evil],
+        silence,
+    );
+    assert_eq!(code, 403, "{text}");
+    let cross = ("Sec-Fetch-Site", "cross-site");
+    let (code, _) = raw(&server, "POST", "/api/v1/sql", &[host, json, cross], sql);
+    assert_eq!(code, 403);
+    let (code, _) = raw(
+        &server,
+        "GET",
+        "/api/v1/sql?q=SELECT%201",
+        &[host, cross],
+        "",
+    );
+    assert_eq!(code, 403);
+    let (code, _) = raw(&server, "POST", "/v1/metrics", &[host, json, evil], "{}");
+    assert_eq!(code, 403, "ingest refuses a page too");
+    // DNS rebinding: the page's origin and the Host agree, the name is not the server's.
+    let rebound = ("Host", "rebound.example:9500");
+    let (code, text) = raw(
+        &server,
+        "POST",
+        "/api/v1/sql",
+        &[rebound, json, ("Origin", "http://rebound.example:9500")],
+        sql,
+    );
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("--allowed-hosts"), "{text}");
+    let (code, _) = raw(&server, "GET", "/api/v1/jobs?since=1h", &[rebound], "");
+    assert_eq!(code, 403);
+    let (code, _) = raw(&server, "GET", "/healthz", &[rebound], "");
+    assert_eq!(code, 200, "health answers under any name");
+    // Nothing above created a silence.
+    let (code, list) = raw(&server, "GET", "/api/v1/silences", &[host], "");
+    assert_eq!((code, list.trim()), (200, "[]"));
+
+    // What must keep working: the console (same origin), scripts (no Origin), a name given in
+    // --allowed-hosts, Grafana's form POSTs to the Prometheus API.
+    let console = [
+        host,
+        json,
+        ("Origin", &*format!("http://{own}")),
+        ("Sec-Fetch-Site", "same-origin"),
+    ];
+    let (code, text) = raw(&server, "POST", "/api/v1/sql", &console, sql);
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("\"one\":1"), "{text}");
+    let port = own.rsplit(':').next().unwrap_or("");
+    let named = format!("gpuwatch.test:{port}");
+    let (code, text) = raw(
+        &server,
+        "POST",
+        "/api/v1/sql",
+        &[("Host", &named), json],
+        sql,
+    );
+    assert_eq!(code, 200, "{text}");
+    let (code, text) = raw(&server, "POST", "/api/v1/silences", &[host, json], silence);
+    assert_eq!(code, 200, "{text}");
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    let (code, text) = raw(&server, "POST", "/api/v1/query", &[host, form], "query=1");
+    assert_eq!(code, 200, "{text}");
+}

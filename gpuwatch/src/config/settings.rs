@@ -92,6 +92,17 @@ pub(crate) struct Listeners {
     /// every endpoint is open and only loopback addresses may be bound.
     #[arg(long, env = "GPUWATCH_AUTH_TOKENS", value_name = "FILE")]
     pub auth_tokens: Option<PathBuf>,
+    /// Host names (and addresses) the HTTP API answers to besides localhost, the loopback
+    /// addresses and the address bound (env: comma-separated); `*` allows every name. Other
+    /// names are refused (403) on the main listener, except health, /metrics and ingest: a
+    /// name rebound to this server (DNS rebinding) reads nothing.
+    #[arg(
+        long,
+        env = "GPUWATCH_ALLOWED_HOSTS",
+        value_name = "HOST",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,

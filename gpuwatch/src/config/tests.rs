@@ -276,6 +276,8 @@ const ADDED: &[(&str, &[&str])] = &[
             "--promql-lookback-delta",
             "--promql-max-samples",
             "--promql-subquery-step",
+            // Issue 23: the names the HTTP API answers to (DNS rebinding).
+            "--allowed-hosts",
         ],
     ),
     ("demo", &[]),
