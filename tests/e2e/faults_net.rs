@@ -327,3 +327,62 @@ fn no_browser_page_can_drive_a_default_server() {
     let (code, text) = raw(&server, "POST", "/api/v1/query", &[host, form], "query=1");
     assert_eq!(code, 200, "{text}");
 }
+
+/// One OTLP/gRPC export of `req`; the answer or the status.
+async fn grpc_export(
+    addr: std::net::SocketAddr,
+    req: ExportMetricsServiceRequest,
+) -> Result<ExportMetricsServiceResponse, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("grpc connect");
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.expect("grpc ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    );
+    let codec = tonic_prost::ProstCodec::<ExportMetricsServiceRequest, ExportMetricsServiceResponse>::default();
+    client
+        .unary(tonic::Request::new(req), path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversize_grpc_message_is_resource_exhausted_which_exporters_do_not_retry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--max-body-bytes")
+        .arg("65536")
+        .start();
+    let now = now_ns();
+    let request = |n: usize| ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![Metric {
+                    name: "grpc.size".into(),
+                    data: Some(Data::Gauge(Gauge {
+                        data_points: (0..n)
+                            .map(|i| point(now - i as i64, Some(1.0), "x"))
+                            .collect(),
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let big = request(5_000);
+    assert!(big.encoded_len() > 65536);
+    let status = grpc_export(server.grpc, big).await.expect_err("too large");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    // A message within the limit is taken, on the same server.
+    grpc_export(server.grpc, request(10))
+        .await
+        .expect("small export");
+    assert_eq!(stored(&server, "grpc.size").await.len(), 10);
+}
