@@ -386,3 +386,96 @@ async fn an_oversize_grpc_message_is_resource_exhausted_which_exporters_do_not_r
         .expect("small export");
     assert_eq!(stored(&server, "grpc.size").await.len(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_cannot_keep_health_checks_writes_or_queries_out() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--max-connections")
+        .arg("16")
+        .arg("--header-timeout")
+        .arg("60s")
+        .start();
+    // Far more idle connections than the cap, half of them with half-sent headers.
+    let mut idle = Vec::new();
+    for i in 0..100 {
+        let mut s = std::net::TcpStream::connect(server.http).expect("connect");
+        if i % 2 == 0 {
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .expect("half a request");
+        }
+        idle.push(s);
+    }
+    let own = server.url().trim_start_matches("http://").to_string();
+    let (code, text) = raw(&server, "GET", "/healthz", &[("Host", &own)], "");
+    assert_eq!((code, text.as_str()), (200, "ok\n"));
+    let now = now_ns();
+    let (code, text) = post_otlp(
+        &server.url(),
+        "application/json",
+        None,
+        crate::otlp_json("conn.cap", 3.0, now, &[]).into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(stored(&server, "conn.cap").await, [3.0]);
+    // The server closed the idle connections it had to (those with half a request after a
+    // 1 s grace), long before --header-timeout: at most the cap stays open.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let mut open = 0;
+    for s in &mut idle {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .expect("timeout");
+        let mut buf = [0u8; 256];
+        if let Err(e) = s.read(&mut buf) {
+            assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "{e}"
+            );
+            open += 1;
+        }
+    }
+    assert!(open <= 16, "{open} idle connections still open, cap 16");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_that_sends_no_headers_in_time_is_closed() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--header-timeout")
+        .arg("1s")
+        .start();
+    // Half a request, nothing at all, and a keep-alive connection idle after its answer.
+    let mut slow = std::net::TcpStream::connect(server.http).expect("connect");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n")
+        .expect("half a request");
+    let quiet = std::net::TcpStream::connect(server.http).expect("connect");
+    let mut kept = std::net::TcpStream::connect(server.http).expect("connect");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("request");
+    for (what, mut s, answered) in [
+        ("half", slow, false),
+        ("quiet", quiet, false),
+        ("kept", kept, true),
+    ] {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .expect("timeout");
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let waited = started.elapsed();
+        assert!(
+            waited < std::time::Duration::from_secs(10),
+            "{what}: closed by the server, not by the read timeout: {waited:?}"
+        );
+        let text = String::from_utf8_lossy(&buf);
+        assert_eq!(text.contains("200 OK"), answered, "{what}: {text}");
+    }
+}

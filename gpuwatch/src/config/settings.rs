@@ -168,6 +168,14 @@ pub(crate) struct Limits {
     /// Largest request body accepted, before and after decompression (413 above it).
     #[arg(long, env = "GPUWATCH_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// How long an HTTP connection (main and OTLP/HTTP listeners) may take to send a request's
+    /// headers, idle keep-alive time included; then it is closed.
+    #[arg(long, env = "GPUWATCH_HEADER_TIMEOUT", default_value = "30s")]
+    pub header_timeout: HumanDuration,
+    /// Open connections per HTTP listener; at the cap the connection idle longest is closed to
+    /// take a new one. 0: derived from the process's open-file limit (docs/operations.md).
+    #[arg(long, env = "GPUWATCH_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
     /// A query running longer than this is cancelled with 504.
     #[arg(long, env = "GPUWATCH_QUERY_TIMEOUT", default_value = "30s")]
     pub query_timeout: HumanDuration,
