@@ -138,12 +138,12 @@ where
                 // Every connection is busy: new ones wait in the backlog until one finishes.
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
-                    _ = rx.changed() => return,
+                    _ = rx.changed() => break,
                 }
             }
             let (io, _) = tokio::select! {
                 accepted = listener.accept() => accepted,
-                _ = rx.changed() => return,
+                _ = rx.changed() => break,
             };
             let id = conns.next.fetch_add(1, Ordering::Relaxed);
             let conn = Arc::new(Conn {
@@ -165,6 +165,11 @@ where
                 connection(io, router, limits, &conn, &conns, rx).await;
                 conns.remove(id);
             });
+        }
+        // Stopping: each connection finishes its request and closes; wait for them, so that
+        // the store persists after the last answer.
+        while conns.open.lock().map(|m| !m.is_empty()).unwrap_or(false) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
 }
