@@ -183,6 +183,9 @@ async fn load_or_create(
     let mut delta = DeltaTable::new(Arc::clone(&log_store));
     if log_store.is_delta_table_location().await? {
         delta.load().await?;
+        if create {
+            return add_new_columns(delta, table).await;
+        }
         return Ok(delta);
     }
     if !create {
@@ -213,6 +216,42 @@ async fn load_or_create(
         Err(_) if log_store.is_delta_table_location().await? => {
             delta.load().await?;
             Ok(delta)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Adds to `delta`'s schema the columns of `table` that a later release introduced (nullable
+/// columns appended at the end, Delta's `ADD COLUMNS`): the table's earlier files read them as
+/// null, here and in any other Delta reader. An ingest node does it when it opens the table;
+/// when two do it at once the second one's commit conflicts and it reloads the table, which
+/// then has them.
+async fn add_new_columns(
+    delta: DeltaTable,
+    table: Table,
+) -> std::result::Result<DeltaTable, DeltaTableError> {
+    let missing = |delta: &DeltaTable| -> std::result::Result<Vec<_>, DeltaTableError> {
+        let have = delta.snapshot()?.schema();
+        Ok(schema::delta_columns(table)
+            .map_err(|e| DeltaTableError::Generic(e.to_string()))?
+            .into_iter()
+            .filter(|c| !have.contains(c.name()))
+            .collect())
+    };
+    let fields = missing(&delta)?;
+    if fields.is_empty() {
+        return Ok(delta);
+    }
+    let mut reloaded = delta.clone();
+    match delta.add_columns().with_fields(fields.clone()).await {
+        Ok(t) => Ok(t),
+        Err(e) if is_conflict(&e) => {
+            reloaded.load().await?;
+            if missing(&reloaded)?.is_empty() {
+                Ok(reloaded)
+            } else {
+                Err(e)
+            }
         }
         Err(e) => Err(e),
     }
@@ -564,3 +603,7 @@ fn rebuild_files(table: Table, log: &mut TableLog) {
     log.known = known;
     log.files = Arc::new(files);
 }
+
+#[cfg(test)]
+#[path = "evolve_tests.rs"]
+mod evolve_tests;
