@@ -11,7 +11,7 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
-use gpuwatch_alerts::cost::CostConfig;
+use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_alerts::notify::format::rfc3339;
 use gpuwatch_alerts::notify::{AlertingConfig, Matcher, Silence};
 use gpuwatch_alerts::{Alerting, EngineSource, RuleFile};
@@ -37,6 +37,8 @@ pub struct AlertsConfig {
     pub alerting: AlertingConfig,
     /// `[cost]`: prices and budgets.
     pub cost: CostConfig,
+    /// `[jobs]`: the thresholds of the job limiter and notes.
+    pub jobs: JobsConfig,
 }
 
 /// Reads and checks every rules file (and the built-in pack when asked), before anything starts.
@@ -56,6 +58,11 @@ pub fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     config
         .cost
+        .validate()
+        .map_err(|e| Error::Config(format!("config file: {e}")))?;
+    config
+        .jobs
+        .advice
         .validate()
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     Ok(all)
@@ -97,7 +104,7 @@ pub async fn start(
 ) -> Result<(Arc<Alerting>, Vec<tokio::task::JoinHandle<()>>)> {
     let ledger = config
         .cost
-        .register(engine.context())
+        .register(engine.context(), &config.jobs.advice)
         .await
         .map_err(|e| Error::Other(e.to_string()))?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(

@@ -89,6 +89,8 @@ pub struct FileConfig {
     pub alerting: Option<gpuwatch_alerts::notify::AlertingConfig>,
     /// `[cost]`: GPU-hour and energy prices, budgets (docs/cost.md)
     pub cost: Option<gpuwatch_alerts::cost::CostConfig>,
+    /// `[jobs]`: `[jobs.advice]` thresholds of the job limiter and notes (docs/jobs.md)
+    pub jobs: Option<gpuwatch_alerts::cost::JobsConfig>,
 }
 
 /// The `[retention]` table: a duration per table (`"30d"`, `"1y"`), or `"forever"`.

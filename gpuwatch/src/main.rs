@@ -398,6 +398,7 @@ fn serve_config(
             (None, true) => demo_prices(),
             (None, false) => Default::default(),
         },
+        jobs: file.jobs.clone().unwrap_or_default(),
     };
     if persist_interval.is_zero() {
         return Err(Error::Config(

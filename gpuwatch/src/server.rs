@@ -314,8 +314,12 @@ pub async fn start(config: ServeConfig) -> Result<Running> {
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
-            crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
-                .route_layer(guard(auth::Scope::Query)),
+            crate::jobs::router(
+                Arc::clone(&app.engine),
+                config.alerts.cost.clone(),
+                config.alerts.jobs.advice.clone(),
+            )
+            .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
             crate::alerts_wiring::router(Arc::clone(&alerting_slot))

@@ -1,0 +1,216 @@
+//! The job report's queries: the job's rows of the `jobs` view, and one row per GPU from the
+//! same per-sample CTE ([`CostConfig::sample_ctes`]) with the limiter's seconds per class, the
+//! figures the notes quote and the roofline's time-weighted shares.
+//!
+//! "Time-weighted" means each sample counts for its `secs` (the `jobs` formula's `dt`), like the
+//! limiter: `Σ secs × v / Σ secs` over the samples where `v` is read.
+
+use super::super::limiter::{self, LIMITERS};
+use super::super::{AdviceConfig, CostConfig, peaks, sql_str};
+
+/// NVML clock-event-reason bits the job is never blamed for: SW power cap (0x4).
+pub const POWER_CAP_BIT: i64 = 0x4;
+/// Bits that slow a GPU for reasons the job cannot control: HW slowdown (0x8), SW thermal
+/// slowdown (0x20), HW thermal slowdown (0x40), HW power brake (0x80).
+pub const THROTTLE_BITS: [(i64, &str); 4] = [
+    (0x8, "HW slowdown"),
+    (0x20, "SW thermal slowdown"),
+    (0x40, "HW thermal slowdown"),
+    (0x80, "HW power brake"),
+];
+
+/// Every bit of [`THROTTLE_BITS`].
+pub fn throttle_mask() -> i64 {
+    THROTTLE_BITS.iter().fold(0, |m, (b, _)| m | b)
+}
+
+/// Columns the report reads besides the `jobs` CTE's own.
+const EXTRA: &[&str] = &[
+    "gpu_index",
+    "sm_active",
+    "tensor_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+    "dram_active",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "clock_event_reasons",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "pcie_rx_bytes_per_second",
+    "pcie_tx_bytes_per_second",
+    "pcie_link_gen",
+    "pcie_link_width",
+    "nvlink_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_second",
+];
+
+/// Counters whose absence the report names (`missing_counters`), with the SQL that reads them.
+pub const COUNTERS: &[(&str, &str)] = &[
+    ("gpu_utilization", "gpu_utilization"),
+    ("sm_active", "sm_active"),
+    ("tensor_active", "tensor_active"),
+    ("fp16_active", "fp16_active"),
+    ("fp32_active", "fp32_active"),
+    ("fp64_active", "fp64_active"),
+    ("dram_active", "dram_active"),
+    (
+        "pcie_bytes_per_second",
+        "greatest(pcie_rx_bytes_per_second, pcie_tx_bytes_per_second)",
+    ),
+    (
+        "nvlink_bytes_per_second",
+        "greatest(nvlink_rx_bytes_per_second, nvlink_tx_bytes_per_second)",
+    ),
+    ("sm_clock_mhz", "sm_clock_mhz"),
+    ("sm_clock_max_mhz", "sm_clock_max_mhz"),
+    ("pcie_link", "pcie_link_gen * pcie_link_width"),
+    ("clock_event_reasons", "clock_event_reasons"),
+];
+
+/// The figure each class is judged by, per sample: the busiest unit's activity, the PCIe
+/// rate, the share of time kernels ran (`input`, `idle`, `unknown`) or how full they kept the
+/// SMs (`latency`).
+fn class_figure(class: &str) -> String {
+    let duty = limiter::duty_sql();
+    match class {
+        "tensor" => limiter::tensor_beyond_fp16_sql().to_string(),
+        "fp16" => "fp16_active".into(),
+        "fp32" => "fp32_active".into(),
+        "fp64" => "fp64_active".into(),
+        "memory" => "dram_active".into(),
+        "host_transfer" => limiter::pcie_bytes_sql().to_string(),
+        "latency" => format!("sm_active / CASE WHEN {duty} > 0.0 THEN {duty} END"),
+        _ => duty.to_string(),
+    }
+}
+
+/// `Σ secs × v / Σ secs` over the rows where `v` is read and `cond` holds.
+fn weighted(v: &str, cond: &str) -> String {
+    format!(
+        "sum(CASE WHEN {cond} AND ({v}) IS NOT NULL THEN secs * ({v}) END) / \
+         NULLIF(sum(CASE WHEN {cond} AND ({v}) IS NOT NULL THEN secs END), 0.0)"
+    )
+}
+
+/// The SM clock as a share of the GPU's maximum (the agent's reading, else the peaks table's),
+/// at most 1; null where either is unknown.
+fn clock_share_sql() -> String {
+    format!(
+        "CASE WHEN sm_clock_mhz > 0 AND COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {max}) > 0.0 \
+         THEN least(CAST(sm_clock_mhz AS DOUBLE) / COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {max}), 1.0) END",
+        max = peaks::max_clock_sql()
+    )
+}
+
+/// Per GPU: the limiter's seconds and figures, the busy-time means, throttling and the
+/// roofline's shares (names as [`super::gpu_from_row`] reads them).
+fn limiter_columns() -> String {
+    let mut cols = vec![limiter::class_sums_sql()];
+    for c in LIMITERS {
+        cols.push(format!(
+            "{} AS limiter_{c}_figure",
+            weighted(&class_figure(c), &format!("limiter = '{c}'"))
+        ));
+    }
+    let busy = "limiter <> 'idle'";
+    cols.push(format!("{} AS busy_sm_active", weighted("sm_active", busy)));
+    cols.push(format!(
+        "{} AS busy_utilization",
+        weighted("gpu_utilization", busy)
+    ));
+    let bit = |b: i64| {
+        format!(
+            "avg(CASE WHEN clock_event_reasons IS NULL THEN NULL WHEN (clock_event_reasons & {b}) <> 0 THEN 1.0 ELSE 0.0 END)"
+        )
+    };
+    cols.push(format!("{} AS throttled_share", bit(throttle_mask())));
+    for (b, _) in THROTTLE_BITS {
+        cols.push(format!("{} AS reason_{b}_share", bit(b)));
+    }
+    cols.push(format!("{} AS power_capped_share", bit(POWER_CAP_BIT)));
+    cols.push(format!(
+        "avg(CASE WHEN (clock_event_reasons & {POWER_CAP_BIT}) <> 0 THEN CAST(sm_clock_mhz AS DOUBLE) END) AS power_capped_sm_clock_mhz"
+    ));
+    cols.push(format!(
+        "max(COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {})) AS sm_clock_max_mhz",
+        peaks::max_clock_sql()
+    ));
+    let clk = format!("COALESCE({}, 1.0)", clock_share_sql());
+    for (unit, v) in [
+        ("tensor", limiter::tensor_beyond_fp16_sql()),
+        ("fp16", "fp16_active"),
+        ("fp32", "fp32_active"),
+        ("fp64", "fp64_active"),
+    ] {
+        cols.push(format!(
+            "{} AS roof_{unit}",
+            weighted(&format!("{v} * {clk}"), "true")
+        ));
+    }
+    cols.push(format!("{} AS roof_dram", weighted("dram_active", "true")));
+    let pcie = limiter::pcie_bytes_sql();
+    cols.push(format!(
+        "{} AS roof_pcie",
+        weighted(&format!("{pcie} / {}", limiter::link_bytes_sql()), "true")
+    ));
+    cols.push(format!("{} AS roof_pcie_bytes", weighted(pcie, "true")));
+    cols.push(format!(
+        "{} AS roof_nvlink_bytes",
+        weighted(
+            "greatest(nvlink_rx_bytes_per_second, nvlink_tx_bytes_per_second)",
+            "true"
+        )
+    ));
+    for (name, v) in COUNTERS {
+        cols.push(format!("count({v}) AS counted_{name}"));
+    }
+    cols.join(",\n  ")
+}
+
+/// The per-GPU query of a job (same sample CTE as the `jobs` view).
+pub fn per_gpu_sql(cost: &CostConfig, advice: &AdviceConfig, job_id: &str) -> String {
+    let id = sql_str(job_id);
+    let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+    let ctes = cost.sample_ctes(
+        advice,
+        &extra,
+        &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
+        &format!("job_id = {id}"),
+    );
+    let energy_price = cost.energy_price_sql();
+    format!(
+        r#"{ctes}
+SELECT host, gpu_uuid, max(gpu_index) AS gpu_index, max(gpu_model) AS gpu_model,
+  max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name,
+  count(*) AS samples, CAST(min(time) AS BIGINT) AS first_seen_ns, CAST(max(time) AS BIGINT) AS last_seen_ns,
+  sum(secs) AS gpu_seconds, sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
+  sum(joules) AS energy_joules,
+  sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
+  avg(gpu_utilization) AS mean_utilization, max(gpu_utilization) AS max_utilization,
+  avg(sm_active) AS mean_sm_active, avg(tensor_active) AS mean_tensor_active, avg(dram_active) AS mean_dram_active,
+  max(memory_used_bytes) AS peak_memory_used_bytes, max(memory_total_bytes) AS memory_total_bytes,
+  median(CASE WHEN secs > 0 THEN secs END) AS sample_interval_s,
+  {limiter}
+FROM d GROUP BY host, gpu_uuid"#,
+        limiter = limiter_columns(),
+    )
+}
+
+/// The job's rows of the `jobs` view, one per host: the view's own query, with its window
+/// functions run over the job's GPUs only (whole GPUs, so every figure is the view's; the tests
+/// compare with `SELECT ... FROM jobs WHERE job_id = ...`).
+pub fn totals_sql(cost: &CostConfig, advice: &AdviceConfig, job_id: &str) -> String {
+    let id = sql_str(job_id);
+    format!(
+        "SELECT job_id, scheduler, job_user, job_name, host, gpus, CAST(first_seen AS BIGINT) AS first_seen_ns, \
+         CAST(last_seen AS BIGINT) AS last_seen_ns, gpu_seconds, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, limiter \
+         FROM ({}) AS j ORDER BY host",
+        cost.jobs_sql_where(
+            advice,
+            &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
+            &format!("job_id = {id}"),
+        )
+    )
+}
