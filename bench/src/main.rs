@@ -10,6 +10,8 @@
 //! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
 //!   over the Postgres wire protocol on the same day of the fleet with its processes, XID and ECC
 //!   events, prices and alert history, slowest first.
+//! - `replay`: recorded GPU traces (tests/fixtures/gpu-traces/) sent to a server as scheduler
+//!   jobs with the agent's OTLP encoder, time-shifted to end now, stretched on request.
 //!
 //! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace, and
 //! [`workload`], the processes and events an agent would report on it.
@@ -20,6 +22,7 @@ mod ingest;
 mod peers;
 mod query;
 mod remote_write;
+mod replay;
 mod send;
 mod workload;
 
@@ -46,6 +49,8 @@ enum Command {
     Query(query::QueryArgs),
     /// Grafana dashboards: every panel's SQL over 24 h and 30 d of the fleet, slowest first.
     Dashboards(dashboards::DashboardsArgs),
+    /// Recorded GPU traces sent to a server as scheduler jobs, ending now (docs/jobs.md).
+    Replay(replay::ReplayArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
             Command::Ingest(a) => ingest::run(a).await,
             Command::Query(a) => query::run(a).await,
             Command::Dashboards(a) => dashboards::run(a).await,
+            Command::Replay(a) => replay::run(a).await,
         }
     });
     match result {
