@@ -411,7 +411,7 @@ mod tests {
         assert_eq!(t.span(), (1_000_000_000, 3_000_000_000));
         let a = &t.gpus["GPU-a"];
         assert_eq!(a[0].1.gpu_utilization, Some(0.97));
-        assert_eq!(a[0].1.sm_active, Some(0.955));
+        assert!((a[0].1.sm_active.expect("sm") - 0.955).abs() < 1e-12);
         assert_eq!(a[0].1.pcie_rx_bytes_per_second, Some(2048.0 * 1024.0));
         assert_eq!(a[1].1.gpu_utilization, None, "nan is not read");
         assert_eq!(a[0].1.pcie_link_gen, None);
