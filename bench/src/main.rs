@@ -10,6 +10,7 @@
 //! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
 //!   over the Postgres wire protocol on the same day of the fleet with its processes, XID and ECC
 //!   events, prices and alert history, slowest first.
+//! - `job-report`: `gpuwatch job` on a 64-GPU, 24-hour job of the dashboards fleet, timed.
 //! - `replay`: recorded GPU traces (tests/fixtures/gpu-traces/) sent to a server as scheduler
 //!   jobs with the agent's OTLP encoder, time-shifted to end now, stretched on request.
 //!
@@ -51,6 +52,8 @@ enum Command {
     Dashboards(dashboards::DashboardsArgs),
     /// Recorded GPU traces sent to a server as scheduler jobs, ending now (docs/jobs.md).
     Replay(replay::ReplayArgs),
+    /// The job report of a 64-GPU, 24-hour job on the dashboards fleet, timed.
+    JobReport(dashboards::DashboardsArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
             Command::Query(a) => query::run(a).await,
             Command::Dashboards(a) => dashboards::run(a).await,
             Command::Replay(a) => replay::run(a).await,
+            Command::JobReport(a) => dashboards::job_report::run(a).await,
         }
     });
     match result {

@@ -34,7 +34,8 @@ use crate::workload::{HostWorkload, otlp_body};
 
 /// What the marker calls this dataset; a change to the generator changes it, so that an older
 /// directory is loaded again.
-pub const DATASET: &str = "dashboards fleet 1: GPU metrics, processes, XID/ECC events, alerts";
+pub const DATASET: &str =
+    "dashboards fleet 2: GPU metrics, processes, XID/ECC events, alerts, a multi-host job";
 
 /// The prices and budgets of the fleet, as the servers' config file (docs/cost.md): the H100 at
 /// USD 2.50 per GPU-hour (the demo's example price), electricity at USD 0.12 per kWh with a PUE
@@ -58,6 +59,9 @@ pub struct Load {
     pub gpus_per_host: usize,
     pub interval_ms: i64,
     pub seed: u64,
+    /// Hosts running the multi-host job ([`crate::fleet::BIG_JOB_ID`]) all day.
+    #[serde(default)]
+    pub job_hosts: usize,
     /// The agents' `--slow-interval` (per-process SM utilisation).
     pub slow_interval_ms: i64,
     /// `--history` in scrape rounds.
@@ -107,6 +111,7 @@ impl Load {
             && self.gpus_per_host == other.gpus_per_host
             && self.interval_ms == other.interval_ms
             && self.seed == other.seed
+            && self.job_hosts == other.job_hosts
             && self.slow_interval_ms == other.slow_interval_ms
             && self.history_rounds == other.history_rounds
             && self.live_ms == other.live_ms
@@ -164,6 +169,7 @@ pub fn wanted(args: &DashboardsArgs) -> Result<Load> {
         gpus_per_host: args.fleet.gpus_per_host,
         interval_ms,
         seed: args.fleet.seed,
+        job_hosts: args.job_hosts.min(args.fleet.hosts),
         slow_interval_ms: args.slow_interval.as_millis() as i64,
         history_rounds: (args.history.as_millis() as i64 / interval_ms).max(1) as u64,
         live_ms: args.live.as_millis() as i64,
@@ -255,6 +261,7 @@ impl Generator {
             interval_ms: load.interval_ms,
             start_ms: load.start_ms,
             seed: load.seed,
+            job_hosts: load.job_hosts,
         });
         let work = (0..load.hosts)
             .map(|h| {
@@ -554,6 +561,7 @@ mod tests {
             gpus_per_host: 8,
             interval_ms: 10_000,
             seed: 1,
+            job_hosts: 1,
             slow_interval_ms: 60_000,
             history_rounds: 100,
             live_ms: 60_000,
@@ -589,6 +597,7 @@ mod tests {
             |l: &mut Load| l.config.push('#'),
             |l: &mut Load| l.dataset.push('!'),
             |l: &mut Load| l.slow_interval_ms = 30_000,
+            |l: &mut Load| l.job_hosts = 0,
         ] {
             let mut c = load();
             change(&mut c);
