@@ -252,7 +252,15 @@ mod tests {
                 .unwrap_or_default()
                 .to_string();
             if name.starts_with("gpuwatch.") && name.ends_with(".example.toml") {
-                FileConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let f = FileConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                if let Some(cost) = &f.cost {
+                    cost.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+                }
+                if let Some(jobs) = &f.jobs {
+                    jobs.advice
+                        .validate()
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                }
                 seen += 1;
             }
         }

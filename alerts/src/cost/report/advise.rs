@@ -6,8 +6,13 @@
 
 use super::{Advice, AdviceConfig, GpuReport, JobReport, share};
 
+/// A ratio as a percentage; one decimal under 1% (0.1% is not 0%).
 fn pct(v: f64) -> String {
-    format!("{:.0}%", v * 100.0)
+    if v > 0.0 && v < 0.01 {
+        format!("{:.1}%", v * 100.0)
+    } else {
+        format!("{:.0}%", v * 100.0)
+    }
 }
 
 /// `GPU 3 on n1` (or the UUID when the index is unknown).
@@ -105,7 +110,7 @@ const LOW_UTILIZATION: &str = "the kernels were too small or too few to fill the
 const TINY_KERNELS: &str = "utilisation over-reports (it counts time with any kernel running): batch more work per kernel (larger batches, fused kernels, CUDA graphs)";
 const LOW_MEMORY: &str = "the job used a small part of the GPU's memory and kept its SMs less than half busy: a smaller GPU or a MIG slice would do, or raise the batch size";
 const THROTTLED: &str = "the GPU ran below its clocks for reasons the job does not control (cooling, power delivery, hardware): tell the administrators the host and GPU; the job ran slower than it could";
-const POWER_CAPPED: &str = "informational: a GPU working flat out reaches its power limit and lowers its clock to stay under it — the normal state of a busy GPU, nothing to fix in the job (the limit is the administrators' setting)";
+const POWER_CAPPED: &str = "a GPU working flat out reaches its power limit and lowers its clock to stay under it — the normal state of a busy GPU, nothing to fix in the job (the limit is the administrators' setting)";
 
 /// The limiter's notes for one GPU: `input_stall`, `no_tensor_cores`, `memory_bound`,
 /// `host_transfer_bound`, `low_utilization` (unless `tiny_kernels` speaks for it).

@@ -47,9 +47,11 @@ fn roofline_line(g: &GpuReport) -> String {
         .units
         .iter()
         .map(|u| {
+            // A rate where the peak is known (PCIe and NVLink are measured), and worth a word.
             let achieved = u
                 .achieved
-                .filter(|_| u.peak.is_some() || u.unit == "pcie" || u.unit == "nvlink")
+                .filter(|_| u.share.is_none_or(|s| s >= 0.005))
+                .filter(|a| *a >= 1e6)
                 .map_or_else(String::new, |a| format!(" ({})", rate(a, &u.rate_unit)));
             format!("{} {}{achieved}", u.unit, p(u.share))
         })
