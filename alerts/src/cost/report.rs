@@ -1,13 +1,13 @@
 //! Job reports: how a job used its GPUs, what limited them, and what it cost, in the manner of
 //! Princeton's `jobstats` (rules in docs/jobs.md).
 //!
-//! Data flow: the job's totals are the `jobs` view's rows of the job (its own query, run over the
-//! job's GPUs only; one row per host, summed here), so the report's GPU-hours, idle GPU-hours,
-//! energy, cost and idle cost are the `jobs` table's. The per-GPU figures come from the same
-//! per-sample CTE the view is built on ([`CostConfig::sample_ctes`], [`sql::per_gpu_sql`]),
-//! grouped by GPU instead of by host, so the per-GPU seconds add up to the totals: with them each
-//! GPU's seconds per limiter class ([`super::limiter`]), the figures the notes quote, and its
-//! roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
+//! Data flow ([`sql`] has the three queries): the job's GPUs and, for each, the span of samples
+//! from the one before the job's first to the job's last; then one row per GPU from the
+//! per-sample CTE the `jobs` view is built on ([`CostConfig::sample_ctes`]), grouped by GPU
+//! instead of by host. Each sample's interval, energy delta, price and class are the view's, so
+//! the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle GPU-hours,
+//! energy, cost, idle cost and limiter; with them each GPU's seconds per limiter class
+//! ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
 //! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds. The job id is
 //! always a quoted SQL literal ([`super::sql_str`]).
 
@@ -27,7 +27,7 @@ use super::{AdviceConfig, CostConfig, sql_str};
 pub use advise::advise;
 pub use render::{render_list, render_text};
 pub use roofline::{RoofUnit, Roofline};
-pub use sql::{per_gpu_sql, totals_sql};
+pub use sql::per_gpu_sql;
 
 /// One GPU of a job.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -56,6 +56,9 @@ pub struct GpuReport {
     pub energy_joules: f64,
     /// Cost, USD.
     pub cost_usd: f64,
+    /// The part of the cost spent idle, USD.
+    #[serde(default)]
+    pub idle_cost_usd: f64,
     /// Mean `gpu_utilization` (0..1).
     pub mean_utilization: Option<f64>,
     /// Max `gpu_utilization`.
@@ -418,6 +421,7 @@ fn gpu_from_row(r: &Row) -> GpuReport {
         idle_minutes: idle / 60.0,
         energy_joules: f(r, "energy_joules").unwrap_or_default(),
         cost_usd: f(r, "cost_usd").unwrap_or_default(),
+        idle_cost_usd: f(r, "idle_cost_usd").unwrap_or_default(),
         mean_utilization: f(r, "mean_utilization"),
         max_utilization: f(r, "max_utilization"),
         mean_sm_active: f(r, "mean_sm_active"),
@@ -511,7 +515,62 @@ fn mean_utilization(per_gpu: &[GpuReport]) -> Option<f64> {
     (n > 0).then(|| w / n as f64)
 }
 
-/// The report of `job_id` as of `now_ns`, or `None` for a job with no samples.
+/// How far back [`job_spans`] first looks for each GPU's sample before the job's first.
+const PREVIOUS_LOOKBACK_NS: i64 = 3_600_000_000_000;
+
+/// Steps 1 and 2 of [`sql`]: the job's GPUs and the span of samples to read for each.
+async fn job_spans(engine: &QueryEngine, job_id: &str) -> QueryResult<Vec<sql::GpuSpan>> {
+    let mut spans: Vec<sql::GpuSpan> = rows(engine, &sql::job_gpus_sql(job_id))
+        .await?
+        .iter()
+        .filter_map(|r| {
+            Some(sql::GpuSpan {
+                host: s(r, "host")?,
+                gpu_uuid: s(r, "gpu_uuid")?,
+                first_ns: i(r, "first_ns")?,
+                last_ns: i(r, "last_ns")?,
+                previous_ns: None,
+            })
+        })
+        .collect();
+    // The hour before first; then, for the GPUs without a sample there, anything earlier.
+    for lookback in [Some(PREVIOUS_LOOKBACK_NS), None] {
+        let missing: Vec<sql::GpuSpan> = spans
+            .iter()
+            .filter(|s| s.previous_ns.is_none())
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        for r in rows(engine, &sql::previous_sample_sql(&missing, lookback)).await? {
+            let (Some(host), Some(uuid)) = (s(&r, "host"), s(&r, "gpu_uuid")) else {
+                continue;
+            };
+            if let Some(span) = spans
+                .iter_mut()
+                .find(|x| x.host == host && x.gpu_uuid == uuid)
+            {
+                span.previous_ns = i(&r, "previous_ns");
+            }
+        }
+    }
+    Ok(spans)
+}
+
+/// GPU-seconds per class summed over the GPUs (every class present).
+fn sum_limiter_seconds(per_gpu: &[GpuReport]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = LIMITERS.iter().map(|c| (c.to_string(), 0.0)).collect();
+    for g in per_gpu {
+        for (c, v) in &g.limiter_seconds {
+            *out.entry(c.clone()).or_default() += v;
+        }
+    }
+    out
+}
+
+/// The report of `job_id` as of `now_ns`, or `None` for a job with no samples. The totals are
+/// the sums of the per-GPU figures, which are the `jobs` view's per sample (docs/jobs.md).
 pub async fn job_report(
     engine: &QueryEngine,
     cost: &CostConfig,
@@ -519,30 +578,29 @@ pub async fn job_report(
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
-    let totals = rows(engine, &totals_sql(cost, advice, job_id)).await?;
-    if totals.is_empty() {
+    let spans = job_spans(engine, job_id).await?;
+    if spans.is_empty() {
         return Ok(None);
     }
-    let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id)).await?;
-
-    let mut hosts: Vec<String> = totals.iter().filter_map(|r| s(r, "host")).collect();
-    hosts.dedup();
-    let sum = |k: &str| totals.iter().filter_map(|r| f(r, k)).sum::<f64>();
-    let gpu_seconds = sum("gpu_seconds");
-    let idle_gpu_seconds = sum("idle_gpu_seconds");
-    let energy_joules = sum("energy_joules");
-    let first_seen_ns = totals
+    let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id, &spans)).await?;
+    let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
+    per_gpu.sort_by(|a, b| {
+        (a.host.as_str(), a.gpu_index, a.gpu_uuid.as_str()).cmp(&(
+            b.host.as_str(),
+            b.gpu_index,
+            b.gpu_uuid.as_str(),
+        ))
+    });
+    let first_seen_ns = per_gpu
         .iter()
-        .filter_map(|r| i(r, "first_seen_ns"))
+        .map(|g| g.first_seen_ns)
         .min()
         .unwrap_or_default();
-    let last_seen_ns = totals
+    let last_seen_ns = per_gpu
         .iter()
-        .filter_map(|r| i(r, "last_seen_ns"))
+        .map(|g| g.last_seen_ns)
         .max()
         .unwrap_or_default();
-
-    let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
     let interval = per_gpu
         .iter()
         .filter_map(|g| g.sample_interval_s)
@@ -551,27 +609,21 @@ pub async fn job_report(
         });
     let slack = (interval.unwrap_or(60.0) * 1e9) as i64;
     let events = job_events(engine, &mut per_gpu, first_seen_ns, last_seen_ns, slack).await?;
-    per_gpu.sort_by(|a, b| {
-        (a.host.as_str(), a.gpu_index, a.gpu_uuid.as_str()).cmp(&(
-            b.host.as_str(),
-            b.gpu_index,
-            b.gpu_uuid.as_str(),
-        ))
-    });
-    let mut limiter_seconds: BTreeMap<String, f64> =
-        LIMITERS.iter().map(|c| (c.to_string(), 0.0)).collect();
-    for g in &per_gpu {
-        for (c, v) in &g.limiter_seconds {
-            *limiter_seconds.entry(c.clone()).or_default() += v;
-        }
-    }
+    let mut hosts: Vec<String> = per_gpu.iter().map(|g| g.host.clone()).collect();
+    hosts.dedup();
+    let sum = |f: fn(&GpuReport) -> f64| per_gpu.iter().map(f).sum::<f64>();
+    let gpu_seconds = sum(|g| g.gpu_seconds);
+    let idle_gpu_seconds = sum(|g| g.idle_gpu_seconds);
+    let energy_joules = sum(|g| g.energy_joules);
+    let labels = |k: &str| per_gpu_rows.iter().filter_map(|r| s(r, k)).max();
+    let limiter_seconds = sum_limiter_seconds(&per_gpu);
     let mut report = JobReport {
         job_id: job_id.to_string(),
-        scheduler: totals.iter().find_map(|r| s(r, "scheduler")),
-        user: totals.iter().find_map(|r| s(r, "job_user")),
-        name: totals.iter().find_map(|r| s(r, "job_name")),
+        scheduler: labels("scheduler"),
+        user: labels("job_user"),
+        name: labels("job_name"),
         hosts,
-        gpus: totals.iter().filter_map(|r| i(r, "gpus")).sum(),
+        gpus: per_gpu.len() as i64,
         first_seen: rfc3339(first_seen_ns),
         last_seen: rfc3339(last_seen_ns),
         first_seen_ns,
@@ -585,8 +637,8 @@ pub async fn job_report(
         idle_share: share(idle_gpu_seconds, gpu_seconds),
         energy_joules,
         energy_kwh: energy_joules / 3.6e6,
-        cost_usd: sum("cost_usd"),
-        idle_cost_usd: sum("idle_cost_usd"),
+        cost_usd: sum(|g| g.cost_usd),
+        idle_cost_usd: sum(|g| g.idle_cost_usd),
         mean_utilization: mean_utilization(&per_gpu),
         limiter: limiter::argmax(&limiter_seconds),
         limiter_seconds,

@@ -1,6 +1,14 @@
-//! The job report's queries: the job's rows of the `jobs` view, and one row per GPU from the
-//! same per-sample CTE ([`CostConfig::sample_ctes`]) with the limiter's seconds per class, the
-//! figures the notes quote and the roofline's time-weighted shares.
+//! The job report's queries, in three steps that keep each one small on a store of many GPUs
+//! and many days:
+//!
+//! 1. [`job_gpus_sql`]: the GPUs the job ran on, with its first and last sample on each.
+//! 2. [`previous_sample_sql`]: each GPU's sample before the job's first one on it (looked for
+//!    in the hour before, then further back for the GPUs not found): the sample the `jobs`
+//!    formula takes the first interval and energy delta from.
+//! 3. [`per_gpu_sql`]: one row per GPU from the `jobs` view's per-sample CTE
+//!    ([`CostConfig::sample_ctes`]) over those GPUs from that sample to the job's last, so every
+//!    figure is the view's: the `jobs` columns, the limiter's seconds per class, the figures the
+//!    notes quote and the roofline's time-weighted shares. The job's totals are their sums.
 //!
 //! "Time-weighted" means each sample counts for its `secs` (the `jobs` formula's `dt`), like the
 //! limiter: `Σ secs × v / Σ secs` over the samples where `v` is read.
@@ -169,14 +177,104 @@ fn limiter_columns() -> String {
     cols.join(",\n  ")
 }
 
-/// The per-GPU query of a job (same sample CTE as the `jobs` view).
-pub fn per_gpu_sql(cost: &CostConfig, advice: &AdviceConfig, job_id: &str) -> String {
+/// One GPU of a job and the time span its query reads: from the sample before the job's first
+/// on it (or that first sample) to the job's last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpan {
+    /// Host.
+    pub host: String,
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// First sample of the job on the GPU, ns.
+    pub first_ns: i64,
+    /// Last sample of the job on the GPU, ns.
+    pub last_ns: i64,
+    /// The GPU's sample before `first_ns`, if there is one.
+    pub previous_ns: Option<i64>,
+}
+
+/// Step 1: the job's GPUs, first and last sample on each.
+pub fn job_gpus_sql(job_id: &str) -> String {
+    format!(
+        "SELECT host, gpu_uuid, CAST(min(time) AS BIGINT) AS first_ns, CAST(max(time) AS BIGINT) AS last_ns \
+         FROM gpu_metrics WHERE job_id = {} GROUP BY host, gpu_uuid",
+        sql_str(job_id)
+    )
+}
+
+fn gpu_is(s: &GpuSpan) -> String {
+    format!(
+        "host = {} AND gpu_uuid = {}",
+        sql_str(&s.host),
+        sql_str(&s.gpu_uuid)
+    )
+}
+
+/// Step 2: the last sample of each GPU before the job's first on it, at most `lookback_ns`
+/// earlier (`None`: any earlier).
+pub fn previous_sample_sql(spans: &[GpuSpan], lookback_ns: Option<i64>) -> String {
+    let conds: Vec<String> = spans
+        .iter()
+        .map(|s| {
+            let from = lookback_ns.map_or(String::new(), |l| {
+                format!(
+                    " AND time >= to_timestamp_nanos({})",
+                    s.first_ns.saturating_sub(l)
+                )
+            });
+            format!(
+                "({} AND time < to_timestamp_nanos({}){from})",
+                gpu_is(s),
+                s.first_ns
+            )
+        })
+        .collect();
+    format!(
+        "SELECT host, gpu_uuid, CAST(max(time) AS BIGINT) AS previous_ns FROM gpu_metrics \
+         WHERE {} GROUP BY host, gpu_uuid",
+        conds.join(" OR ")
+    )
+}
+
+/// The rows step 3 reads: each GPU from its previous sample to the job's last (a condition on
+/// whole stretches of each GPU, so the window functions see what the `jobs` view sees).
+fn span_condition(spans: &[GpuSpan]) -> String {
+    let from = spans
+        .iter()
+        .map(|s| s.previous_ns.unwrap_or(s.first_ns))
+        .min()
+        .unwrap_or(0);
+    let to = spans.iter().map(|s| s.last_ns).max().unwrap_or(0);
+    let each: Vec<String> = spans
+        .iter()
+        .map(|s| {
+            format!(
+                "({} AND time >= to_timestamp_nanos({}) AND time <= to_timestamp_nanos({}))",
+                gpu_is(s),
+                s.previous_ns.unwrap_or(s.first_ns),
+                s.last_ns
+            )
+        })
+        .collect();
+    format!(
+        "time >= to_timestamp_nanos({from}) AND time <= to_timestamp_nanos({to}) AND ({})",
+        each.join(" OR ")
+    )
+}
+
+/// Step 3: the per-GPU query of a job over `spans` (same sample CTE as the `jobs` view).
+pub fn per_gpu_sql(
+    cost: &CostConfig,
+    advice: &AdviceConfig,
+    job_id: &str,
+    spans: &[GpuSpan],
+) -> String {
     let id = sql_str(job_id);
     let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
     let ctes = cost.sample_ctes(
         advice,
         &extra,
-        &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
+        &span_condition(spans),
         &format!("job_id = {id}"),
     );
     let energy_price = cost.energy_price_sql();
@@ -188,6 +286,7 @@ SELECT host, gpu_uuid, max(gpu_index) AS gpu_index, max(gpu_model) AS gpu_model,
   sum(secs) AS gpu_seconds, sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
+  sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
   avg(gpu_utilization) AS mean_utilization, max(gpu_utilization) AS max_utilization,
   avg(sm_active) AS mean_sm_active, avg(tensor_active) AS mean_tensor_active, avg(dram_active) AS mean_dram_active,
   max(memory_used_bytes) AS peak_memory_used_bytes, max(memory_total_bytes) AS memory_total_bytes,
@@ -195,22 +294,5 @@ SELECT host, gpu_uuid, max(gpu_index) AS gpu_index, max(gpu_model) AS gpu_model,
   {limiter}
 FROM d GROUP BY host, gpu_uuid"#,
         limiter = limiter_columns(),
-    )
-}
-
-/// The job's rows of the `jobs` view, one per host: the view's own query, with its window
-/// functions run over the job's GPUs only (whole GPUs, so every figure is the view's; the tests
-/// compare with `SELECT ... FROM jobs WHERE job_id = ...`).
-pub fn totals_sql(cost: &CostConfig, advice: &AdviceConfig, job_id: &str) -> String {
-    let id = sql_str(job_id);
-    format!(
-        "SELECT job_id, scheduler, job_user, job_name, host, gpus, CAST(first_seen AS BIGINT) AS first_seen_ns, \
-         CAST(last_seen AS BIGINT) AS last_seen_ns, gpu_seconds, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, limiter \
-         FROM ({}) AS j ORDER BY host",
-        cost.jobs_sql_where(
-            advice,
-            &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
-            &format!("job_id = {id}"),
-        )
     )
 }

@@ -622,6 +622,15 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
     for (t, e) in [(515, 10.0), (525, 20.0), (535, 30.0)] {
         push(t, "GPU-b", Some("B"), 1.0, e);
     }
+    // GPU c: a free sample, then job A more than an hour later (the report looks further back
+    // than its first hour for the sample before the job's first).
+    for (t, job, e) in [
+        (0, None, 100.0),
+        (5000, Some("A"), 900.0),
+        (5010, Some("A"), 950.0),
+    ] {
+        push(t, "GPU-c", job, 0.9, e);
+    }
     let store = Store::open(
         StoreConfig {
             wal_sync: false,
@@ -669,12 +678,14 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
         let per: f64 = r.per_gpu.iter().map(|g| g.gpu_seconds).sum();
         assert!(close(per, r.gpu_seconds), "job {job}");
     }
-    // Job A by hand: 60 s (gap capped) + 10 s; 8900 J + 500 J.
+    // Job A by hand: GPU a 60 s (gap capped) + 10 s, 8900 J + 500 J; GPU c the same 60 s + 10 s,
+    // 800 J + 50 J (the energy counter covers the hole).
     let a = job_report(&e, &cost(), &AdviceConfig::default(), "A", T0)
         .await
         .expect("report")
         .expect("job");
-    assert!(close(a.gpu_seconds, 70.0));
+    assert_eq!(a.gpus, 2);
+    assert!(close(a.gpu_seconds, 140.0), "{}", a.gpu_seconds);
     assert!(close(a.idle_gpu_seconds, 10.0));
-    assert!(close(a.energy_joules, 9400.0));
+    assert!(close(a.energy_joules, 10_250.0), "{}", a.energy_joules);
 }
