@@ -112,96 +112,83 @@ const LOW_MEMORY: &str = "the job used a small part of the GPU's memory and kept
 const THROTTLED: &str = "the GPU ran below its clocks for reasons the job does not control (cooling, power delivery, hardware): tell the administrators the host and GPU; the job ran slower than it could";
 const POWER_CAPPED: &str = "a GPU working flat out reaches its power limit and lowers its clock to stay under it — the normal state of a busy GPU, nothing to fix in the job (the limit is the administrators' setting)";
 
-/// The limiter's notes for one GPU: `input_stall`, `no_tensor_cores`, `memory_bound`,
-/// `host_transfer_bound`, `low_utilization` (unless `tiny_kernels` speaks for it).
-fn limiter_notes(g: &GpuReport, t: &AdviceConfig, tiny: bool, out: &mut Vec<Advice>) {
-    let fig = |c: &str| g.limiter_figures.get(c).copied();
-    let busy = |c: &str| g.busy_share(c);
-    let input = busy("input");
-    if input >= t.limiter_share {
-        let duty = fig("input").map_or_else(String::new, |d| {
-            format!(" (kernels ran {} of the time in those seconds)", pct(d))
-        });
-        out.push(note(
-            g,
-            "input_stall",
-            input,
-            t.limiter_share,
-            format!("waiting on input in {} of its busy time{duty}", pct(input)),
-            INPUT_STALL,
-        ));
-    }
+/// `no_tensor_cores`: the FP32, FP16 and FP64 pipes together hold `limiter_share` of the busy
+/// time; the advice follows the busiest of them.
+fn no_tensor_cores(g: &GpuReport, t: &AdviceConfig) -> Option<Advice> {
     let pipes = [
         ("fp32", NO_TENSOR_FP32),
         ("fp16", NO_TENSOR_FP16),
         ("fp64", NO_TENSOR_FP64),
     ];
-    let pipe_share: f64 = pipes.iter().map(|(c, _)| busy(c)).sum();
-    if pipe_share >= t.limiter_share
-        && let Some((c, text)) = pipes.iter().max_by(|a, b| busy(a.0).total_cmp(&busy(b.0)))
-    {
-        let activity = fig(c).map_or_else(String::new, |a| format!(", pipe {} busy", pct(a)));
-        out.push(note(
-            g,
-            "no_tensor_cores",
-            pipe_share,
-            t.limiter_share,
-            format!(
-                "limited by the {} pipe in {} of its busy time{activity}",
-                c.to_uppercase(),
-                pct(pipe_share)
-            ),
-            text,
-        ));
+    let share: f64 = pipes.iter().map(|(c, _)| g.busy_share(c)).sum();
+    if share < t.limiter_share {
+        return None;
     }
-    let memory = busy("memory");
-    if memory >= t.limiter_share
+    let (c, text) = pipes
+        .iter()
+        .max_by(|a, b| g.busy_share(a.0).total_cmp(&g.busy_share(b.0)))?;
+    let activity = g
+        .limiter_figures
+        .get(*c)
+        .map_or_else(String::new, |a| format!(", pipe {} busy", pct(*a)));
+    Some(note(
+        g,
+        "no_tensor_cores",
+        share,
+        t.limiter_share,
+        format!(
+            "limited by the {} pipe in {} of its busy time{activity}",
+            c.to_uppercase(),
+            pct(share)
+        ),
+        text,
+    ))
+}
+
+/// The limiter's notes for one GPU: `input_stall`, `no_tensor_cores`, `memory_bound`,
+/// `host_transfer_bound`, `low_utilization` (unless `tiny_kernels` speaks for it).
+fn limiter_notes(g: &GpuReport, t: &AdviceConfig, tiny: bool, out: &mut Vec<Advice>) {
+    let fig = |c: &str| g.limiter_figures.get(c).copied();
+    // The share of the busy time of a class holding at least `limiter_share` of it.
+    let holds = |c: &str| Some(g.busy_share(c)).filter(|s| *s >= t.limiter_share);
+    let push = |notes: &mut Vec<Advice>, rule: &str, share: f64, figure: String, advice: &str| {
+        notes.push(note(g, rule, share, t.limiter_share, figure, advice));
+    };
+    if let Some(input) = holds("input") {
+        let duty = fig("input").map_or_else(String::new, |d| {
+            format!(" (kernels ran {} of the time in those seconds)", pct(d))
+        });
+        let figure = format!("waiting on input in {} of its busy time{duty}", pct(input));
+        push(out, "input_stall", input, figure, INPUT_STALL);
+    }
+    out.extend(no_tensor_cores(g, t));
+    if let Some(memory) = holds("memory")
         && let Some(dram) = fig("memory")
         && dram >= t.memory_bound_dram_active
     {
-        out.push(note(
-            g,
-            "memory_bound",
-            memory,
-            t.limiter_share,
-            format!(
-                "limited by DRAM bandwidth in {} of its busy time (DRAM {} busy, threshold {})",
-                pct(memory),
-                pct(dram),
-                pct(t.memory_bound_dram_active)
-            ),
-            MEMORY_BOUND,
-        ));
+        let figure = format!(
+            "limited by DRAM bandwidth in {} of its busy time (DRAM {} busy, threshold {})",
+            pct(memory),
+            pct(dram),
+            pct(t.memory_bound_dram_active)
+        );
+        push(out, "memory_bound", memory, figure, MEMORY_BOUND);
     }
-    let host = busy("host_transfer");
-    if host >= t.limiter_share {
+    if let Some(host) = holds("host_transfer") {
         let rate =
             fig("host_transfer").map_or_else(String::new, |b| format!(" at {:.1} GB/s", b / 1e9));
-        out.push(note(
-            g,
-            "host_transfer_bound",
-            host,
-            t.limiter_share,
-            format!(
-                "copying over PCIe{rate} with idle SMs in {} of its busy time",
-                pct(host)
-            ),
-            HOST_TRANSFER,
-        ));
+        let figure = format!(
+            "copying over PCIe{rate} with idle SMs in {} of its busy time",
+            pct(host)
+        );
+        push(out, "host_transfer_bound", host, figure, HOST_TRANSFER);
     }
-    let latency = busy("latency");
-    if latency >= t.limiter_share && !tiny {
+    if let Some(latency) = holds("latency").filter(|_| !tiny) {
         let fill = fig("latency").map_or_else(String::new, |f| {
             format!(" (kernels kept {} of the SMs busy while they ran)", pct(f))
         });
-        out.push(note(
-            g,
-            "low_utilization",
-            latency,
-            t.limiter_share,
-            format!("latency-bound in {} of its busy time{fill}", pct(latency)),
-            LOW_UTILIZATION,
-        ));
+        let figure = format!("latency-bound in {} of its busy time{fill}", pct(latency));
+        push(out, "low_utilization", latency, figure, LOW_UTILIZATION);
     }
 }
 

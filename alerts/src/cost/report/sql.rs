@@ -210,9 +210,26 @@ fn gpu_is(s: &GpuSpan) -> String {
     )
 }
 
+/// `gpu_uuid IN (…)` of the spans' GPUs: a hash lookup per row, where a chain of per-GPU
+/// conditions would test every GPU.
+fn uuids_in(spans: &[GpuSpan]) -> String {
+    let mut uuids: Vec<String> = spans.iter().map(|s| sql_str(&s.gpu_uuid)).collect();
+    uuids.sort();
+    uuids.dedup();
+    format!("gpu_uuid IN ({})", uuids.join(", "))
+}
+
 /// Step 2: the last sample of each GPU before the job's first on it, at most `lookback_ns`
 /// earlier (`None`: any earlier).
 pub fn previous_sample_sql(spans: &[GpuSpan], lookback_ns: Option<i64>) -> String {
+    let latest = spans.iter().map(|s| s.first_ns).max().unwrap_or(0);
+    let earliest = spans.iter().map(|s| s.first_ns).min().unwrap_or(0);
+    let window = lookback_ns.map_or(String::new(), |l| {
+        format!(
+            " AND time >= to_timestamp_nanos({})",
+            earliest.saturating_sub(l)
+        )
+    });
     let conds: Vec<String> = spans
         .iter()
         .map(|s| {
@@ -231,13 +248,16 @@ pub fn previous_sample_sql(spans: &[GpuSpan], lookback_ns: Option<i64>) -> Strin
         .collect();
     format!(
         "SELECT host, gpu_uuid, CAST(max(time) AS BIGINT) AS previous_ns FROM gpu_metrics \
-         WHERE {} GROUP BY host, gpu_uuid",
+         WHERE {} AND time < to_timestamp_nanos({latest}){window} AND ({}) GROUP BY host, gpu_uuid",
+        uuids_in(spans),
         conds.join(" OR ")
     )
 }
 
-/// The rows step 3 reads: each GPU from its previous sample to the job's last (a condition on
-/// whole stretches of each GPU, so the window functions see what the `jobs` view sees).
+/// The rows step 3 reads: the job's GPUs from the earliest sample any of them needs (the one
+/// before the job's first) to the job's last. Whole stretches of each GPU, so the window
+/// functions see what the `jobs` view sees; samples of other jobs in between are read and left
+/// out after the window.
 fn span_condition(spans: &[GpuSpan]) -> String {
     let from = spans
         .iter()
@@ -245,20 +265,9 @@ fn span_condition(spans: &[GpuSpan]) -> String {
         .min()
         .unwrap_or(0);
     let to = spans.iter().map(|s| s.last_ns).max().unwrap_or(0);
-    let each: Vec<String> = spans
-        .iter()
-        .map(|s| {
-            format!(
-                "({} AND time >= to_timestamp_nanos({}) AND time <= to_timestamp_nanos({}))",
-                gpu_is(s),
-                s.previous_ns.unwrap_or(s.first_ns),
-                s.last_ns
-            )
-        })
-        .collect();
     format!(
-        "time >= to_timestamp_nanos({from}) AND time <= to_timestamp_nanos({to}) AND ({})",
-        each.join(" OR ")
+        "{} AND time >= to_timestamp_nanos({from}) AND time <= to_timestamp_nanos({to})",
+        uuids_in(spans)
     )
 }
 
