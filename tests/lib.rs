@@ -110,6 +110,26 @@ impl TestServerBuilder {
         self
     }
 
+    /// Starts the server without waiting for it to be ready (a server that cannot open its
+    /// store yet); [`TestServer::wait_until_ready`] waits.
+    pub fn spawn(self) -> TestServer {
+        let data_dir = self.data_dir.expect("data dir");
+        let mut s = TestServer {
+            child: None,
+            http: free_addr(),
+            otlp: free_addr(),
+            grpc: free_addr(),
+            pg: free_addr(),
+            log: data_dir.with_extension("log"),
+            data_dir,
+            extra: self.extra,
+            env: self.env,
+            ca: None,
+        };
+        s.launch();
+        s
+    }
+
     /// Starts the server and waits until it is ready.
     pub fn start(self) -> TestServer {
         let data_dir = self.data_dir.expect("data dir");
@@ -167,8 +187,27 @@ impl TestServer {
         }
     }
 
+    /// Waits until `/readyz` answers 200, at most `limit`; panics with the log otherwise.
+    pub fn wait_until_ready(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if http_get(self.http, "/readyz").is_ok_and(|(code, _)| code == 200) {
+                return;
+            }
+            assert!(self.alive(), "the server exited:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("not ready within {limit:?}:\n{}", self.log_text());
+    }
+
     /// Starts the server; on failure returns its log.
     fn try_spawn(&mut self) -> Result<(), String> {
+        self.launch();
+        self.wait_ready()
+    }
+
+    /// Starts the process.
+    fn launch(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -194,7 +233,6 @@ impl TestServer {
             .spawn()
             .expect("start gpuwatch serve");
         self.child = Some(child);
-        self.wait_ready()
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {

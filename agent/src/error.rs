@@ -68,6 +68,10 @@ pub enum Error {
         message: String,
     },
 
+    /// A setting's declaration or the log filter (see the cause).
+    #[error(transparent)]
+    Settings(gpuwatch_common::Error),
+
     /// Any other invalid option value (e.g. an interval of zero).
     #[error("invalid option: {0}")]
     Invalid(String),
@@ -179,6 +183,20 @@ pub enum Error {
     Runtime(#[source] std::io::Error),
 }
 
+impl From<gpuwatch_common::Error> for Error {
+    /// Settings errors keep the agent's variants (and exit codes).
+    fn from(e: gpuwatch_common::Error) -> Self {
+        use gpuwatch_common::Error as E;
+        match e {
+            E::Usage(e) => Error::Usage(e),
+            E::BadEnv { var, value, reason } => Error::BadEnv { var, value, reason },
+            E::ConfigRead { path, source } => Error::ConfigRead { path, source },
+            E::ConfigParse { path, message } => Error::ConfigParse { path, message },
+            other => Error::Settings(other),
+        }
+    }
+}
+
 impl Error {
     /// The process exit code for this error: 2 for configuration or usage errors and for NVML
     /// being unavailable, 1 for everything else.
@@ -198,6 +216,7 @@ impl Error {
             | Error::ConfigRead { .. }
             | Error::ConfigParse { .. }
             | Error::Invalid(_)
+            | Error::Settings(_)
             | Error::BadEndpoint { .. }
             | Error::AuthToken { .. }
             | Error::NvmlUnavailable { .. } => 2,

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use gpuwatch_agent::{Error, config};
-use tracing_subscriber::EnvFilter;
+use gpuwatch_common::logging::{self, LogFormat};
 
 fn main() -> ExitCode {
     let settings = match config::load(std::env::args_os(), &|k| std::env::var(k).ok()) {
@@ -13,21 +13,10 @@ fn main() -> ExitCode {
         Err(Error::Usage(e)) => e.exit(),
         Err(e) => return fail(&e),
     };
-    let filter = match EnvFilter::try_new(&settings.log_level) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!(
-                "error: invalid --log-level {:?}: {e}; use e.g. info or gpuwatch_agent=debug",
-                settings.log_level
-            );
-            return ExitCode::from(2);
-        }
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(e) = init_logging(&settings.log_level, settings.log_format) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -40,6 +29,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
+}
+
+/// Logs on stderr, filtered by `--log-level`, as `--log-format` says.
+fn init_logging(level: &str, format: LogFormat) -> Result<(), gpuwatch_common::Error> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(logging::filter(level, &[])?)
+        .with(logging::stderr_layer(format))
+        .try_init()?;
+    Ok(())
 }
 
 fn fail(e: &Error) -> ExitCode {

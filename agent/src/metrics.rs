@@ -23,8 +23,8 @@
 //! The NVML call names are the fixed strings the NVML source passes (about 20), so the label set
 //! stays bounded.
 
+use gpuwatch_common::metrics::TextWriter;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -102,13 +102,11 @@ pub fn spool_dropped() -> u64 {
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+    TextWriter::new(out).family(name, kind, help);
 }
 
 fn one(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    family(out, name, kind, help);
-    let _ = writeln!(out, "{name} {value}");
+    TextWriter::new(out).one(name, kind, help, value);
 }
 
 /// Append the agent's own metrics in the Prometheus text format.
@@ -120,10 +118,10 @@ pub fn render(out: &mut String) {
         "gauge",
         "gpuwatch-agent build, always 1",
     );
-    let _ = writeln!(
-        out,
-        "gpuwatch_agent_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
+    TextWriter::new(out).sample(
+        "gpuwatch_agent_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
     );
     one(
         out,
@@ -175,11 +173,12 @@ pub fn render(out: &mut String) {
     );
     {
         let map = NVML_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = TextWriter::new(out);
         for (call, n) in map.iter() {
-            let _ = writeln!(
-                out,
-                "gpuwatch_agent_nvml_errors_total{{call=\"{}\"}} {n}",
-                crate::export::prometheus::escape_label(call)
+            w.sample(
+                "gpuwatch_agent_nvml_errors_total",
+                &[("call", call)],
+                *n as f64,
             );
         }
     }

@@ -14,7 +14,7 @@
 //! the same states (and the notifier, which keeps its own log, sends nothing twice).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::Instrument;
@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::history::{History, HistoryRow};
 use crate::rules::{Rule, RuleFile};
 use crate::source::{Instance, RuleSource};
+use crate::state;
 
 /// Evaluations run on a fixed grid, but each reads the clock a few milliseconds after its tick:
 /// `for` counts as elapsed when it is short of this. Without it, `for: 1m` with a 1m interval
@@ -224,38 +225,7 @@ impl std::fmt::Debug for RuleEngine {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file, fsynced, renamed over it. The
-/// temporary name is unique to the call, so writers of the same path at the same time do not
-/// replace each other's temporary file (the last rename wins).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    use std::io::Write;
-    let io = |what: &'static str| {
-        let path = path.to_path_buf();
-        move |source| Error::Io { what, path, source }
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io("cannot create directory for"))?;
-    }
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("{}-{seq}.tmp", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(io("cannot write"))?;
-        f.write_all(bytes).map_err(io("cannot write"))?;
-        f.sync_all().map_err(io("cannot sync"))?;
-        std::fs::rename(&tmp, path).map_err(io("cannot replace"))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    if let Some(dir) = path.parent()
-        && let Ok(d) = std::fs::File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
+pub use crate::state::write_atomic;
 
 impl RuleEngine {
     /// An engine for `rules`. With `state_path`, the alerts saved there are resumed.
@@ -267,17 +237,9 @@ impl RuleEngine {
     ) -> Result<Self> {
         let mut saved = Saved::default();
         if let Some(p) = &state_path
-            && p.exists()
+            && let Some(s) = state::load::<Saved>(p, "alert state")?
         {
-            let bytes = std::fs::read(p).map_err(|source| Error::Io {
-                what: "cannot read alert state",
-                path: p.clone(),
-                source,
-            })?;
-            saved = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-                path: p.clone(),
-                message: e.to_string(),
-            })?;
+            saved = s;
             // Rules removed since: their alerts go.
             saved
                 .alerts
@@ -371,9 +333,7 @@ impl RuleEngine {
             return Ok(());
         };
         let _order = self.save_order.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = serde_json::to_vec(&*self.lock())
-            .map_err(|e| Error::Other(format!("cannot encode alert state: {e}")))?;
-        write_atomic(p, &bytes)
+        state::save(p, &*self.lock(), "alert state")
     }
 
     /// Every alert (pending, firing and recently resolved), ordered by rule and fingerprint.

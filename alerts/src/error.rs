@@ -18,7 +18,7 @@ pub enum Error {
         message: String,
     },
     /// A file could not be read or written.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {}: {source}", path.display())]
     Io {
         /// What was being done.
         what: &'static str,
@@ -39,12 +39,31 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
     /// A state or queue file is corrupt.
-    #[error("{path}: {message}; move the file away to start from an empty state")]
+    #[error("{}: {source}; move the file away to start from an empty state", path.display())]
     Corrupt {
         /// The file.
         path: PathBuf,
-        /// The decoder's message.
-        message: String,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A damaged state file could not be moved to quarantine.
+    #[error("cannot move the damaged {} to quarantine: {source}", path.display())]
+    Quarantine {
+        /// The file.
+        path: PathBuf,
+        /// The store's error.
+        #[source]
+        source: gpuwatch_store::Error,
+    },
+    /// A state could not be encoded.
+    #[error("cannot encode {what}: {source}")]
+    Encode {
+        /// What was being saved.
+        what: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// Anything else.
     #[error("{0}")]

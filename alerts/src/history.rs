@@ -135,7 +135,14 @@ impl History {
     /// `legacy` (`<data-dir>/alerts/history.jsonl`) is imported once, then renamed.
     pub fn in_store(store: Arc<Store>, legacy: Option<&Path>) -> Result<Self> {
         if let Some(path) = legacy.filter(|p| p.exists()) {
-            import(&store, path)?;
+            let health = store.log_health(Table::Alerts);
+            if health.blocks() {
+                // Imported at a later start, once the table is repaired: the file stays.
+                tracing::error!(file = %path.display(), "the earlier release's alert history is not imported yet: {}",
+                    health.describe(Table::Alerts));
+            } else {
+                import(&store, path)?;
+            }
         }
         Ok(Self {
             sink: Sink::Store(store),

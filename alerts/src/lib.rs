@@ -20,12 +20,11 @@ pub mod notify;
 pub mod rules;
 pub mod service;
 pub mod source;
+pub mod state;
 pub mod template;
 
 #[cfg(test)]
-mod fleet_tests;
-#[cfg(test)]
-mod pack_tests;
+mod tests;
 
 pub use engine::{Alert, RuleEngine, State};
 pub use error::{Error, Result};

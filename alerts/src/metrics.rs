@@ -1,8 +1,10 @@
-//! The alerting service's own metrics, in the Prometheus text format, for the server's `/metrics`.
+//! The alerting service's own metrics, registered with the server's registry ([`register`]).
 //! Label sets are bounded: states (3), receivers (from the config file).
 
-use std::fmt::Write;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use gpuwatch_common::metrics::{Kind, Registry, Sample, SampleCollector};
 
 use crate::engine::State;
 use crate::service::Alerting;
@@ -26,31 +28,55 @@ pub const QUEUED: &str = "gpuwatch_notifications_queued";
 pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
 /// Hours the job-usage ledger holds.
 pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
+/// Alerting state files found damaged at start and moved to quarantine.
+pub const STATE_QUARANTINED: &str = "gpuwatch_alerting_state_files_quarantined";
 
-/// Renders the metrics.
-pub fn render(a: &Alerting) -> String {
-    let mut out = String::new();
+/// Registers the alerting service's metrics with `registry`, read at each scrape from the
+/// service `current` returns (none before the store is open).
+pub fn register(
+    registry: &mut Registry,
+    current: impl Fn() -> Option<Arc<Alerting>> + Send + Sync + 'static,
+) {
+    registry.register_collector(Box::new(SampleCollector::new(move || {
+        current().map(|a| samples(&a)).unwrap_or_default()
+    })));
+}
+
+/// The metrics now.
+pub fn samples(a: &Alerting) -> Vec<Sample> {
+    let mut out = Vec::new();
     if let Some(l) = a.ledger() {
         let snap = l.snapshot();
-        let _ = writeln!(
-            out,
-            "# HELP {LEDGER_WATERMARK} End of the hours the jobs view reads from its ledger (the rest from raw samples)\n# TYPE {LEDGER_WATERMARK} gauge\n{LEDGER_WATERMARK} {}",
-            snap.watermark.unwrap_or(0) / 1_000_000_000
-        );
-        let _ = writeln!(
-            out,
-            "# HELP {LEDGER_HOURS} Hours held by the jobs view's ledger\n# TYPE {LEDGER_HOURS} gauge\n{LEDGER_HOURS} {}",
-            l.hours()
-        );
+        out.push(Sample::new(
+            LEDGER_WATERMARK,
+            Kind::Gauge,
+            "End of the hours the jobs view reads from its ledger (the rest from raw samples)",
+            (snap.watermark.unwrap_or(0) / 1_000_000_000) as f64,
+        ));
+        out.push(Sample::new(
+            LEDGER_HOURS,
+            Kind::Gauge,
+            "Hours held by the jobs view's ledger",
+            l.hours() as f64,
+        ));
     }
+    out.push(Sample::new(
+        STATE_QUARANTINED,
+        Kind::Gauge,
+        "Alerting state files found damaged at start and moved to quarantine (alerting started without them)",
+        a.quarantined().len() as f64,
+    ));
     let alerts = a.alerts();
-    let _ = writeln!(
-        out,
-        "# HELP {ALERTS} Alerts by state\n# TYPE {ALERTS} gauge"
-    );
     for s in [State::Pending, State::Firing, State::Resolved] {
         let n = alerts.iter().filter(|x| x.state == s).count();
-        let _ = writeln!(out, "{ALERTS}{{state=\"{}\"}} {n}", s.as_str());
+        out.push(labelled(
+            ALERTS,
+            Kind::Gauge,
+            "Alerts by state",
+            "state",
+            s.as_str(),
+            n as f64,
+        ));
     }
     let e = a.engine();
     for (name, help, v) in [
@@ -61,50 +87,64 @@ pub fn render(a: &Alerting) -> String {
             &e.evaluation_failures,
         ),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-            v.load(Ordering::Relaxed)
-        );
+        out.push(Sample::new(
+            name,
+            Kind::Counter,
+            help,
+            v.load(Ordering::Relaxed) as f64,
+        ));
     }
+    notification_samples(a, &mut out);
+    out
+}
+
+/// Per receiver: delivered, retried, dropped, waiting.
+fn notification_samples(a: &Alerting, out: &mut Vec<Sample>) {
     let pending = a.outbox().pending();
     let stats: Vec<(String, (u64, u64, u64))> = pending
         .keys()
         .filter_map(|r| a.outbox().stats(r).map(|s| (r.clone(), s)))
         .collect();
-    for (name, help, kind, pick) in [
-        (SENT, "Notifications delivered", "counter", 0usize),
+    for (name, help, pick) in [
+        (SENT, "Notifications delivered", 0usize),
         (
             RETRIES,
             "Notification attempts that failed and are retried",
-            "counter",
             1,
         ),
         (
             DROPPED,
             "Notifications dropped: permanent error or older than max_age",
-            "counter",
             2,
         ),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (r, s) in &stats {
             let v = [s.0, s.1, s.2][pick];
-            let _ = writeln!(out, "{name}{{receiver=\"{}\"}} {v}", escape(r));
+            out.push(labelled(name, Kind::Counter, help, "receiver", r, v as f64));
         }
     }
-    let _ = writeln!(
-        out,
-        "# HELP {QUEUED} Notifications waiting for delivery\n# TYPE {QUEUED} gauge"
-    );
     for (r, n) in &pending {
-        let _ = writeln!(out, "{QUEUED}{{receiver=\"{}\"}} {n}", escape(r));
+        out.push(labelled(
+            QUEUED,
+            Kind::Gauge,
+            "Notifications waiting for delivery",
+            "receiver",
+            r,
+            *n as f64,
+        ));
     }
-    out
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn labelled(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    key: &str,
+    value: &str,
+    v: f64,
+) -> Sample {
+    Sample {
+        labels: vec![(key.to_string(), value.to_string())],
+        ..Sample::new(name, kind, help, v)
+    }
 }

@@ -2,7 +2,7 @@
 //! every second, one delivery worker per receiver. Evaluation only appends to queues, so a slow
 //! receiver never delays it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,9 @@ use crate::source::RuleSource;
 
 /// Rules, notifier and delivery together.
 pub struct Alerting {
+    /// State files found damaged at start and moved to quarantine (alerting started without
+    /// them).
+    quarantined: Vec<PathBuf>,
     engine: RuleEngine,
     notifier: Mutex<(Dispatcher, Silences)>,
     outbox: Outbox,
@@ -35,8 +38,49 @@ impl std::fmt::Debug for Alerting {
 
 impl Alerting {
     /// Opens the service; with `dir` (e.g. `<data-dir>/alerts`), state, history, silences and
-    /// queued notifications are kept there and resumed.
+    /// queued notifications are kept there and resumed. A state file that cannot be read
+    /// (`state.json`, `silences.json`, `notify.json`) never keeps alerting — or the server —
+    /// from starting: it moves to `<data-dir>/quarantine/` with a note, loudly, and alerting
+    /// starts without it (alerts that were firing fire again, silences must be made again).
     pub fn open(
+        rules: RuleFile,
+        config: AlertingConfig,
+        dir: Option<&Path>,
+        clock: Arc<dyn Clock>,
+        store: Option<Arc<gpuwatch_store::Store>>,
+    ) -> Result<Self> {
+        let mut quarantined = Vec::new();
+        loop {
+            let opened = Self::open_once(
+                rules.clone(),
+                config.clone(),
+                dir,
+                Arc::clone(&clock),
+                store.clone(),
+            );
+            match (opened, dir) {
+                (Err(Error::Corrupt { path, source }), Some(d))
+                    if quarantined.len() < 8 && path.starts_with(d) =>
+                {
+                    let problem = source.to_string();
+                    let moved = crate::state::set_aside(d, &path, &problem, clock.as_ref())?;
+                    quarantined.push(moved);
+                }
+                (Ok(mut a), _) => {
+                    a.quarantined = quarantined;
+                    return Ok(a);
+                }
+                (Err(e), _) => return Err(e),
+            }
+        }
+    }
+
+    /// State files found damaged at start and moved to quarantine.
+    pub fn quarantined(&self) -> &[PathBuf] {
+        &self.quarantined
+    }
+
+    fn open_once(
         rules: RuleFile,
         config: AlertingConfig,
         dir: Option<&Path>,
@@ -71,6 +115,7 @@ impl Alerting {
         let dispatcher = Dispatcher::new(config, dir.map(|d| d.join("notify.json")))?;
         let silences = Silences::open(dir.map(|d| d.join("silences.json")))?;
         Ok(Self {
+            quarantined: Vec::new(),
             engine,
             notifier: Mutex::new((dispatcher, silences)),
             outbox,

@@ -12,7 +12,7 @@
 //! the Job dashboard on a job that has alerts, prints the panels slowest first, and fails when a
 //! panel answers no rows.
 
-pub mod job_report;
+pub(crate) mod job_report;
 mod load;
 
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ use load::{Load, count};
 
 /// Flags of `dashboards`.
 #[derive(Args, Debug, Clone)]
-pub struct DashboardsArgs {
+pub(crate) struct DashboardsArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     /// Simulated history to load; it ends when the load starts.
@@ -402,7 +402,7 @@ pub(crate) async fn prepare(args: &DashboardsArgs) -> Result<(load::Started, Loa
 }
 
 /// Runs the benchmark.
-pub async fn run(args: DashboardsArgs) -> Result<()> {
+pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
     if !args.script.is_file() {
         return Err(format!(
             "{}: not found; run from the repository root or pass --script",

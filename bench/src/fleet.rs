@@ -8,7 +8,7 @@
 //! from one seed, so two runs with the same flags produce the same samples.
 
 /// dcgm-exporter's series that fill a `gpu_metrics` column, in the order of [`Sample::values`].
-pub const FIELDS: [&str; 26] = [
+pub(crate) const FIELDS: [&str; 26] = [
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_MEM_COPY_UTIL",
     "DCGM_FI_PROF_SM_ACTIVE",
@@ -83,18 +83,18 @@ const CLOCK_HOLD_SAMPLES: u32 = 3;
 
 /// A deterministic generator (SplitMix64), enough for simulation and free of dependencies.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     /// A generator for `seed`.
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         let mut r = Self(seed ^ 0x5DEE_CE66_D1CE_4E5B);
         r.next_u64();
         r
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -103,37 +103,37 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let u1 = self.uniform().max(1e-300);
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
     /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
         self.uniform() < p
     }
 
     /// Uniform integer in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         debug_assert!(n > 0);
         self.next_u64() % n
     }
 
     /// Exponentially distributed with the given mean.
-    pub fn exponential(&mut self, mean: f64) -> f64 {
+    pub(crate) fn exponential(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.uniform()).ln()
     }
 }
 
 /// What a GPU is doing during one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// No job holds the GPU.
     Free,
     /// Tensor-bound compute (the trace's `matmul`: bf16 matrix products).
@@ -285,7 +285,7 @@ fn profile(phase: Phase) -> Profile {
 
 /// The kind of a job, which decides its phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobKind {
+pub(crate) enum JobKind {
     /// Mostly compute, with evaluation stalls and checkpoints; may hang (then idle in the job).
     Training,
     /// Mostly light, with bursts of compute.
@@ -393,7 +393,7 @@ struct Host {
 /// One GPU's sample: its scrape time, the job holding it, and the [`FIELDS`] values in
 /// dcgm-exporter's units.
 #[derive(Debug, Clone)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Milliseconds since the Unix epoch.
     pub time_ms: i64,
     /// The job id (dcgm-exporter's `hpc_job` label), if a job holds the GPU.
@@ -404,7 +404,7 @@ pub struct Sample {
 
 /// How the fleet is shaped.
 #[derive(Debug, Clone)]
-pub struct FleetConfig {
+pub(crate) struct FleetConfig {
     /// Hosts.
     pub hosts: usize,
     /// GPUs per host.
@@ -422,11 +422,11 @@ pub struct FleetConfig {
 }
 
 /// The job id of the multi-host job of [`FleetConfig::job_hosts`].
-pub const BIG_JOB_ID: u64 = 4_100_000;
+pub(crate) const BIG_JOB_ID: u64 = 4_100_000;
 
 /// The simulated fleet.
 #[derive(Debug, Clone)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     config: FleetConfig,
     hosts: Vec<Host>,
     next_job: u64,
@@ -463,7 +463,7 @@ fn uuid(rng: &mut Rng) -> String {
 
 impl Fleet {
     /// A fleet in its steady state at `config.start_ms`.
-    pub fn new(config: FleetConfig) -> Self {
+    pub(crate) fn new(config: FleetConfig) -> Self {
         let mut seed_rng = Rng::new(config.seed);
         let mut hosts = Vec::with_capacity(config.hosts);
         let interval = config.interval_ms.max(1);
@@ -538,28 +538,28 @@ impl Fleet {
     }
 
     /// Hosts.
-    pub fn hosts(&self) -> usize {
+    pub(crate) fn hosts(&self) -> usize {
         self.hosts.len()
     }
 
     /// GPUs per host.
-    pub fn gpus_per_host(&self) -> usize {
+    pub(crate) fn gpus_per_host(&self) -> usize {
         self.config.gpus_per_host
     }
 
     /// A host's name (dcgm-exporter's `Hostname`).
-    pub fn host_name(&self, h: usize) -> &str {
+    pub(crate) fn host_name(&self, h: usize) -> &str {
         &self.hosts[h].name
     }
 
     /// A GPU's UUID and PCI bus id.
-    pub fn gpu_ids(&self, h: usize, i: usize) -> (&str, &str) {
+    pub(crate) fn gpu_ids(&self, h: usize, i: usize) -> (&str, &str) {
         let g = &self.hosts[h].gpus[i];
         (&g.uuid, &g.pci_bus)
     }
 
     /// The kind of the job holding GPU `i` of host `h` in the host's last scrape, if any.
-    pub fn job_kind(&self, h: usize, i: usize) -> Option<JobKind> {
+    pub(crate) fn job_kind(&self, h: usize, i: usize) -> Option<JobKind> {
         self.hosts[h]
             .groups
             .iter()
@@ -607,7 +607,7 @@ impl Fleet {
 
     /// Samples of host `h` for scrape round `k` (the k-th interval after the start), one per
     /// GPU, written into `out`. Rounds of one host must be asked for in order.
-    pub fn scrape(&mut self, h: usize, k: u64, out: &mut Vec<Sample>) {
+    pub(crate) fn scrape(&mut self, h: usize, k: u64, out: &mut Vec<Sample>) {
         out.clear();
         // Schedule: end jobs and gaps that ran out.
         for g in 0..self.hosts[h].groups.len() {

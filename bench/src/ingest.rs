@@ -16,7 +16,7 @@ use crate::{FleetArgs, parse_duration};
 
 /// Flags of `ingest`.
 #[derive(Args, Debug, Clone)]
-pub struct IngestArgs {
+pub(crate) struct IngestArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     /// Simulated time span to send (it ends at the last full hour at least 11 minutes ago, so
@@ -109,7 +109,7 @@ fn generate(args: &FleetArgs, start_ms: i64, rounds: u64) -> Vec<Arc<Body>> {
 }
 
 /// Runs the benchmark.
-pub async fn run(args: IngestArgs) -> Result<()> {
+pub(crate) async fn run(args: IngestArgs) -> Result<()> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
     if interval_ms <= 0 {
         return Err("--interval must be positive".into());
@@ -315,7 +315,7 @@ async fn run_gpuwatch(
 /// `POST /api/v1/sql` returning the JSON rows.
 /// Runs `sql` over `POST /api/v1/sql` with `client` (kept between queries, with its
 /// connection, as a dashboard or a script keeps it) and parses the JSON answer.
-pub async fn sql_json(
+pub(crate) async fn sql_json(
     client: &reqwest::Client,
     url: &str,
     sql: &str,

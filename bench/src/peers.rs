@@ -7,10 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A result with a message that says what went wrong.
-pub type Result<T, E = String> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = String> = std::result::Result<T, E>;
 
 /// A server process the benchmark started; stopped (by its pid) when dropped.
-pub struct Server {
+pub(crate) struct Server {
     /// Display name.
     pub name: String,
     /// Base URL, `http://127.0.0.1:PORT`.
@@ -21,7 +21,7 @@ pub struct Server {
 
 impl Server {
     /// Starts `program args…` with its output in `log`, then waits until `ready_path` answers 200.
-    pub fn start(
+    pub(crate) fn start(
         name: &str,
         program: &Path,
         args: &[String],
@@ -81,17 +81,17 @@ impl Server {
     }
 
     /// The process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// CPU time (user + system) the process used so far, from `/proc/<pid>/stat`.
-    pub fn cpu_seconds(&self) -> Result<f64> {
+    pub(crate) fn cpu_seconds(&self) -> Result<f64> {
         cpu_seconds(self.pid())
     }
 
     /// Resident memory in bytes, from `/proc/<pid>/status` (`VmRSS`).
-    pub fn rss_bytes(&self) -> Option<u64> {
+    pub(crate) fn rss_bytes(&self) -> Option<u64> {
         let s = fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
         let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
         let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -101,7 +101,7 @@ impl Server {
     /// Asks the process to stop (SIGTERM to its pid, through `kill`), so that it shuts down as
     /// an operator would stop it (gpuwatch persists what it buffers), and waits up to `timeout`;
     /// kills it after that and says so.
-    pub fn terminate(&mut self, timeout: Duration) -> Result<()> {
+    pub(crate) fn terminate(&mut self, timeout: Duration) -> Result<()> {
         if let Ok(Some(_)) = self.child.try_wait() {
             return Ok(());
         }
@@ -128,7 +128,7 @@ impl Server {
     }
 
     /// Stops the process (SIGKILL through `Child::kill`) and reaps it.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
         }
@@ -155,7 +155,7 @@ fn clock_ticks() -> f64 {
 }
 
 /// CPU time (utime + stime) of `pid` in seconds.
-pub fn cpu_seconds(pid: u32) -> Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     let path = format!("/proc/{pid}/stat");
     let stat = fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
     // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
@@ -176,11 +176,12 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 
 /// Persist every 30 s and compact every 5 s: a benchmark's data settles in seconds, not in the
 /// production defaults' minutes.
-pub const FAST_PERSIST: [&str; 4] = ["--persist-interval", "30s", "--compaction-interval", "5s"];
+pub(crate) const FAST_PERSIST: [&str; 4] =
+    ["--persist-interval", "30s", "--compaction-interval", "5s"];
 
 /// A `gpuwatch serve` command line: every listener on its own free loopback port, a data
 /// directory and warnings-only logs; flags added with [`GpuwatchCmd::args`].
-pub struct GpuwatchCmd {
+pub(crate) struct GpuwatchCmd {
     args: Vec<String>,
     /// HTTP port (SQL, `/readyz`, remote write).
     pub http: u16,
@@ -192,7 +193,7 @@ pub struct GpuwatchCmd {
 
 impl GpuwatchCmd {
     /// `gpuwatch serve --data-dir data_dir` with fresh ports.
-    pub fn new(data_dir: &Path) -> Result<Self> {
+    pub(crate) fn new(data_dir: &Path) -> Result<Self> {
         let (http, otlp_http, pg) = (free_port()?, free_port()?, free_port()?);
         let args = [
             "serve".to_string(),
@@ -219,13 +220,13 @@ impl GpuwatchCmd {
     }
 
     /// Adds flags.
-    pub fn args<S: ToString>(mut self, more: impl IntoIterator<Item = S>) -> Self {
+    pub(crate) fn args<S: ToString>(mut self, more: impl IntoIterator<Item = S>) -> Self {
         self.args.extend(more.into_iter().map(|a| a.to_string()));
         self
     }
 
     /// Starts `program` with these arguments, output in `log`, and waits for `/readyz`.
-    pub fn start(&self, name: &str, program: &Path, log: PathBuf) -> Result<Server> {
+    pub(crate) fn start(&self, name: &str, program: &Path, log: PathBuf) -> Result<Server> {
         Server::start(
             name,
             program,
@@ -239,7 +240,7 @@ impl GpuwatchCmd {
 
 /// The directory that holds `data_dir` (and the benchmark's logs and config beside it),
 /// created if missing.
-pub fn parent_dir(data_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn parent_dir(data_dir: &Path) -> Result<PathBuf> {
     let parent = data_dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -249,7 +250,7 @@ pub fn parent_dir(data_dir: &Path) -> Result<PathBuf> {
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it right after).
-pub fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l =
         TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
     l.local_addr()
@@ -258,7 +259,7 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// Bytes of the regular files under `dir`, skipping subdirectories named in `skip`.
-pub fn dir_bytes(dir: &Path, skip: &[&str]) -> u64 {
+pub(crate) fn dir_bytes(dir: &Path, skip: &[&str]) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -283,12 +284,12 @@ pub fn dir_bytes(dir: &Path, skip: &[&str]) -> u64 {
 
 /// A plain GET (std only, HTTP/1.0 style) returning status and body: used for readiness and
 /// admin calls, outside the measured paths.
-pub fn blocking_get(url: &str) -> Result<(u16, String)> {
+pub(crate) fn blocking_get(url: &str) -> Result<(u16, String)> {
     blocking_request("GET", url, "")
 }
 
 /// A plain POST with an empty body.
-pub fn blocking_post(url: &str) -> Result<(u16, String)> {
+pub(crate) fn blocking_post(url: &str) -> Result<(u16, String)> {
     blocking_request("POST", url, "")
 }
 
@@ -327,7 +328,7 @@ fn blocking_request(method: &str, url: &str, body: &str) -> Result<(u16, String)
 
 /// The value of the first line of a Prometheus exposition that starts with `prefix`, summed
 /// over every line that does.
-pub fn metric_sum(exposition: &str, prefix: &str) -> Option<f64> {
+pub(crate) fn metric_sum(exposition: &str, prefix: &str) -> Option<f64> {
     let mut found = false;
     let mut sum = 0.0;
     for line in exposition.lines() {
@@ -348,7 +349,7 @@ pub fn metric_sum(exposition: &str, prefix: &str) -> Option<f64> {
 
 /// The first line of `program --version` (or `-version`), for the report; the Debian package
 /// version when the binary prints none.
-pub fn version_of(program: &Path, flag: &str) -> String {
+pub(crate) fn version_of(program: &Path, flag: &str) -> String {
     let printed = Command::new(program)
         .arg(flag)
         .output()

@@ -19,7 +19,7 @@ use crate::{FleetArgs, parse_duration};
 
 /// Flags of `query`.
 #[derive(Args, Debug, Clone)]
-pub struct QueryArgs {
+pub(crate) struct QueryArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     /// Simulated history to load; it ends when the load starts.
@@ -412,7 +412,7 @@ fn run_duckdb(args: &QueryArgs, files: &[String], queries: &[String]) -> Result<
 }
 
 /// Runs the benchmark.
-pub async fn run(args: QueryArgs) -> Result<()> {
+pub(crate) async fn run(args: QueryArgs) -> Result<()> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
     if interval_ms <= 0 {
         return Err("--interval must be positive".into());

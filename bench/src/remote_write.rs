@@ -1,54 +1,17 @@
 //! Prometheus remote write 1.0 requests (snappy-compressed `prometheus.WriteRequest`) built from
-//! the simulated fleet, labelled the way Prometheus stores a dcgm-exporter scrape.
+//! the simulated fleet, labelled the way Prometheus stores a dcgm-exporter scrape, with the
+//! store's own `prometheus.WriteRequest` types (the ones the server decodes).
 
+use gpuwatch_store::ingest::remote_write::proto::{
+    Label, Sample as PromSample, TimeSeries, WriteRequest,
+};
 use prost::Message;
 
 use crate::fleet::{FIELDS, Fleet, Sample};
 
-/// `prometheus.WriteRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WriteRequest {
-    /// The series.
-    #[prost(message, repeated, tag = "1")]
-    pub timeseries: Vec<TimeSeries>,
-}
-
-/// `prometheus.TimeSeries`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TimeSeries {
-    /// Labels, sorted by name.
-    #[prost(message, repeated, tag = "1")]
-    pub labels: Vec<Label>,
-    /// Samples, oldest first.
-    #[prost(message, repeated, tag = "2")]
-    pub samples: Vec<PromSample>,
-}
-
-/// `prometheus.Label`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Label {
-    /// Name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// Value.
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-/// `prometheus.Sample`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PromSample {
-    /// Value.
-    #[prost(double, tag = "1")]
-    pub value: f64,
-    /// Milliseconds since the epoch.
-    #[prost(int64, tag = "2")]
-    pub timestamp: i64,
-}
-
 /// One request body, ready to POST.
 #[derive(Debug, Clone)]
-pub struct Body {
+pub(crate) struct Body {
     /// The request body: snappy-compressed protobuf for remote write, plain protobuf for OTLP.
     pub bytes: Vec<u8>,
     /// Samples (OTLP: data points) it carries.
@@ -68,7 +31,7 @@ fn label(name: &str, value: &str) -> Label {
 }
 
 /// The labels of one GPU series as Prometheus stores a dcgm-exporter scrape, sorted by name.
-pub fn gpu_labels(
+pub(crate) fn gpu_labels(
     metric: &str,
     host: &str,
     uuid: &str,
@@ -96,7 +59,7 @@ pub fn gpu_labels(
 }
 
 /// Compresses a request as remote write 1.0 wants it.
-pub fn encode(req: &WriteRequest) -> Vec<u8> {
+pub(crate) fn encode(req: &WriteRequest) -> Vec<u8> {
     let raw = req.encode_to_vec();
     // Compressing a Vec into a Vec cannot fail for inputs of this size.
     snap::raw::Encoder::new()
@@ -107,7 +70,7 @@ pub fn encode(req: &WriteRequest) -> Vec<u8> {
 /// Builds the request of host `h` for scrape rounds `first..first + rounds` (advancing the
 /// fleet). A GPU whose job changes within the rounds gets one series per job, as Prometheus
 /// sees a label change.
-pub fn host_request(fleet: &mut Fleet, h: usize, first: u64, rounds: u64) -> Body {
+pub(crate) fn host_request(fleet: &mut Fleet, h: usize, first: u64, rounds: u64) -> Body {
     let mut per_round: Vec<Vec<Sample>> = Vec::with_capacity(rounds as usize);
     let mut buf = Vec::new();
     for k in first..first + rounds {
@@ -119,7 +82,7 @@ pub fn host_request(fleet: &mut Fleet, h: usize, first: u64, rounds: u64) -> Bod
 
 /// The request of host `h` holding the samples of consecutive scrape rounds (`per_round[r][gpu]`,
 /// as [`Fleet::scrape`] gave them).
-pub fn rounds_request(fleet: &Fleet, h: usize, per_round: &[Vec<Sample>]) -> Body {
+pub(crate) fn rounds_request(fleet: &Fleet, h: usize, per_round: &[Vec<Sample>]) -> Body {
     let gpus = fleet.gpus_per_host();
     let host = fleet.host_name(h).to_string();
     let mut timeseries = Vec::with_capacity(gpus * FIELDS.len());
@@ -159,7 +122,7 @@ pub fn rounds_request(fleet: &Fleet, h: usize, per_round: &[Vec<Sample>]) -> Bod
 }
 
 /// A one-sample request: the power of a probe GPU, used to measure ingest-to-query freshness.
-pub fn probe_request(host: &str, uuid: &str, time_ms: i64, watts: f64) -> Vec<u8> {
+pub(crate) fn probe_request(host: &str, uuid: &str, time_ms: i64, watts: f64) -> Vec<u8> {
     encode(&WriteRequest {
         timeseries: vec![TimeSeries {
             labels: gpu_labels(

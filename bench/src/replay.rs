@@ -9,7 +9,7 @@
 //! energy and power stay consistent. Each trace's job is `--job-id` or its JSON's `job_id`, else
 //! its name. One JSON line per trace tells where it landed.
 
-pub mod trace;
+pub(crate) mod trace;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,7 +22,7 @@ use trace::Trace;
 
 /// Flags of `replay`.
 #[derive(Args, Debug, Clone)]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// Trace files (`SHAPE.csv.gz` or `.csv`, with `SHAPE.json` beside them when there is one),
     /// replayed one after another in the order given.
     #[arg(required = true)]
@@ -183,7 +183,7 @@ async fn post(client: &reqwest::Client, args: &ReplayArgs, body: Vec<u8>) -> Res
 }
 
 /// Runs `replay`.
-pub async fn run(args: ReplayArgs) -> Result<(), String> {
+pub(crate) async fn run(args: ReplayArgs) -> Result<(), String> {
     if !(args.stretch.is_finite() && args.stretch > 0.0) {
         return Err("--stretch must be a number above 0".into());
     }

@@ -10,7 +10,7 @@ use crate::remote_write::Body;
 
 /// What a send run did.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct SendStats {
+pub(crate) struct SendStats {
     /// Requests acknowledged.
     pub requests: u64,
     /// Samples in those requests.
@@ -23,7 +23,7 @@ pub struct SendStats {
 
 /// How a body is posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// Prometheus remote write 1.0: snappy-compressed `WriteRequest` to `/api/v1/write`.
     RemoteWrite,
     /// OTLP/HTTP: a protobuf `ExportMetricsServiceRequest` to `/v1/metrics`, uncompressed (the
@@ -65,7 +65,7 @@ fn otlp_rejection(body: &[u8]) -> Result<Option<String>, String> {
 }
 
 /// A client for remote-write posts.
-pub fn client() -> Result<reqwest::Client, String> {
+pub(crate) fn client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .pool_max_idle_per_host(64)
@@ -74,7 +74,7 @@ pub fn client() -> Result<reqwest::Client, String> {
 }
 
 /// Posts one remote-write body; repeats it while the server answers 429 or 503 (load shedding).
-pub async fn post(
+pub(crate) async fn post(
     client: &reqwest::Client,
     url: &str,
     bytes: Vec<u8>,
@@ -84,7 +84,7 @@ pub async fn post(
 }
 
 /// Posts one body by `transport`; repeats it while the server answers 429 or 503.
-pub async fn post_as(
+pub(crate) async fn post_as(
     transport: Transport,
     client: &reqwest::Client,
     url: &str,
@@ -131,7 +131,7 @@ pub async fn post_as(
 /// Sends every body coming out of `rx` with `concurrency` requests in flight. Bodies of one
 /// host always go through the same connection, in order (as Prometheus's remote-write shards
 /// keep each series in order), so no server sees a series' samples out of order.
-pub async fn send_stream(
+pub(crate) async fn send_stream(
     client: &reqwest::Client,
     url: &str,
     rx: mpsc::Receiver<Arc<Body>>,
@@ -141,7 +141,7 @@ pub async fn send_stream(
 }
 
 /// [`send_stream`] for bodies of `transport`.
-pub async fn send_stream_as(
+pub(crate) async fn send_stream_as(
     transport: Transport,
     client: &reqwest::Client,
     url: &str,

@@ -30,7 +30,7 @@ use crate::fleet::{ECC_SBE, FB_FREE_GPU_MIB, FB_USED, GPU_UTIL, JobKind, Rng, Sa
 
 /// XID 92 ("high single-bit ECC error rate") each time a board's corrected count passes a
 /// multiple of this.
-pub const SBE_RATE_STEP: f64 = 10.0;
+pub(crate) const SBE_RATE_STEP: f64 = 10.0;
 
 /// What a drawn event turns into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ enum Draw {
 }
 
 /// Per-GPU daily rates of the drawn events. Application faults count per GPU-day held by a job.
-pub const RATES: &[(f64, &str)] = &[
+pub(crate) const RATES: &[(f64, &str)] = &[
     (0.045, "application fault (XID 13/31, 43, 45)"),
     (0.015, "NVLink error (XID 74)"),
     (0.001, "GPU fallen off the bus (XID 79)"),
@@ -112,7 +112,7 @@ fn mix(seed: u64, job: u64, salt: u64) -> u64 {
 
 /// Who runs a job and what its processes are called: the same wherever the job is seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobProfile {
+pub(crate) struct JobProfile {
     /// `SLURM_JOB_USER`.
     pub user: &'static str,
     /// `SLURM_JOB_NAME`.
@@ -125,7 +125,7 @@ pub struct JobProfile {
 
 impl JobProfile {
     /// The profile of job `job` of kind `kind` in the fleet of `seed`.
-    pub fn of(seed: u64, job: u64, kind: JobKind) -> Self {
+    pub(crate) fn of(seed: u64, job: u64, kind: JobKind) -> Self {
         let (names, processes) = names_of(kind);
         let name = names[(mix(seed, job, 1) % names.len() as u64) as usize];
         Self {
@@ -166,7 +166,7 @@ struct GpuState {
 
 /// The processes and events of one host, fed its samples round by round.
 #[derive(Debug, Clone)]
-pub struct HostWorkload {
+pub(crate) struct HostWorkload {
     seed: u64,
     host: usize,
     /// Event probabilities per sample, in [`DRAWS`] order.
@@ -181,7 +181,7 @@ pub struct HostWorkload {
 
 /// What [`HostWorkload::observe`] added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Added {
+pub(crate) struct Added {
     /// Process samples (rows of `gpu_processes`).
     pub processes: u64,
     /// OTLP data points of those processes (memory always, SM utilisation on read rounds).
@@ -195,7 +195,13 @@ pub struct Added {
 impl HostWorkload {
     /// Host `h` of a fleet of `seed` with `gpus` GPUs per host, sampled every `interval_ms`,
     /// its agent reading per-process utilisation every `slow_interval_ms`.
-    pub fn new(seed: u64, h: usize, gpus: usize, interval_ms: i64, slow_interval_ms: i64) -> Self {
+    pub(crate) fn new(
+        seed: u64,
+        h: usize,
+        gpus: usize,
+        interval_ms: i64,
+        slow_interval_ms: i64,
+    ) -> Self {
         let interval = interval_ms.max(1);
         let per_sample = interval as f64 / 86_400_000.0;
         let mut chances = [0.0; 8];
@@ -218,7 +224,7 @@ impl HostWorkload {
 
     /// Takes scrape round `k` of the host: `samples[i]` of GPU `i` (`uuids[i]`), held by a job
     /// of kind `kinds[i]`. Appends the round's process samples and events.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         k: u64,
         samples: &[Sample],
@@ -355,7 +361,7 @@ fn event(t: u64, uuid: &str, index: usize, kind: &str, code: i64) -> GpuEvent {
 
 /// One OTLP/HTTP request body of host `host`'s processes and events, as the agent encodes a
 /// collection (`host.name` as the resource attribute).
-pub fn otlp_body(host: &str, procs: &[ProcessSample], events: &[GpuEvent]) -> Vec<u8> {
+pub(crate) fn otlp_body(host: &str, procs: &[ProcessSample], events: &[GpuEvent]) -> Vec<u8> {
     let mut out = Vec::new();
     gpuwatch_agent::export::otlp::encode_collection_to(
         &mut out,

@@ -20,6 +20,7 @@ impl ReadStore for NoRows {
         TableSnapshot {
             batches: Vec::new(),
             files: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 }

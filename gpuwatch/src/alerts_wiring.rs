@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::server::sql::error_response;
 use axum::Router;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
@@ -15,7 +16,6 @@ use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_alerts::notify::format::rfc3339;
 use gpuwatch_alerts::notify::{AlertingConfig, Matcher, Silence};
 use gpuwatch_alerts::{Alerting, EngineSource, RuleFile};
-use gpuwatch_query::http::error_response;
 use gpuwatch_query::{QueryEngine, Status};
 use gpuwatch_store::clock::Clock;
 use serde::Deserialize;
@@ -24,11 +24,11 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 
 /// Where the running alerting service is, once the store is open.
-pub type AlertingSlot = Arc<OnceLock<Arc<Alerting>>>;
+pub(crate) type AlertingSlot = Arc<OnceLock<Arc<Alerting>>>;
 
 /// What `serve` needs to run alerts.
 #[derive(Debug, Clone, Default)]
-pub struct AlertsConfig {
+pub(crate) struct AlertsConfig {
     /// Rules files (`--rules`).
     pub rules: Vec<PathBuf>,
     /// Load the built-in rule pack (demo).
@@ -42,7 +42,7 @@ pub struct AlertsConfig {
 }
 
 /// Reads and checks every rules file (and the built-in pack when asked), before anything starts.
-pub fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
+pub(crate) fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
     let mut all = if config.builtin_rules {
         gpuwatch_alerts::builtin_rules().map_err(|e| Error::Config(e.to_string()))?
     } else {
@@ -69,7 +69,7 @@ pub fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
 }
 
 /// `gpuwatch rules check FILE…`: prints a summary per file; the first error is returned.
-pub fn check(files: &[PathBuf]) -> Result<String> {
+pub(crate) fn check(files: &[PathBuf]) -> Result<String> {
     let mut out = String::new();
     let mut failed = Vec::new();
     for p in files {
@@ -87,12 +87,12 @@ pub fn check(files: &[PathBuf]) -> Result<String> {
         Ok(out)
     } else {
         print!("{out}");
-        Err(Error::Other(failed.join("\n")))
+        Err(Error::Rules(failed.join("\n")))
     }
 }
 
 /// Registers the tables and starts rule evaluation, notification and delivery.
-pub async fn start(
+pub(crate) async fn start(
     engine: &QueryEngine,
     rules: RuleFile,
     config: &AlertsConfig,
@@ -105,24 +105,20 @@ pub async fn start(
     let ledger = config
         .cost
         .register(engine.context(), &config.jobs.advice)
-        .await
-        .map_err(|e| Error::Other(e.to_string()))?;
+        .await?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
         engine.context().clone(),
         Arc::clone(&clock),
         stop.clone(),
     ));
     let n = rules.rules().count();
-    let alerting = Arc::new(
-        Alerting::open(
-            rules,
-            config.alerting.clone(),
-            data_dir.map(|d| d.join("alerts")).as_deref(),
-            clock,
-            store,
-        )
-        .map_err(|e| Error::Other(e.to_string()))?,
-    );
+    let alerting = Arc::new(Alerting::open(
+        rules,
+        config.alerting.clone(),
+        data_dir.map(|d| d.join("alerts")).as_deref(),
+        clock,
+        store,
+    )?);
     let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
     alerting.set_ledger(ledger);
     let mut tasks = alerting.start(source, stop);
@@ -136,7 +132,7 @@ pub async fn start(
 }
 
 /// The alert and silence routes.
-pub fn router(slot: AlertingSlot) -> Router {
+pub(crate) fn router(slot: AlertingSlot) -> Router {
     Router::new()
         .route("/api/v1/alerts", get(alerts))
         .route("/api/v1/silences", get(silences).post(add_silence))

@@ -15,12 +15,13 @@ use gpuwatch_agent::{
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::sync::watch;
 
+use crate::config::ServeConfig;
 use crate::error::{Error, Result};
-use crate::server::{self, ServeConfig};
+use crate::server;
 
 /// What the demo simulates.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// Simulated hosts.
     pub hosts: usize,
     /// GPUs per host.
@@ -37,7 +38,7 @@ const BACKFILL_STEP: Duration = Duration::from_secs(10);
 const STEPS_PER_REQUEST: usize = 30;
 
 /// Runs the demo until `shutdown` resolves.
-pub async fn run(
+pub(crate) async fn run(
     config: ServeConfig,
     opts: DemoOptions,
     shutdown: impl Future<Output = ()>,
@@ -95,6 +96,23 @@ pub async fn run(
         );
     }
 
+    let (stop, agents) = spawn_agents(hosts);
+
+    print_banner(&config, &running, &opts);
+    shutdown.await;
+    tracing::info!("shutting down: stopping the simulated agents and persisting buffered data");
+    let _ = stop.send(true);
+    for a in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(15), a).await;
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Starts one simulated agent per host; they stop when the sender says so.
+fn spawn_agents(
+    hosts: Vec<(AgentOptions, Fleet)>,
+) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
     let (stop, stop_rx) = watch::channel(false);
     let mut agents = Vec::new();
     for (agent, fleet) in hosts {
@@ -109,16 +127,7 @@ pub async fn run(
             }
         }));
     }
-
-    print_banner(&config, &running, &opts);
-    shutdown.await;
-    tracing::info!("shutting down: stopping the simulated agents and persisting buffered data");
-    let _ = stop.send(true);
-    for a in agents {
-        let _ = tokio::time::timeout(Duration::from_secs(15), a).await;
-    }
-    running.shutdown().await;
-    Ok(())
+    (stop, agents)
 }
 
 /// Simulates `span` of history for every host and writes it. Returns the GPU samples written.
@@ -132,7 +141,7 @@ async fn backfill(
     let step_ns = u64::try_from(step.as_nanos()).unwrap_or(u64::MAX).max(1);
     let span_ns = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
     let start = now.saturating_sub(span_ns);
-    let mut exporter = Exporter::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
+    let mut exporter = Exporter::new(endpoint)?;
     let resources: Vec<Vec<(String, String)>> = hosts
         .iter()
         .map(|(a, _)| resource_attributes(a, true))
@@ -146,7 +155,7 @@ async fn backfill(
                 break;
             }
             for ((_, fleet), resource) in hosts.iter_mut().zip(&resources) {
-                let samples = fleet.collect(t).map_err(|e| Error::Other(e.to_string()))?;
+                let samples = fleet.collect(t)?;
                 // As the agent's loop does: the processes and events go with the samples.
                 let processes = fleet.processes();
                 let events = fleet.events();
@@ -157,10 +166,10 @@ async fn backfill(
             }
             t += step_ns;
         }
-        exporter
-            .send(&request)
-            .await
-            .map_err(|e| Error::Other(format!("writing the simulated history failed: {e}")))?;
+        exporter.send(&request).await.map_err(|e| {
+            tracing::error!(error = %e, "writing the simulated history failed");
+            e
+        })?;
     }
     Ok(written)
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::server::sql::{EngineSlot, ErrorResponse, error_response};
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -13,9 +14,9 @@ use axum::routing::get;
 use gpuwatch_alerts::cost::report::{self, JobReport, JobSummary, ListFilter};
 use gpuwatch_alerts::cost::{AdviceConfig, CostConfig};
 use gpuwatch_query::Status;
-use gpuwatch_query::http::{EngineSlot, error_response};
 use serde::Deserialize;
 
+use crate::client::Client;
 use crate::error::{Error, Result};
 
 #[derive(Clone)]
@@ -26,7 +27,7 @@ struct JobsState {
 }
 
 /// The job routes (mounted behind the query scope); `advice` holds `[jobs.advice]`.
-pub fn router(engine: EngineSlot, cost: CostConfig, advice: AdviceConfig) -> Router {
+pub(crate) fn router(engine: EngineSlot, cost: CostConfig, advice: AdviceConfig) -> Router {
     Router::new()
         .route("/api/v1/jobs", get(list))
         .route("/api/v1/jobs/{job_id}", get(one))
@@ -131,59 +132,11 @@ async fn list(
 
 /// Output of `gpuwatch job` and `gpuwatch jobs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReportFormat {
+pub(crate) enum ReportFormat {
     /// Text for people.
     Table,
     /// The API's JSON.
     Json,
-}
-
-/// Where and how the command line asks.
-#[derive(Debug, Clone)]
-pub struct Client {
-    /// Server base URL.
-    pub server: String,
-    /// Bearer token (query scope), if the server wants one.
-    pub token: Option<String>,
-    /// Time limit.
-    pub timeout: Duration,
-}
-
-impl Client {
-    async fn get(&self, path_and_query: &str) -> Result<(u16, Vec<u8>)> {
-        let url = format!("{}{}", self.server.trim_end_matches('/'), path_and_query);
-        let client = reqwest::Client::builder()
-            .timeout(self.timeout)
-            .build()
-            .map_err(|e| Error::Other(format!("cannot build an http client: {e}")))?;
-        let mut req = client.get(&url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| {
-            Error::Remote(format!(
-                "cannot reach gpuwatch at {} ({e}): is `gpuwatch serve` running there? set --server",
-                self.server
-            ))
-        })?;
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|e| {
-            Error::Remote(format!("the answer from {} broke off: {e}", self.server))
-        })?;
-        if !(200..300).contains(&status) {
-            let msg = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-            let hint = if status == 401 {
-                " (pass a query token with --token or GPUWATCH_TOKEN)"
-            } else {
-                ""
-            };
-            return Err(Error::Remote(format!("{msg} ({status}){hint}")));
-        }
-        Ok((status, body.to_vec()))
-    }
 }
 
 /// Percent-encodes `s` for a URL path segment or query value.
@@ -200,29 +153,47 @@ fn encode(s: &str) -> String {
 }
 
 /// `gpuwatch job JOBID`: what to print.
-pub async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<String> {
-    let (_, body) = client
+pub(crate) async fn job(client: &Client, job_id: &str, format: ReportFormat) -> Result<String> {
+    let body = client
         .get(&format!("/api/v1/jobs/{}", encode(job_id)))
         .await?;
     match format {
         ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
         ReportFormat::Table => {
-            let r: JobReport = serde_json::from_slice(&body)
-                .map_err(|e| Error::Remote(format!("malformed job report: {e}")))?;
+            let r: JobReport = serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+                what: "job report",
+                source: Box::new(e),
+            })?;
             Ok(report::render_text(&r))
         }
     }
 }
 
+/// The filter of `gpuwatch jobs`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListArgs<'a> {
+    /// Only this user's jobs.
+    pub user: Option<&'a str>,
+    /// Jobs seen within this long.
+    pub since: &'a str,
+    /// Only running jobs.
+    pub running: bool,
+    /// At most this many.
+    pub limit: usize,
+}
+
 /// `gpuwatch jobs`: what to print.
-pub async fn jobs(
+pub(crate) async fn jobs(
     client: &Client,
-    user: Option<&str>,
-    since: &str,
-    running: bool,
-    limit: usize,
+    filter: &ListArgs<'_>,
     format: ReportFormat,
 ) -> Result<String> {
+    let ListArgs {
+        user,
+        since,
+        running,
+        limit,
+    } = *filter;
     parse_since(since).map_err(|e| Error::Config(format!("--{e}")))?;
     let mut q = format!("/api/v1/jobs?since={}&limit={limit}", encode(since));
     if let Some(u) = user {
@@ -231,12 +202,15 @@ pub async fn jobs(
     if running {
         q.push_str("&running=true");
     }
-    let (_, body) = client.get(&q).await?;
+    let body = client.get(&q).await?;
     match format {
         ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
         ReportFormat::Table => {
-            let list: Vec<JobSummary> = serde_json::from_slice(&body)
-                .map_err(|e| Error::Remote(format!("malformed job list: {e}")))?;
+            let list: Vec<JobSummary> =
+                serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+                    what: "job list",
+                    source: Box::new(e),
+                })?;
             Ok(report::render_list(&list))
         }
     }

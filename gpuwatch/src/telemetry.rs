@@ -28,20 +28,22 @@ use tracing_subscriber::Registry;
 use tracing_subscriber::reload;
 
 use crate::error::{Error, Result};
-use crate::server::{Running, Sample};
+use gpuwatch_common::metrics::{Kind, Sample};
+
+use crate::server::Running;
 
 /// Reads the server's own metrics.
-pub type Sampler = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
+pub(crate) type Sampler = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
 
 /// The OpenTelemetry layer of the log subscriber, set once the exporter is built.
-pub type OtelLayer = Option<tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>>;
+pub(crate) type OtelLayer = Option<tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>>;
 
 /// Handle to swap the OpenTelemetry layer in.
-pub type OtelHandle = reload::Handle<OtelLayer, Registry>;
+pub(crate) type OtelHandle = reload::Handle<OtelLayer, Registry>;
 
 /// The running exporters; flushed and shut down by [`SelfTelemetry::shutdown`].
 #[derive(Debug)]
-pub struct SelfTelemetry {
+pub(crate) struct SelfTelemetry {
     tracer: SdkTracerProvider,
     meter: SdkMeterProvider,
 }
@@ -77,7 +79,7 @@ impl HttpClient for Client {
 }
 
 /// Where self-telemetry goes: `endpoint`, or the server's own HTTP listener for `self`.
-pub fn base_url(endpoint: &str, running: &Running) -> String {
+pub(crate) fn base_url(endpoint: &str, running: &Running) -> String {
     if endpoint == "self" {
         return format!("http://{}", running.http_addr);
     }
@@ -85,7 +87,7 @@ pub fn base_url(endpoint: &str, running: &Running) -> String {
 }
 
 /// Starts the exporters to `base` and swaps the trace layer in through `handle`.
-pub fn start(
+pub(crate) fn start(
     base: &str,
     interval: Duration,
     handle: &OtelHandle,
@@ -117,9 +119,7 @@ pub fn start(
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer.tracer("gpuwatch"))
         .with_tracked_inactivity(true);
-    handle
-        .reload(Some(layer))
-        .map_err(|e| Error::Other(format!("cannot install the trace exporter: {e}")))?;
+    handle.reload(Some(layer)).map_err(Error::Telemetry)?;
 
     let metrics = opentelemetry_otlp::MetricExporter::builder()
         .with_http()
@@ -150,9 +150,9 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
     {
         let r = Arc::clone(&sampler);
         let read = move || r().into_iter().find(|s| s.name == name).map(|s| s.value);
-        if kind == "counter" {
+        if kind == Kind::Counter {
             let _ = m
-                .u64_observable_counter(name)
+                .f64_observable_counter(name)
                 .with_description(help)
                 .with_callback(move |o| {
                     if let Some(v) = read() {
@@ -162,7 +162,7 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
                 .build();
         } else {
             let _ = m
-                .u64_observable_gauge(name)
+                .f64_observable_gauge(name)
                 .with_description(help)
                 .with_callback(move |o| {
                     if let Some(v) = read() {
@@ -176,7 +176,7 @@ fn register_instruments(meter: &SdkMeterProvider, sampler: Sampler) {
 
 impl SelfTelemetry {
     /// Sends what is pending and stops the exporters.
-    pub fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         if let Err(e) = self.tracer.shutdown() {
             tracing::debug!(error = %e, "trace exporter shutdown");
         }

@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use crate::error::Error;
 use crate::executor::{AbortOnDrop, Executor};
 use crate::memory::Ceiling;
+use crate::skipped::{ScanNotes, may_be_damage, verify_scanned};
 use crate::{Result, gate};
 
 /// A table of the store, as DataFusion sees it.
@@ -99,7 +100,11 @@ impl TableProvider for StoreTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let TableSnapshot { batches, files } = self.store.snapshot(self.table);
+        let TableSnapshot {
+            batches,
+            files,
+            warnings,
+        } = self.store.snapshot(self.table);
         // Prune by the catalog's time range of each file: a file that cannot hold a row passing
         // the `time` filters is never opened.
         let (lo, hi) = time_range(filters);
@@ -114,6 +119,15 @@ impl TableProvider for StoreTable {
         self.stats
             .files_scanned
             .fetch_add(files.len() as u64, Ordering::Relaxed);
+        if let Some(notes) = state.config().get_extension::<ScanNotes>() {
+            // Only what a row passing the `time` filters could have been in.
+            let left_out: Vec<String> = warnings
+                .into_iter()
+                .filter(|w| w.max_time >= lo && w.min_time <= hi)
+                .map(|w| w.text)
+                .collect();
+            notes.record(self.table, &left_out, files.iter().map(|(l, _)| l));
+        }
         let schema = Arc::clone(&self.schema);
         let batches = batches
             .iter()
@@ -198,6 +212,11 @@ pub struct ScanStats {
     pub files_scanned: AtomicU64,
     /// Parquet files skipped because their time range cannot match the query's `time` filters.
     pub files_pruned: AtomicU64,
+    /// Answers that left data out (a damaged file, unread versions of a damaged log) and said
+    /// so.
+    pub answers_with_skipped_data: AtomicU64,
+    /// Queries run again after their read found a damaged file.
+    pub retried_after_damage: AtomicU64,
 }
 
 /// Nanoseconds since the epoch of a timestamp literal.
@@ -319,7 +338,7 @@ impl Default for EngineConfig {
 /// Only the memory pool is the query's own. The object stores, the caches (Parquet footers, file
 /// statistics) and the spill directory are `base`'s: a fresh cache per query would read every
 /// file's footer again at each query.
-pub(crate) fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
+pub fn own_pool(base: &RuntimeEnv, pool: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
     let mut runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::clone(&base.object_store_registry))
         .with_memory_pool(pool)
@@ -337,20 +356,46 @@ pub struct QueryResult {
     pub schema: SchemaRef,
     /// The rows.
     pub batches: Vec<RecordBatch>,
+    /// What the answer left out (damaged files, unread log versions).
+    pub warnings: Vec<String>,
 }
 
 /// The SQL engine over the store.
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: SessionContext,
+    store: Arc<dyn ReadStore>,
     config: EngineConfig,
     stats: Arc<ScanStats>,
     slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
+/// How many times a query runs again after its read found damaged data files.
+const DAMAGE_RETRIES: usize = 3;
+
+/// A started query: its slot, its batches, and what its answer leaves out.
+pub struct Started {
+    /// Its place among the `--max-concurrent-queries` (freed on drop).
+    pub slot: QuerySlot,
+    /// The batches.
+    pub stream: SendableRecordBatchStream,
+    /// What the answer leaves out (damaged files, unread log versions), for the client.
+    pub warnings: Vec<String>,
+}
+
 /// A running query's place among the `--max-concurrent-queries`; freed on drop.
 #[derive(Debug)]
 pub struct QuerySlot(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl fmt::Debug for Started {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Started")
+            .field("slot", &self.slot)
+            .field("schema", &self.stream.schema())
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
 
 impl fmt::Debug for QueryEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -407,6 +452,7 @@ impl QueryEngine {
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
         Ok(Self {
             ctx,
+            store,
             config,
             stats,
             slots,
@@ -431,7 +477,7 @@ impl QueryEngine {
 
     /// The memory pool of one query: its own `--query-memory-limit` inside the ceiling's
     /// shared pool, or alone; `None` when neither is set.
-    pub(crate) fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
+    pub fn query_pool(&self) -> Option<Arc<dyn MemoryPool>> {
         match (&self.config.ceiling, self.config.memory_limit) {
             (Some(ceiling), limit) => Some(ceiling.query_pool(limit)),
             (None, Some(limit)) => Some(crate::memory::standalone_pool(limit)),
@@ -440,7 +486,7 @@ impl QueryEngine {
     }
 
     /// Refuses a query while the process is near its memory ceiling.
-    pub(crate) fn admit(&self) -> Result<()> {
+    pub fn admit(&self) -> Result<()> {
         if let Some(ceiling) = &self.config.ceiling {
             ceiling
                 .admit_query()
@@ -451,7 +497,7 @@ impl QueryEngine {
 
     /// The session a query runs in: the shared one, or one with its own memory pool when
     /// a memory limit or ceiling is set (so one query cannot starve the others).
-    fn session(&self) -> Result<SessionContext> {
+    fn session(&self, notes: &Arc<ScanNotes>) -> Result<SessionContext> {
         let mut state =
             datafusion::execution::SessionStateBuilder::new_from_existing(self.ctx.state());
         if let Some(pool) = self.query_pool() {
@@ -464,6 +510,7 @@ impl QueryEngine {
             .set_extension(Arc::new(crate::deadline::Deadline::after(
                 self.config.query_timeout,
             )));
+        state.config_mut().set_extension(Arc::clone(notes));
         Ok(SessionContext::new_with_state(state))
     }
 
@@ -473,16 +520,81 @@ impl QueryEngine {
     }
 
     /// Plans a read-only statement and starts it, as a stream of batches, on the caller's
-    /// runtime (see [`QueryEngine::start`] for the query runtime).
-    pub async fn stream(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+    /// runtime (see [`QueryEngine::start`] for the query runtime). Its scans record what they
+    /// read and left out in `notes`.
+    pub async fn stream(
+        &self,
+        sql: &str,
+        notes: &Arc<ScanNotes>,
+    ) -> Result<SendableRecordBatchStream> {
+        Ok(self.plan(sql, notes).await??)
+    }
+
+    /// Plans `sql` and starts it. The outer error refuses the statement before DataFusion sees
+    /// it; the inner one is DataFusion's (planning reads the files' footers too).
+    async fn plan(
+        &self,
+        sql: &str,
+        notes: &Arc<ScanNotes>,
+    ) -> Result<DfResult<SendableRecordBatchStream>> {
         gate::check(sql)?;
         self.admit()?;
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        let df = self.session()?.sql_with_options(sql, options).await?;
-        Ok(df.execute_stream().await?)
+        let session = self.session(notes)?;
+        Ok(async {
+            let df = session.sql_with_options(sql, options).await?;
+            df.execute_stream().await
+        }
+        .await)
+    }
+
+    /// The store the engine reads.
+    pub fn store(&self) -> &Arc<dyn ReadStore> {
+        &self.store
+    }
+
+    /// Plans and runs `sql` up to its first batch. A read that fails on a data file the store
+    /// did not know to be damaged has the files it read checked; when some were damaged, the
+    /// query runs again without them (at most [`DAMAGE_RETRIES`] times), its notes naming them.
+    async fn first_batch(
+        &self,
+        sql: &str,
+    ) -> Result<(
+        SendableRecordBatchStream,
+        Option<DfResult<RecordBatch>>,
+        Arc<ScanNotes>,
+    )> {
+        let mut attempt = 0;
+        loop {
+            let notes = Arc::new(ScanNotes::default());
+            let (stream, first) = match self.plan(sql, &notes).await? {
+                Ok(mut s) => {
+                    let first = s.next().await;
+                    (Some(s), first)
+                }
+                Err(e) => (None, Some(Err(e))),
+            };
+            if let Some(Err(e)) = &first
+                && may_be_damage(e)
+                && attempt < DAMAGE_RETRIES
+                && verify_scanned(&self.store, &notes).await > 0
+            {
+                attempt += 1;
+                self.stats
+                    .retried_after_damage
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "a query's read failed on a damaged data file: run again without it");
+                continue;
+            }
+            return match (stream, first) {
+                (Some(s), first) => Ok((s, first, notes)),
+                (None, Some(Err(e))) => Err(Error::from(e)),
+                (None, _) => Err(Error::Internal("a query without a plan".into())),
+            };
+        }
     }
 
     /// Memory one query may hold (`--query-memory-limit`); `None`: unbounded.
@@ -518,28 +630,43 @@ impl QueryEngine {
     /// Takes a query slot, plans `sql` within the time limit and starts it on the query runtime:
     /// the caller pulls the batches (and keeps the slot until it is done). Dropping the stream
     /// stops the query; so does the memory ceiling, with a [`crate::memory::Pressure`] error.
-    pub async fn start(&self, sql: &str) -> Result<(QuerySlot, SendableRecordBatchStream)> {
+    /// The first batch is read before this returns, so the warnings (data the answer leaves
+    /// out, [`crate::skipped`]) are known before the answer starts.
+    pub async fn start(&self, sql: &str) -> Result<Started> {
         let slot = self.try_slot()?;
         let limit = self.config.query_timeout;
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
+        let (started_tx, started_rx) =
+            tokio::sync::oneshot::channel::<Result<(SchemaRef, Vec<String>)>>();
         let (tx, rx) = tokio::sync::mpsc::channel::<DfResult<RecordBatch>>(2);
         let engine = self.clone();
         let sql = sql.to_owned();
         let task = self.config.executor.spawn(async move {
-            let stream = match engine.stream(&sql).await {
+            let (stream, first, notes) = match engine.first_batch(&sql).await {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = started_tx.send(Err(e));
                     return;
                 }
             };
-            if started_tx.send(Ok(stream.schema())).is_err() {
+            let warnings = notes.warnings();
+            if !warnings.is_empty() {
+                engine
+                    .stats
+                    .answers_with_skipped_data
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            if started_tx.send(Ok((stream.schema(), warnings))).is_err() {
                 return;
             }
-            engine.pump(stream, tx).await;
+            if let Some(first) = first
+                && tx.send(first).await.is_err()
+            {
+                return;
+            }
+            engine.pump(stream, tx, &notes).await;
         });
         let task = AbortOnDrop(task);
-        let schema = match tokio::time::timeout(limit, started_rx).await {
+        let (schema, warnings) = match tokio::time::timeout(limit, started_rx).await {
             Err(_) => return Err(Error::Timeout(limit)),
             Ok(Err(_)) => return Err(Error::Internal("the query task ended early".into())),
             Ok(Ok(r)) => r?,
@@ -548,18 +675,21 @@ impl QueryEngine {
             let b = rx.recv().await?;
             Some((b, (rx, task)))
         });
-        Ok((
+        Ok(Started {
             slot,
-            Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
-        ))
+            stream: Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
+            warnings,
+        })
     }
 
     /// Sends `stream`'s batches to `tx` until the end, until the receiver is gone, or until the
-    /// memory ceiling stops running queries.
+    /// memory ceiling stops running queries. A read that fails on a damaged file past the
+    /// first batch ends the answer; the file is found and left out of later queries.
     async fn pump(
         &self,
         mut stream: SendableRecordBatchStream,
         tx: mpsc::Sender<DfResult<RecordBatch>>,
+        notes: &ScanNotes,
     ) {
         let mut stops = self.config.ceiling.as_ref().map(|c| c.stops());
         loop {
@@ -572,6 +702,10 @@ impl QueryEngine {
             tokio::select! {
                 b = stream.next() => {
                     let Some(b) = b else { return };
+                    let b = match b {
+                        Err(e) if may_be_damage(&e) => Err(self.damage_found(e, notes).await),
+                        other => other,
+                    };
                     if tx.send(b).await.is_err() {
                         return;
                     }
@@ -587,11 +721,34 @@ impl QueryEngine {
         }
     }
 
+    /// `e`, a read failure past the first batch, with the damaged files it found named.
+    async fn damage_found(
+        &self,
+        e: datafusion::error::DataFusionError,
+        notes: &ScanNotes,
+    ) -> datafusion::error::DataFusionError {
+        let before = notes.warnings().len();
+        if verify_scanned(&self.store, notes).await == 0 {
+            return e;
+        }
+        let found = notes.warnings().split_off(before).join("; ");
+        datafusion::error::DataFusionError::Context(
+            format!(
+                "the answer was cut short by a damaged data file, which later queries skip: {found}"
+            ),
+            Box::new(e),
+        )
+    }
+
     /// Runs a read-only statement to completion within the time limit.
     pub async fn query(&self, sql: &str) -> Result<QueryResult> {
         let deadline = tokio::time::Instant::now() + self.config.query_timeout;
         let limit = self.config.query_timeout;
-        let (_slot, mut stream) = self.start(sql).await?;
+        let Started {
+            slot: _slot,
+            mut stream,
+            warnings,
+        } = self.start(sql).await?;
         let schema = stream.schema();
         let mut batches = Vec::new();
         loop {
@@ -601,363 +758,15 @@ impl QueryEngine {
                 Ok(Some(b)) => batches.push(b.map_err(Error::from)?),
             }
         }
-        Ok(QueryResult { schema, batches })
+        Ok(QueryResult {
+            schema,
+            batches,
+            warnings,
+        })
     }
 }
 
 #[cfg(test)]
-mod store_tests {
-    use super::*;
-    use arrow::array::AsArray;
-    use arrow::datatypes::Int64Type;
-    use gpuwatch_store::clock::SystemClock;
-    use gpuwatch_store::ingest::{Cell, GpuRow, MetricRow, WriteBatch};
-    use gpuwatch_store::{Store, StoreConfig};
-
-    fn write(store: &Store, i: i64) {
-        let mut row = GpuRow::new(1_800_000_000_000_000_000 + i * 1_000_000_000);
-        row.labels[0] = Some("h".into());
-        row.labels[1] = Some(format!("GPU-{}", i % 2));
-        row.values[11] = Some(Cell::F(i as f64));
-        let metric = MetricRow {
-            time: row.time,
-            metric: "m".into(),
-            value: i as f64,
-            labels: vec![("k".into(), format!("v{i}"))],
-        };
-        store
-            .write(&WriteBatch::from_rows(&[row], &[metric]).expect("batch"))
-            .expect("write");
-    }
-
-    /// Where the store keeps its files.
-    #[derive(Debug, Clone, Copy)]
-    enum Backend {
-        Local,
-        S3,
-    }
-
-    /// A store in `dir` (WAL fsync off) and an engine over it.
-    fn open(dir: &std::path::Path) -> (Arc<Store>, QueryEngine) {
-        open_on(dir, Backend::Local)
-    }
-
-    /// A store in `dir`, with its files on `backend` (a prefix of its own on S3).
-    fn open_on(dir: &std::path::Path, backend: Backend) -> (Arc<Store>, QueryEngine) {
-        let mut config = StoreConfig {
-            wal_sync: false,
-            ..StoreConfig::new(dir)
-        };
-        if let Backend::S3 = backend {
-            static N: AtomicU64 = AtomicU64::new(0);
-            config.object_store = Some(format!(
-                "s3://gpuwatch-test/query-{}/t{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            config.object_store_options = [
-                ("aws_endpoint", gpuwatch_store::testing::moto_endpoint()),
-                ("aws_allow_http", "true"),
-                ("aws_access_key_id", "test"),
-                ("aws_secret_access_key", "test"),
-                ("aws_region", "us-east-1"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        }
-        let store = Arc::new(Store::open(config, Arc::new(SystemClock)).expect("store"));
-        let engine = QueryEngine::new(
-            Arc::clone(&store) as Arc<dyn ReadStore>,
-            EngineConfig::default(),
-        )
-        .expect("engine");
-        (store, engine)
-    }
-
-    async fn count(engine: &QueryEngine, sql: &str) -> i64 {
-        let r = engine.query(sql).await.expect("query");
-        r.batches[0].column(0).as_primitive::<Int64Type>().value(0)
-    }
-
-    #[tokio::test]
-    async fn queries_see_buffer_and_files_once() {
-        queries_see_buffer_and_files_once_on(Backend::Local).await
-    }
-
-    #[tokio::test]
-    async fn queries_see_buffer_and_files_once_s3() {
-        queries_see_buffer_and_files_once_on(Backend::S3).await
-    }
-
-    async fn queries_see_buffer_and_files_once_on(backend: Backend) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open_on(dir.path(), backend);
-        for i in 0..10 {
-            write(&store, i);
-        }
-        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 10);
-        store.persist().expect("persist");
-        for i in 10..15 {
-            write(&store, i);
-        }
-        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 15);
-        assert_eq!(
-            count(
-                &engine,
-                "SELECT count(DISTINCT power_watts) FROM gpu_metrics"
-            )
-            .await,
-            15
-        );
-        assert_eq!(
-            count(
-                &engine,
-                "SELECT count(*) FROM metrics WHERE labels['k'] = 'v12'"
-            )
-            .await,
-            1
-        );
-        assert_eq!(
-            count(
-                &engine,
-                "SELECT count(*) FROM gpu_metrics WHERE time >= to_timestamp_seconds(1800000005)"
-            )
-            .await,
-            10
-        );
-        let err = engine
-            .query("DROP TABLE gpu_metrics")
-            .await
-            .expect_err("refused");
-        assert_eq!(err.status(), crate::Status::Forbidden);
-        let err = engine
-            .query("SELECT * FROM nope")
-            .await
-            .expect_err("no table");
-        assert_eq!(err.status(), crate::Status::BadRequest);
-        assert!(err.to_string().contains("nope"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn files_outside_the_time_filter_are_never_scanned() {
-        files_outside_the_time_filter_are_never_scanned_on(Backend::Local).await
-    }
-
-    #[tokio::test]
-    async fn files_outside_the_time_filter_are_never_scanned_s3() {
-        files_outside_the_time_filter_are_never_scanned_on(Backend::S3).await
-    }
-
-    async fn files_outside_the_time_filter_are_never_scanned_on(backend: Backend) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open_on(dir.path(), backend);
-        // Three hours, one persist each: three files per table.
-        for hour in 0..3i64 {
-            for i in 0..4 {
-                write(&store, hour * 3600 + i);
-            }
-            store.persist().expect("persist");
-        }
-        assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 3);
-        if let Backend::S3 = backend {
-            let snap = store.snapshot(Table::GpuMetrics);
-            assert!(
-                snap.files
-                    .iter()
-                    .all(|(l, _)| l.starts_with("s3://gpuwatch-test/query-")),
-                "{:?}",
-                snap.files
-            );
-        }
-        let scanned = || engine.scan_stats().files_scanned.load(Ordering::Relaxed);
-        let pruned = || engine.scan_stats().files_pruned.load(Ordering::Relaxed);
-        let t = |s: i64| format!("to_timestamp_seconds({})", 1_800_000_000 + s);
-        let cases = [
-            (format!("time >= {}", t(3600)), 8, 2),
-            (format!("time < {}", t(3600)), 4, 1),
-            (format!("time > {}", t(3)), 8, 2),
-            (format!("time BETWEEN {} AND {}", t(3600), t(3601)), 2, 1),
-            (format!("time >= {} AND time < {}", t(7200), t(9000)), 4, 1),
-            (format!("{} <= time", t(7203)), 1, 1),
-            (format!("time = {}", t(2)), 1, 1),
-            ("time < now() - interval '3650 days'".to_string(), 0, 0),
-            ("gpu_uuid = 'GPU-1'".to_string(), 6, 3),
-        ];
-        for (filter, rows, files) in cases {
-            let (s0, p0) = (scanned(), pruned());
-            let sql = format!("SELECT count(*) FROM gpu_metrics WHERE {filter}");
-            assert_eq!(count(&engine, &sql).await, rows, "{sql}");
-            assert_eq!(scanned() - s0, files, "files scanned for {sql}");
-            assert_eq!(pruned() - p0, 3 - files, "files pruned for {sql}");
-        }
-    }
-
-    async fn sum(engine: &QueryEngine, sql: &str) -> f64 {
-        let r = engine.query(sql).await.expect("query");
-        r.batches[0]
-            .column(0)
-            .as_primitive::<arrow::datatypes::Float64Type>()
-            .value(0)
-    }
-
-    /// Queries with a memory limit (the server's default) run in a runtime of their own; the
-    /// Parquet footers read by one are kept for the next, and answers stay right when compaction
-    /// replaces the files under the cache and when new files arrive.
-    #[tokio::test]
-    async fn footers_are_cached_across_queries_and_compaction_keeps_answers_right() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let clock = Arc::new(gpuwatch_store::clock::ManualClock::new(
-            1_800_000_000_000_000_000,
-        ));
-        let store = Arc::new(
-            Store::open(
-                StoreConfig {
-                    wal_sync: false,
-                    ..StoreConfig::new(dir.path())
-                },
-                Arc::clone(&clock) as Arc<dyn gpuwatch_store::clock::Clock>,
-            )
-            .expect("store"),
-        );
-        let engine = QueryEngine::new(
-            Arc::clone(&store) as Arc<dyn ReadStore>,
-            EngineConfig {
-                memory_limit: Some(1 << 30),
-                ..EngineConfig::default()
-            },
-        )
-        .expect("engine");
-        let footers = engine
-            .context()
-            .runtime_env()
-            .cache_manager
-            .get_file_metadata_cache();
-        // Two persists within one hour: two files.
-        for i in 0..4 {
-            write(&store, i);
-        }
-        store.persist().expect("persist");
-        for i in 4..8 {
-            write(&store, i);
-        }
-        store.persist().expect("persist");
-        let files = || -> Vec<String> {
-            store
-                .snapshot(Table::GpuMetrics)
-                .files
-                .into_iter()
-                .map(|(l, _)| l)
-                .collect()
-        };
-        let before = files();
-        assert_eq!(before.len(), 2);
-        const TOTAL: &str = "SELECT sum(power_watts) FROM gpu_metrics";
-        assert_eq!(sum(&engine, TOTAL).await, 28.0);
-        assert!(
-            footers.len() >= 2,
-            "the footers of both files are cached, {} entries",
-            footers.len()
-        );
-        assert_eq!(sum(&engine, TOTAL).await, 28.0);
-
-        // The hour closes: compaction merges both files into a new one.
-        clock.advance(3 * 3_600_000_000_000);
-        store.maintain().expect("maintain");
-        let after = files();
-        assert_eq!(after.len(), 1, "{after:?}");
-        assert!(!before.contains(&after[0]), "{after:?} is a new file");
-        assert_eq!(sum(&engine, TOTAL).await, 28.0);
-        assert_eq!(count(&engine, "SELECT count(*) FROM gpu_metrics").await, 8);
-
-        // Late rows of the same hour: a new file beside the compacted one.
-        for i in 8..10 {
-            write(&store, i);
-        }
-        store.persist().expect("persist");
-        assert_eq!(store.snapshot(Table::GpuMetrics).files.len(), 2);
-        assert_eq!(sum(&engine, TOTAL).await, 45.0);
-        assert_eq!(
-            sum(
-                &engine,
-                "SELECT sum(power_watts) FROM gpu_metrics WHERE gpu_uuid = 'GPU-1'"
-            )
-            .await,
-            25.0
-        );
-    }
-
-    /// Strings are string views whether they come from the buffer or from Parquet, and a
-    /// `GROUP BY` over both groups them together.
-    #[tokio::test]
-    async fn strings_are_views_from_buffer_and_files_alike() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open(dir.path());
-        for i in 0..6 {
-            write(&store, i);
-        }
-        store.persist().expect("persist");
-        for i in 6..9 {
-            write(&store, i);
-        }
-        let r = engine
-            .query("SELECT gpu_uuid, count(*) AS n, max(host) AS h FROM gpu_metrics GROUP BY gpu_uuid ORDER BY gpu_uuid")
-            .await
-            .expect("query");
-        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
-        assert_eq!(r.schema.field(2).data_type(), &DataType::Utf8View);
-        let b = arrow::compute::concat_batches(&r.schema, &r.batches).expect("concat");
-        let uuids = b.column(0).as_string_view();
-        let n = b.column(1).as_primitive::<Int64Type>();
-        let got: Vec<(String, i64)> = (0..b.num_rows())
-            .map(|i| (uuids.value(i).to_string(), n.value(i)))
-            .collect();
-        assert_eq!(
-            got,
-            vec![("GPU-0".to_string(), 5), ("GPU-1".to_string(), 4)]
-        );
-        let r = engine
-            .query("SELECT metric FROM metrics WHERE labels['k'] = 'v7'")
-            .await
-            .expect("query");
-        assert_eq!(r.schema.field(0).data_type(), &DataType::Utf8View);
-        assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
-    }
-
-    #[tokio::test]
-    async fn csv_flattens_maps_and_json_keeps_nulls() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, engine) = open(dir.path());
-        write(&store, 1);
-        let r = engine
-            .query("SELECT metric, labels FROM metrics")
-            .await
-            .expect("query");
-        let csv =
-            String::from_utf8(crate::format::encode(&r, crate::format::Format::Csv).expect("csv"))
-                .expect("utf8");
-        assert_eq!(csv, "metric,labels\nm,{k: v1}\n");
-        let r = engine
-            .query("SELECT gpu_uuid, job_id FROM gpu_metrics")
-            .await
-            .expect("query");
-        let json = String::from_utf8(
-            crate::format::encode(&r, crate::format::Format::Json).expect("json"),
-        )
-        .expect("utf8");
-        assert_eq!(json, "[{\"gpu_uuid\":\"GPU-1\",\"job_id\":null}]");
-        let empty = engine
-            .query("SELECT gpu_uuid FROM gpu_metrics WHERE false")
-            .await
-            .expect("query");
-        assert_eq!(
-            crate::format::encode(&empty, crate::format::Format::Json).expect("json"),
-            b"[]"
-        );
-        let csv = crate::format::encode(&empty, crate::format::Format::Csv).expect("csv");
-        assert_eq!(csv, b"gpu_uuid\n");
-    }
-}
-
+mod store_tests;
 #[cfg(test)]
 mod tests;

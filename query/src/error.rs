@@ -51,9 +51,29 @@ pub enum Error {
     )]
     MemoryPressure(usize, usize),
 
-    /// The server is not ready yet.
-    #[error("the server is not ready yet (write-ahead log replay in progress): retry shortly")]
-    NotReady,
+    /// The server is not ready yet; the text says why ([`gpuwatch_store::startup`]).
+    #[error("the server is not ready yet: {0}")]
+    NotReady(String),
+
+    /// DataFusion failed in a way that is not the query's fault; the cause is kept.
+    #[error("{message}")]
+    Engine {
+        /// The root cause's text, lowercased.
+        message: String,
+        /// DataFusion's error.
+        #[source]
+        source: Box<DataFusionError>,
+    },
+
+    /// Arrow failed encoding or decoding a batch; the cause is kept.
+    #[error("{message}")]
+    Arrow {
+        /// The cause's text, lowercased.
+        message: String,
+        /// Arrow's error.
+        #[source]
+        source: arrow::error::ArrowError,
+    },
 
     /// Anything else.
     #[error("{0}")]
@@ -103,9 +123,9 @@ impl Error {
             Error::MemoryPressure(..) => Status::Unavailable,
             Error::NotAllowed(_) => Status::Forbidden,
             Error::Timeout(_) => Status::Timeout,
-            Error::ResourcesExhausted(_) | Error::NotReady => Status::Unavailable,
+            Error::ResourcesExhausted(_) | Error::NotReady(_) => Status::Unavailable,
             Error::Busy(_) => Status::TooManyRequests,
-            Error::Internal(_) => Status::Internal,
+            Error::Internal(_) | Error::Engine { .. } | Error::Arrow { .. } => Status::Internal,
         }
     }
 }
@@ -121,7 +141,7 @@ pub fn lower_first(s: &str) -> String {
 
 impl Error {
     /// A query over `--query-memory-limit`, with DataFusion's message `msg`.
-    pub(crate) fn out_of_memory(msg: &str) -> Self {
+    pub fn out_of_memory(msg: &str) -> Self {
         Error::ResourcesExhausted(format!(
             "{msg}: the query needs more memory than --query-memory-limit allows; narrow the time range or aggregate more"
         ))
@@ -141,30 +161,41 @@ impl From<DataFusionError> for Error {
         }
         let root = e.find_root();
         let msg = lower_first(root.to_string().trim());
-        match root {
+        let bad_sql = match root {
             DataFusionError::SQL(..)
             | DataFusionError::Plan(_)
             | DataFusionError::SchemaError(..)
-            | DataFusionError::NotImplemented(_) => Error::BadSql(msg),
-            DataFusionError::ResourcesExhausted(_) => Error::out_of_memory(&msg),
-            DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
+            | DataFusionError::NotImplemented(_)
+            | DataFusionError::Execution(_) => true,
+            DataFusionError::ResourcesExhausted(_) => return Error::out_of_memory(&msg),
+            DataFusionError::ArrowError(inner, _) => matches!(
+                inner.as_ref(),
                 arrow::error::ArrowError::CastError(_)
-                | arrow::error::ArrowError::ComputeError(_)
-                | arrow::error::ArrowError::ArithmeticOverflow(_)
-                | arrow::error::ArrowError::DivideByZero
-                | arrow::error::ArrowError::InvalidArgumentError(_)
-                | arrow::error::ArrowError::ParseError(_) => Error::BadSql(msg),
-                _ => Error::Internal(msg),
-            },
-            DataFusionError::Execution(_) => Error::BadSql(msg),
-            _ => Error::Internal(msg),
+                    | arrow::error::ArrowError::ComputeError(_)
+                    | arrow::error::ArrowError::ArithmeticOverflow(_)
+                    | arrow::error::ArrowError::DivideByZero
+                    | arrow::error::ArrowError::InvalidArgumentError(_)
+                    | arrow::error::ArrowError::ParseError(_)
+            ),
+            _ => false,
+        };
+        if bad_sql {
+            Error::BadSql(msg)
+        } else {
+            Error::Engine {
+                message: msg,
+                source: Box::new(e),
+            }
         }
     }
 }
 
 impl From<arrow::error::ArrowError> for Error {
     fn from(e: arrow::error::ArrowError) -> Self {
-        Error::Internal(lower_first(&e.to_string()))
+        Error::Arrow {
+            message: lower_first(&e.to_string()),
+            source: e,
+        }
     }
 }
 

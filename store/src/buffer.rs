@@ -61,6 +61,11 @@ impl TableBuffer {
     pub fn batches(&self) -> &[RecordBatch] {
         &self.batches
     }
+
+    /// Approximate memory held, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 /// The buffered batches of every table.

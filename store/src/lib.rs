@@ -11,13 +11,16 @@
 //! hours, and drops files past their table's retention.
 
 pub mod buffer;
+pub mod check;
 pub mod clock;
 pub mod compact;
 pub mod delta;
 mod error;
 pub mod ingest;
 pub mod persist;
+pub mod quarantine;
 pub mod schema;
+pub mod startup;
 mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -26,4 +29,7 @@ pub mod wal;
 pub use compact::{CompactionConfig, MaintenanceReport, RetentionConfig};
 pub use error::{Error, Result};
 pub use ingest::WriteBatch;
-pub use store::{PersistReport, ReadStore, Store, StoreConfig, StoreStats, TableSnapshot};
+pub use store::{
+    DamagedFile, PersistReport, ReadStore, Skipped, Store, StoreConfig, StoreStats, TableSnapshot,
+    check_presence, verify_file,
+};

@@ -22,7 +22,9 @@
 //! A store opened without ingest ([`StoreConfig::ingest`] false: `--role query`) has no WAL and
 //! takes no writes; [`Store::refresh`] brings its view of the tables up to date.
 
+mod damage;
 mod maintain;
+mod replay;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +43,10 @@ use crate::ingest::WriteBatch;
 use crate::persist::{self, FileMeta, Storage, Written};
 use crate::schema::Table;
 use crate::wal::{self, GroupCommit, Wal};
-use crate::{Error, Result};
+use crate::{Error, Result, startup};
+
+pub use damage::{DamagedFile, check_presence, verify as verify_file};
+use replay::{Replay, WalDamage, retire_segments};
 
 /// How the store is set up.
 #[derive(Debug, Clone)]
@@ -122,6 +127,16 @@ pub struct StoreStats {
     pub refreshes: AtomicU64,
     /// Files deleted by vacuum.
     pub vacuumed_files: AtomicU64,
+    /// WAL segments found damaged at replay (bytes skipped; every valid record replayed).
+    pub wal_damaged_segments: AtomicU64,
+    /// WAL bytes skipped at replay because they held no valid record.
+    pub wal_skipped_bytes: AtomicU64,
+    /// Damaged WAL segments moved to quarantine once their valid records were committed.
+    pub wal_quarantined_segments: AtomicU64,
+    /// Data files found damaged (missing, empty, wrong size, unreadable).
+    pub damaged_files: AtomicU64,
+    /// Persists that held a table's rows back because its log is damaged.
+    pub persists_held_back: AtomicU64,
 }
 
 /// What the query side reads: a consistent view of one table.
@@ -132,6 +147,32 @@ pub struct TableSnapshot {
     /// Persisted files: where to read each (an absolute path, or `s3://bucket/prefix/...`) and
     /// what the store knows of it.
     pub files: Vec<(String, FileMeta)>,
+    /// What this view leaves out and why (damaged files, unread versions of a damaged log):
+    /// every answer that could have read it says so.
+    pub warnings: Vec<Skipped>,
+}
+
+/// Data a snapshot leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// What and why, for the client.
+    pub text: String,
+    /// The `time` range (ns, inclusive) the data left out covers: a query outside it missed
+    /// nothing. `i64::MIN..=i64::MAX` when unknown.
+    pub min_time: i64,
+    /// See `min_time`.
+    pub max_time: i64,
+}
+
+impl Skipped {
+    /// Data left out at any time.
+    pub fn anytime(text: String) -> Self {
+        Self {
+            text,
+            min_time: i64::MIN,
+            max_time: i64::MAX,
+        }
+    }
 }
 
 /// The narrow read interface the query engine uses.
@@ -143,6 +184,13 @@ pub trait ReadStore: Send + Sync + std::fmt::Debug {
     /// (`s3://bucket`) and a client for the query engine's runtime.
     fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
         None
+    }
+
+    /// After a query failed reading `table`'s files at `locations`: reads them whole, leaves
+    /// the damaged ones out of later snapshots, and returns a warning for each found.
+    fn verify(&self, table: Table, locations: &[String]) -> Vec<String> {
+        let _ = (table, locations);
+        Vec::new()
     }
 }
 
@@ -161,8 +209,11 @@ pub struct PersistReport {
     pub files: Vec<FileMeta>,
     /// Rows written.
     pub rows: u64,
-    /// Last WAL segment now covered by files.
+    /// Last WAL segment now covered by files (of every table not held back).
     pub wal_persisted_through: u64,
+    /// Tables whose rows were held back because their log is damaged: they stay buffered and
+    /// in the WAL, which is not truncated.
+    pub held_back: Vec<Table>,
 }
 
 /// The store.
@@ -183,6 +234,12 @@ pub struct Store {
     maintain: maintain::Maintenance,
     persist_wanted: tokio::sync::Notify,
     stats: StoreStats,
+    /// What the checks of the tables' logs found (read without the tables' lock).
+    health: delta::HealthView,
+    /// Damaged data files, left out of reads and maintenance.
+    damage: Mutex<damage::Damage>,
+    /// Damaged WAL segments still in `wal/`, by sequence: moved to quarantine once committed.
+    wal_damage: Mutex<BTreeMap<u64, WalDamage>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -192,21 +249,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 pub(crate) fn now_millis(clock: &dyn Clock) -> i64 {
     clock.now_nanos().div_euclid(1_000_000)
-}
-
-/// Removes WAL segments up to `through`. A failure only costs disk until the next start, which
-/// removes them.
-fn remove_segments_through(wal_dir: &Path, through: u64) {
-    if let Ok(segments) = wal::list_segments(wal_dir) {
-        for (seq, path) in segments {
-            if seq > through {
-                continue;
-            }
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
-            }
-        }
-    }
 }
 
 /// Writes one table's rows as files and commits them with this writer's `txn` at `through`.
@@ -222,6 +264,9 @@ fn commit_table(
 ) -> Result<Vec<Written>> {
     let writer = storage.writer().id.clone();
     tables.refresh_table(table)?;
+    if let Some(why) = tables.blocked(table) {
+        return Err(Error::LogDamaged(why));
+    }
     let seen = tables.txn_version(table, &writer)?;
     let mine = committed.get(&table).copied().unwrap_or(0);
     if seen > mine {
@@ -279,73 +324,39 @@ impl Store {
             }
             None => Storage::local(dir, config.ingest)?,
         };
-        let wal_dir = dir.join("wal");
         if config.ingest {
+            startup::set("converting an earlier release's data, if any");
             delta::convert::run(&storage, now_millis(clock.as_ref()))?;
         } else if delta::convert::pending(&storage)? {
             tracing::warn!(root = %storage.describe(),
                 "the tables are still in an earlier release's format: they appear once a server with --role ingest or all has started on them and converted them");
         }
+        startup::set(format!(
+            "opening the tables' delta logs in {}",
+            storage.describe()
+        ));
         let mut tables = DeltaTables::open(&storage, config.ingest)?;
         let stats = StoreStats::default();
-        let mut committed = BTreeMap::new();
-        let mut active = Buffers::default();
-        let mut wal = None;
-        if config.ingest {
-            let writer = storage.writer().id.clone();
-            for table in Table::ALL {
-                committed.insert(table, tables.txn_version(table, &writer)?);
+        let (committed, active, wal, wal_damage) = if config.ingest {
+            let replayed = Replay {
+                config: &config,
+                storage: &storage,
+                clock: clock.as_ref(),
+                stats: &stats,
             }
-            let mut last_seq = committed.values().copied().max().unwrap_or(0);
-            let replay_limit = (config.max_buffer_bytes / 2).max(1);
-            for (seq, path) in wal::list_segments(&wal_dir)? {
-                last_seq = last_seq.max(seq);
-                let covered = committed.clone();
-                let mut kept = 0;
-                let report = wal::read_segment(&path, |payload| {
-                    let write = wal::decode_payload(payload)?;
-                    kept += active
-                        .push_where(&write, |t| seq > covered.get(&t).copied().unwrap_or(0))?;
-                    Ok(())
-                })?;
-                stats
-                    .replayed_records
-                    .fetch_add(report.records, Ordering::Relaxed);
-                if report.torn_bytes > 0 {
-                    tracing::warn!(segment = %path.display(), records = report.records, torn_bytes = report.torn_bytes,
-                        "write-ahead log segment ends in a torn or corrupt record; kept every whole record before it");
-                }
-                if kept == 0 {
-                    // Every row of it is in committed files.
-                    std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                    continue;
-                }
-                if active.bytes() >= replay_limit {
-                    let now = now_millis(clock.as_ref());
-                    for (table, buf) in active.tables() {
-                        commit_table(
-                            &storage,
-                            &mut tables,
-                            &mut committed,
-                            table,
-                            buf.batches(),
-                            seq,
-                            now,
-                        )?;
-                    }
-                    remove_segments_through(&wal_dir, seq);
-                    tracing::info!(
-                        through = seq,
-                        "replay reached half the buffer cap: persisted"
-                    );
-                    stats.persists.fetch_add(1, Ordering::Relaxed);
-                    active = Buffers::default();
-                }
-            }
-            wal = Some(Wal::create(&wal_dir, last_seq + 1)?);
-        }
+            .run(&mut tables)?;
+            (
+                replayed.committed,
+                replayed.active,
+                Some(replayed.wal),
+                replayed.damage,
+            )
+        } else {
+            (BTreeMap::new(), Buffers::default(), None, BTreeMap::new())
+        };
         let files: BTreeMap<Table, Arc<Vec<FileMeta>>> =
             Table::ALL.iter().map(|t| (*t, tables.files(*t))).collect();
+        let health = tables.health_view();
         tracing::info!(
             data_dir = %dir.display(),
             tables_in = %storage.describe(),
@@ -375,7 +386,20 @@ impl Store {
             committed: Mutex::new(committed),
             persist_wanted: tokio::sync::Notify::new(),
             stats,
-        })
+            health,
+            damage: Mutex::default(),
+            wal_damage: Mutex::new(wal_damage),
+        }
+        .checked())
+    }
+
+    /// Checks that every table's files are present, before the store is handed out.
+    fn checked(self) -> Self {
+        startup::set("checking the tables' data files");
+        for table in Table::ALL {
+            self.check_new_files(table);
+        }
+        self
     }
 
     /// The data directory.
@@ -428,6 +452,13 @@ impl Store {
         &self.stats
     }
 
+    /// The latency histogram of the WAL's fsyncs (the server registers it).
+    pub fn wal_fsync_seconds(
+        &self,
+    ) -> gpuwatch_common::metrics::prometheus_client::metrics::histogram::Histogram {
+        self.commit.fsync_seconds().clone()
+    }
+
     /// Fsyncs performed by the WAL's group commit.
     pub fn wal_fsyncs(&self) -> u64 {
         self.commit.fsyncs()
@@ -464,6 +495,11 @@ impl Store {
     /// Each table's Delta version (`None`: not created yet).
     pub fn table_versions(&self) -> BTreeMap<Table, Option<u64>> {
         lock(&self.tables).versions()
+    }
+
+    /// What the checks of `table`'s Delta log found (damaged entries, versions not read).
+    pub fn log_health(&self, table: Table) -> delta::guard::LogHealth {
+        self.health.get(table)
     }
 
     /// The last `txn` version of `app` in `table` (0 when none).
@@ -503,7 +539,11 @@ impl Store {
                 self.stats
                     .rejected_buffer_full
                     .fetch_add(1, Ordering::Relaxed);
-                return Err(Error::BufferFull { held, limit });
+                return Err(Error::BufferFull {
+                    held,
+                    limit,
+                    why: self.held_back_why(),
+                });
             }
             let Some(wal) = s.wal.as_mut() else {
                 return Err(Error::ReadOnly);
@@ -530,7 +570,7 @@ impl Store {
             // Cannot fail for a batch of the table's schema; if it did, the record would be
             // replayed at the next start although the write was refused (at least once).
             tracing::info_span!("buffer").in_scope(|| s.active.push(write))?;
-            if s.active.bytes() >= limit / 2 {
+            if s.active.bytes() >= limit / 2 && self.persistable_bytes(&s.active) >= limit / 2 {
                 self.persist_wanted.notify_one();
             }
             pos
@@ -543,10 +583,37 @@ impl Store {
         self.stats
             .rows
             .fetch_add(write.rows() as u64, Ordering::Relaxed);
-        self.stats
-            .wal_bytes
-            .fetch_add(payload.len() as u64 + 8, Ordering::Relaxed);
+        self.stats.wal_bytes.fetch_add(
+            (payload.len() + wal::FRAME_HEADER_V2) as u64,
+            Ordering::Relaxed,
+        );
         Ok(())
+    }
+
+    /// Bytes of `buffers` a persist can commit: those of tables whose log is not damaged.
+    fn persistable_bytes(&self, buffers: &Buffers) -> usize {
+        buffers
+            .tables()
+            .filter(|(t, _)| self.health.blocked(*t).is_none())
+            .map(|(_, b)| b.bytes())
+            .sum()
+    }
+
+    /// Why a persist cannot empty the buffer (tables whose log is damaged), for the answer of
+    /// a write refused because the buffer is full; empty when nothing is held back.
+    fn held_back_why(&self) -> String {
+        let blocked: Vec<&str> = Table::ALL
+            .iter()
+            .filter(|t| self.health.blocked(**t).is_some())
+            .map(|t| t.name())
+            .collect();
+        if blocked.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; the rows of {} cannot be persisted because the table's delta log is damaged (see /readyz, run `gpuwatch check`)",
+            blocked.join(", ")
+        )
     }
 
     fn wait_durable(&self, pos: wal::Position) -> Result<()> {
@@ -579,7 +646,9 @@ impl Store {
         self.check_fenced()?;
         let (frozen, through) = {
             let mut s = lock(&self.state);
-            if s.active.is_empty() {
+            if s.active.is_empty() || self.persistable_bytes(&s.active) == 0 {
+                // Nothing, or only rows of tables whose log is damaged: no commit can take
+                // them, so the WAL is not rotated for nothing.
                 return Ok(None);
             }
             let Some(wal) = s.wal.as_mut() else {
@@ -595,39 +664,27 @@ impl Store {
             ..Default::default()
         };
         let mut failure = None;
+        let mut held_back = Vec::new();
         let mut failed = Buffers::default();
         let now = now_millis(self.clock.as_ref());
         for (table, buf) in frozen.tables() {
-            let result = {
-                let mut tables = lock(&self.tables);
-                let mut committed = lock(&self.committed);
-                let r = commit_table(
-                    &self.storage,
-                    &mut tables,
-                    &mut committed,
-                    table,
-                    buf.batches(),
-                    through,
-                    now,
-                );
-                let mut s = lock(&self.state);
-                if r.is_ok() {
-                    // The rows leave the buffer as their files enter the view, in one step.
-                    s.frozen.take(table);
-                }
-                // A refresh may have brought other servers' files too.
-                s.files.insert(table, tables.files(table));
-                r
-            };
-            match result {
+            match self.persist_table(table, buf.batches(), through, now) {
                 Ok(written) => {
                     self.stats.delta_commits.fetch_add(1, Ordering::Relaxed);
                     report.rows += written.iter().map(|w| w.meta.rows).sum::<u64>();
                     report.files.extend(written.into_iter().map(|w| w.meta));
                 }
+                Err(Error::LogDamaged(why)) => {
+                    tracing::warn!(
+                        table = table.name(),
+                        "persist held the table's rows back (they stay buffered and in the write-ahead log): {why}"
+                    );
+                    failed.prepend(lock(&self.state).frozen.take(table));
+                    held_back.push(table);
+                }
                 Err(e) => {
                     tracing::warn!(table = table.name(), error = %e, "persisting a table failed; its rows stay buffered and in the write-ahead log");
-                    if matches!(e, Error::DeltaConflict(_)) {
+                    if matches!(e, Error::DeltaConflict { .. }) {
                         self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
                     }
                     self.fence_on(&e);
@@ -647,12 +704,62 @@ impl Store {
             self.stats.persist_failures.fetch_add(1, Ordering::Relaxed);
             return Err(e);
         }
+        self.persisted(report, held_back).map(Some)
+    }
+
+    /// Commits one table's frozen rows; once the commit is in the log, its rows leave the
+    /// buffer as its files enter the view, in one step.
+    fn persist_table(
+        &self,
+        table: Table,
+        batches: &[RecordBatch],
+        through: u64,
+        now: i64,
+    ) -> Result<Vec<Written>> {
+        let mut tables = lock(&self.tables);
+        let mut committed = lock(&self.committed);
+        let r = commit_table(
+            &self.storage,
+            &mut tables,
+            &mut committed,
+            table,
+            batches,
+            through,
+            now,
+        );
+        let mut s = lock(&self.state);
+        if r.is_ok() {
+            s.frozen.take(table);
+        }
+        // A refresh may have brought other servers' files too.
+        s.files.insert(table, tables.files(table));
+        r
+    }
+
+    /// After every table's commit landed (or was held back): counts, and retires the WAL
+    /// segments the commits cover — unless rows were held back, which keep the WAL.
+    fn persisted(&self, mut report: PersistReport, held_back: Vec<Table>) -> Result<PersistReport> {
         self.stats.persists.fetch_add(1, Ordering::Relaxed);
         self.stats
             .persisted_rows
             .fetch_add(report.rows, Ordering::Relaxed);
-        remove_segments_through(&self.config.data_dir.join("wal"), through);
-        Ok(Some(report))
+        if held_back.is_empty() {
+            let now = now_millis(self.clock.as_ref());
+            retire_segments(
+                &self.config.data_dir,
+                report.wal_persisted_through,
+                &mut lock(&self.wal_damage),
+                now,
+                &self.stats,
+            );
+        } else {
+            // The WAL keeps every segment until a good commit covers the held-back rows.
+            self.stats
+                .persists_held_back
+                .fetch_add(1, Ordering::Relaxed);
+            report.held_back = held_back;
+        }
+        Ok(report)
     }
 
     /// Brings the view of the tables to their newest versions (commits of other servers).
@@ -663,19 +770,23 @@ impl Store {
         // Install every table whose files changed, by this refresh or by an earlier step that
         // brought a table forward without installing it (a commit that met a conflict).
         let mut s = lock(&self.state);
-        let mut changed = 0;
+        let mut changed = Vec::new();
         for t in Table::ALL {
             let files = tables.files(t);
             if s.files.get(&t).is_none_or(|f| !Arc::ptr_eq(f, &files)) {
                 s.files.insert(t, files);
-                changed += 1;
+                changed.push(t);
             }
         }
         drop(s);
-        if changed > 0 {
+        drop(tables);
+        for t in &changed {
+            self.check_new_files(*t);
+        }
+        if !changed.is_empty() {
             self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(changed)
+        Ok(changed.len())
     }
 
     /// Imports `batches` into `table` once: a commit with the `txn` `(app, 1)`, skipped when the
@@ -710,22 +821,44 @@ impl ReadStore for Store {
         let mut batches: Vec<RecordBatch> = Vec::new();
         batches.extend(s.frozen.batches(table).iter().cloned());
         batches.extend(s.active.batches(table).iter().cloned());
-        let files = s
-            .files
-            .get(&table)
-            .map(|f| {
-                f.iter()
-                    .map(|m| (self.storage.location(&m.path), m.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        TableSnapshot { batches, files }
+        let all = s.files.get(&table).cloned().unwrap_or_default();
+        drop(s);
+        let mut warnings = Vec::new();
+        if let Some(why) = self.health.blocked(table) {
+            warnings.push(Skipped::anytime(why));
+        }
+        let damage = lock(&self.damage);
+        let mut files = Vec::with_capacity(all.len());
+        for m in all.iter() {
+            match damage.file(&m.path) {
+                Some(d) => warnings.push(Skipped {
+                    text: d.warning(),
+                    min_time: m.min_time,
+                    max_time: m.max_time,
+                }),
+                None => files.push((self.storage.location(&m.path), m.clone())),
+            }
+        }
+        TableSnapshot {
+            batches,
+            files,
+            warnings,
+        }
     }
 
     fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
         self.storage.query_object_store()
     }
+
+    fn verify(&self, table: Table, locations: &[String]) -> Vec<String> {
+        self.verify_files(table, locations)
+            .iter()
+            .map(DamagedFile::warning)
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_damage;

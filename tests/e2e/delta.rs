@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::{eventually, now_ns, otlp_json, post_otlp, rows, scalar};
 
 /// The Python holding the Delta readers.
-pub fn readers_python() -> PathBuf {
+pub(crate) fn readers_python() -> PathBuf {
     let target = gpuwatch_e2e::bin_dir()
         .parent()
         .map(Path::to_path_buf)
@@ -26,7 +26,11 @@ pub fn readers_python() -> PathBuf {
 }
 
 /// What each reader sees of the tables under `root` (a data directory or `s3://…` with `env`).
-pub fn read_with_other_engines(root: &str, env: &[(String, String)], tables: &[&str]) -> Value {
+pub(crate) fn read_with_other_engines(
+    root: &str,
+    env: &[(String, String)],
+    tables: &[&str],
+) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("delta/read.py");
     let out = std::process::Command::new(readers_python())
         .arg(script)
@@ -44,7 +48,7 @@ pub fn read_with_other_engines(root: &str, env: &[(String, String)], tables: &[&
 }
 
 /// gpuwatch's own figures of `table`, as read.py computes them.
-pub async fn gpuwatch_figures(server: &TestServer, table: &str) -> Value {
+pub(crate) async fn gpuwatch_figures(server: &TestServer, table: &str) -> Value {
     let key = match table {
         "metrics" => "metric, time, value",
         "gpu_processes" => "host, gpu_uuid, pid, time",
@@ -90,7 +94,7 @@ pub async fn gpuwatch_figures(server: &TestServer, table: &str) -> Value {
 }
 
 /// Asserts that every reader's figures of `table` equal `want`.
-pub fn assert_readers_agree(seen: &Value, table: &str, want: &Value) {
+pub(crate) fn assert_readers_agree(seen: &Value, table: &str, want: &Value) {
     for reader in ["deltalake", "polars", "duckdb"] {
         let mut got = seen[reader][table].clone();
         if let Some(o) = got.as_object_mut() {
@@ -220,7 +224,7 @@ async fn delta_rs_polars_and_duckdb_read_the_same_rows_as_gpuwatch() {
 }
 
 /// Copies `from` into `to`, recursively.
-pub fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("mkdir");
     for e in std::fs::read_dir(from).expect("read_dir") {
         let e = e.expect("entry");

@@ -13,7 +13,7 @@ use gpuwatch_e2e::TestServer;
 use crate::{post_otlp, sql};
 
 /// The fixture's "now": half a minute after its last sample.
-pub const GOLDEN_NOW: &str = "TIMESTAMP '2026-01-05T00:59:30Z'";
+pub(crate) const GOLDEN_NOW: &str = "TIMESTAMP '2026-01-05T00:59:30Z'";
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("golden")
@@ -40,12 +40,12 @@ fn cases() -> Vec<(String, String)> {
 }
 
 /// The query as sent: `now()` pinned to the fixture's time.
-pub fn pinned(sql: &str) -> String {
+pub(crate) fn pinned(sql: &str) -> String {
     sql.replace("now()", GOLDEN_NOW)
 }
 
 /// Loads the fixture into `server` over OTLP/HTTP (JSON).
-pub async fn load_fixture(server: &TestServer) {
+pub(crate) async fn load_fixture(server: &TestServer) {
     let text = std::fs::read_to_string(golden_dir().join("fixture.jsonl")).expect("fixture");
     for (n, line) in text.lines().enumerate() {
         let (status, body) = post_otlp(
@@ -65,7 +65,7 @@ pub async fn load_fixture(server: &TestServer) {
 }
 
 /// A server whose retention never drops the fixture's (old) data.
-pub fn golden_server(dir: &Path) -> TestServer {
+pub(crate) fn golden_server(dir: &Path) -> TestServer {
     let config = dir.join("golden.toml");
     std::fs::write(
         &config,

@@ -18,6 +18,7 @@ mod crash_stress;
 mod dashboards;
 mod delta;
 mod durability;
+mod faults;
 mod golden;
 mod grpc;
 mod hostile;

@@ -1,5 +1,6 @@
-//! Memory and disk limits: the write buffer's cap persists early, and a full disk answers 507
-//! with `Retry-After`, loses nothing acknowledged, and takes writes again once space returns.
+//! Memory and disk limits: the write buffer's cap persists early, and a full disk answers 503
+//! with `Retry-After` (OTLP exporters and Prometheus retry it), loses nothing acknowledged, and
+//! takes writes again once space returns.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -47,7 +48,7 @@ impl Drop for Unmount {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_full_disk_answers_507_loses_nothing_and_writes_resume() {
+async fn a_full_disk_answers_503_loses_nothing_and_writes_resume() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mnt = dir.path().join("small-disk");
     std::fs::create_dir_all(&mnt).expect("mount point");
@@ -96,7 +97,7 @@ async fn a_full_disk_answers_507_loses_nothing_and_writes_resume() {
         break;
     }
     let r = refused.expect("the disk never filled up");
-    assert_eq!(r.status().as_u16(), 507, "a full disk answers 507");
+    assert_eq!(r.status().as_u16(), 503, "a full disk answers 503");
     assert!(r.headers().contains_key("retry-after"));
     let text = r.text().await.unwrap_or_default();
     assert!(text.contains("disk full"), "{text}");

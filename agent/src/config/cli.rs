@@ -1,15 +1,19 @@
-//! The command line of `gpuwatch-agent` (clap) and its `--help` text.
+//! Every setting of `gpuwatch-agent`, declared once: the field's name is the config file's key,
+//! its `#[arg]` the flag, the `GPUWATCH_*` variable and the default, its doc comment the
+//! `--help` text (and docs/configuration.md's agent table). `super::load` merges flag > env >
+//! file > default for all of them (`gpuwatch_common::settings`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Parser;
+use gpuwatch_common::HumanDuration;
+use gpuwatch_common::logging::LogFormat;
+use serde::{Deserialize, Serialize};
 
-use super::parse::{duration_arg, label_arg, metrics_addr_arg};
 use super::{
     DEFAULT_BUFFER_MAX_BYTES, DEFAULT_ENDPOINT, DEFAULT_METRICS_ADDR, DEFAULT_SYNTHETIC_GPUS,
 };
-use super::{MetricsAddr, Protocol, SourceKind};
+use super::{Label, MetricsAddr, Protocol, SourceKind};
 
 const AFTER_HELP: &str = "\
 Every flag can also be set by an environment variable GPUWATCH_<FLAG> (e.g. GPUWATCH_ENDPOINT,
@@ -28,7 +32,7 @@ readable only by the agent (e.g. /etc/gpuwatch/agent.token, mode 0600) and give
 Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 other failure.";
 
 /// The command line of `gpuwatch-agent`.
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Clone, Parser, Serialize, Deserialize)]
 #[command(
     name = "gpuwatch-agent",
     version,
@@ -38,97 +42,110 @@ Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 othe
 )]
 pub struct Cli {
     /// OTLP endpoint. With http, `/v1/metrics` is appended unless already there; with grpc it
-    /// is `http://host:port` and defaults to http://127.0.0.1:4317 [env: GPUWATCH_ENDPOINT]
-    #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
+    /// is `http://host:port` and defaults to http://127.0.0.1:4317
+    #[arg(long, env = "GPUWATCH_ENDPOINT", value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     pub endpoint: String,
 
     /// Wire protocol: `http` (OTLP/HTTP protobuf) or `grpc` (OTLP/gRPC), both gzip
-    /// [env: GPUWATCH_PROTOCOL]
-    #[arg(long, value_enum, default_value_t = Protocol::Http)]
+    #[arg(long, env = "GPUWATCH_PROTOCOL", value_enum, ignore_case = true, default_value_t = Protocol::Http)]
     pub protocol: Protocol,
 
-    /// Time between samples, e.g. 5s, 500ms, 1m [env: GPUWATCH_INTERVAL]
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
-    pub interval: Duration,
+    /// Time between samples, e.g. 5s, 500ms, 1m
+    #[arg(
+        long,
+        env = "GPUWATCH_INTERVAL",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub interval: HumanDuration,
 
     /// Where samples come from. `auto` uses NVML when libnvidia-ml.so.1 loads and otherwise
-    /// exits saying so; it never falls back to simulated data [env: GPUWATCH_SOURCE]
-    #[arg(long, value_enum, default_value_t = SourceKind::Auto)]
+    /// exits saying so; it never falls back to simulated data
+    #[arg(long, env = "GPUWATCH_SOURCE", value_enum, ignore_case = true, default_value_t = SourceKind::Auto)]
     pub source: SourceKind,
 
-    /// Number of simulated GPUs with --source synthetic [env: GPUWATCH_SYNTHETIC_GPUS]
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_SYNTHETIC_GPUS)]
+    /// Number of simulated GPUs with --source synthetic
+    #[arg(long, env = "GPUWATCH_SYNTHETIC_GPUS", value_name = "N", default_value_t = DEFAULT_SYNTHETIC_GPUS)]
     pub synthetic_gpus: usize,
 
     /// Host name sent as `host.name`; defaults to this machine's hostname, or to
     /// `sim-<hostname>` with --source synthetic so simulated data is never mistaken for this
-    /// host's [env: GPUWATCH_HOST]
-    #[arg(long, value_name = "NAME")]
+    /// host's
+    #[arg(long, env = "GPUWATCH_HOST", value_name = "NAME")]
     pub host: Option<String>,
 
     /// Static label added to every sample as a resource attribute; repeatable
-    /// [env: GPUWATCH_LABEL, comma-separated]
-    #[arg(long, value_name = "KEY=VALUE", value_parser = label_arg)]
-    pub label: Vec<(String, String)>,
+    #[arg(long, env = "GPUWATCH_LABEL", value_name = "KEY=VALUE")]
+    pub label: Vec<Label>,
 
     /// Seed of the simulated fleet; defaults to a hash of the host name, so each simulated
-    /// host gets its own GPUs and jobs [env: GPUWATCH_SEED]
-    #[arg(long, value_name = "N")]
+    /// host gets its own GPUs and jobs
+    #[arg(long, env = "GPUWATCH_SEED", value_name = "N")]
     pub seed: Option<u64>,
 
     /// Collect once, print the samples as JSON to stdout, send nothing, exit
-    /// [env: GPUWATCH_ONCE]
-    #[arg(long)]
+    #[arg(long, env = "GPUWATCH_ONCE")]
     pub once: bool,
 
     /// Directory of job mapping files written by the Slurm prolog/epilog (dcgm-exporter's
     /// --hpc-job-mapping-dir layout: one file per GPU index, or `index.gi` for MIG, holding
-    /// job ids one per line) [env: GPUWATCH_JOB_MAPPING_DIR]
-    #[arg(long, value_name = "DIR", default_value = crate::attribute::DEFAULT_JOB_MAPPING_DIR)]
+    /// job ids one per line)
+    #[arg(long, env = "GPUWATCH_JOB_MAPPING_DIR", value_name = "DIR", default_value = crate::attribute::DEFAULT_JOB_MAPPING_DIR)]
     pub job_mapping_dir: PathBuf,
 
     /// The kubelet's pod-resources socket (v1 PodResourcesLister); while it exists, each GPU
     /// is labelled with the pod holding it, asked again at every collection
-    /// [env: GPUWATCH_POD_RESOURCES_SOCKET]
-    #[arg(long, value_name = "PATH", default_value = crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET)]
+    #[arg(long, env = "GPUWATCH_POD_RESOURCES_SOCKET", value_name = "PATH", default_value = crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET)]
     pub pod_resources_socket: PathBuf,
 
     /// Where the Prometheus exposition (dcgm-exporter names, plus the agent's own metrics) is
-    /// served on /metrics; `off` disables it [env: GPUWATCH_METRICS_ADDR]
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = metrics_addr_arg)]
+    /// served on /metrics; `off` disables it
+    #[arg(long, env = "GPUWATCH_METRICS_ADDR", value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR)]
     pub metrics_addr: MetricsAddr,
 
     /// Directory of the disk spool that keeps samples while the endpoint is down (replayed in
-    /// order when it is back); without it they wait in memory [env: GPUWATCH_BUFFER_DIR]
-    #[arg(long, value_name = "DIR")]
+    /// order when it is back); without it they wait in memory
+    #[arg(long, env = "GPUWATCH_BUFFER_DIR", value_name = "DIR")]
     pub buffer_dir: Option<PathBuf>,
 
     /// Most bytes the disk spool may hold; the oldest samples are dropped (and counted) beyond
-    /// [env: GPUWATCH_BUFFER_MAX_BYTES]
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_BUFFER_MAX_BYTES)]
+    #[arg(long, env = "GPUWATCH_BUFFER_MAX_BYTES", value_name = "N", default_value_t = DEFAULT_BUFFER_MAX_BYTES)]
     pub buffer_max_bytes: u64,
 
     /// Least time between two reads of the counters that cost milliseconds of CPU per call:
     /// the energy counter (advanced by power × time in between) and per-process utilisation;
     /// the GPU count and each GPU's MIG mode are read again this often too
-    /// [env: GPUWATCH_SLOW_INTERVAL]
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
-    pub slow_interval: Duration,
+    #[arg(
+        long,
+        env = "GPUWATCH_SLOW_INTERVAL",
+        value_name = "DURATION",
+        default_value = "60s"
+    )]
+    pub slow_interval: HumanDuration,
 
     /// Longest time a collection waits before it is sent: the collections of this span go in
     /// one request (one request per collection when it is no longer than --interval, `0s`
-    /// included); shutdown sends what waits [env: GPUWATCH_FLUSH_INTERVAL]
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
-    pub flush_interval: Duration,
+    /// included); shutdown sends what waits
+    #[arg(
+        long,
+        env = "GPUWATCH_FLUSH_INTERVAL",
+        value_name = "DURATION",
+        default_value = "10s"
+    )]
+    pub flush_interval: HumanDuration,
 
     /// Device nodes of the fake GPUs with --source fake (`nvidia0`, `nvidia1`, …)
-    /// [env: GPUWATCH_FAKE_DEV_DIR]
-    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    #[arg(
+        long,
+        env = "GPUWATCH_FAKE_DEV_DIR",
+        value_name = "DIR",
+        default_value = "/dev"
+    )]
     pub fake_dev_dir: PathBuf,
 
     /// With --source fake: split every GPU into N MIG instances (0 to 7; 0: MIG off), each a
-    /// row of its own [env: GPUWATCH_FAKE_MIG]
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// row of its own
+    #[arg(long, env = "GPUWATCH_FAKE_MIG", value_name = "N", default_value_t = 0)]
     pub fake_mig: u32,
 
     /// File holding the bearer token sent to the endpoint (`Authorization: Bearer <token>` over
@@ -139,16 +156,26 @@ pub struct Cli {
     /// every 401/403, so a rotated token (a Kubernetes Secret update) is used without a restart.
     /// Requests the endpoint refuses with 401/403 stay queued and are retried. There is no flag
     /// or variable taking the token itself: command lines and environments are readable by
-    /// other processes [env: GPUWATCH_AUTH_TOKEN_FILE]
-    #[arg(long, value_name = "PATH")]
+    /// other processes
+    #[arg(long, env = "GPUWATCH_AUTH_TOKEN_FILE", value_name = "PATH")]
     pub auth_token_file: Option<PathBuf>,
 
-    /// TOML config file; keys are the flag names with underscores [env: GPUWATCH_CONFIG]
-    #[arg(long, value_name = "FILE")]
+    /// TOML config file; keys are the flag names with underscores
+    #[arg(long, env = "GPUWATCH_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 
     /// Log filter for stderr: a level (error, warn, info, debug, trace) or tracing directives
-    /// such as `gpuwatch_agent=debug` [env: GPUWATCH_LOG_LEVEL]
-    #[arg(long, value_name = "FILTER", default_value = "info")]
+    /// such as `gpuwatch_agent=debug`
+    #[arg(
+        long,
+        env = "GPUWATCH_LOG_LEVEL",
+        value_name = "FILTER",
+        default_value = "info"
+    )]
     pub log_level: String,
+
+    /// Log lines on stderr: `text` for people, or `json` (one object per line) for log pipelines
+    #[arg(long, env = "GPUWATCH_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }

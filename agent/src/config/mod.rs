@@ -1,43 +1,37 @@
 //! Flags, environment variables and the config file, merged into [`AgentOptions`].
 //!
-//! Every flag `--some-flag` can also come from the environment variable `GPUWATCH_SOME_FLAG`
-//! and from the key `some_flag` of the TOML file given by `--config` (or `GPUWATCH_CONFIG`).
-//! Precedence: flag > env > file > default. Which flags were really typed on the command line
-//! is told by clap's [`clap::ArgMatches::value_source`]; a value from a lower layer is used only
-//! where the flag's source is the default or absent.
-//!
-//! The environment is passed in as a lookup function, so the precedence is tested without
-//! touching the process environment.
+//! Every setting is one field of [`Cli`] (flag, `GPUWATCH_*` variable, TOML key, default and
+//! help in one declaration); `gpuwatch_common::settings` merges them with the server's
+//! precedence, flag > env > file > default. The environment is passed in as a lookup function,
+//! so the precedence is tested without touching the process environment.
 //!
 //! | piece | file |
 //! |---|---|
-//! | the command line ([`Cli`], clap) and its `--help` text | `cli.rs` |
-//! | the TOML file ([`FileConfig`]) read into a `Layer` | `file.rs` |
-//! | the `GPUWATCH_*` environment read into a `Layer` | `env.rs` |
-//! | flag > env > file > default, checks, [`AgentOptions`] | `merge.rs` |
-//! | value parsers shared by the three layers | `parse.rs` |
-//! | the options, their defaults, [`load`] | this file |
+//! | every setting ([`Cli`]) and the `--help` text | `cli.rs` |
+//! | checks across settings, defaults that depend on others, [`AgentOptions`] | `validate.rs` |
+//! | the options, their defaults, the value types, [`load`] | this file |
 
 mod cli;
-mod env;
-mod file;
-mod merge;
-mod parse;
+mod validate;
 
 use std::ffi::OsString;
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, ValueEnum};
+use clap::{CommandFactory, ValueEnum};
+use gpuwatch_common::logging::LogFormat;
+use gpuwatch_common::settings::{self, Sources};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hostname::hostname;
 
 pub use cli::Cli;
-pub use file::FileConfig;
-pub use merge::{default_host, seed_from_host};
-pub use parse::{parse_duration, parse_label, parse_metrics_addr};
+pub use gpuwatch_common::duration::parse_duration;
+pub use validate::{default_host, seed_from_host};
 
 /// Default OTLP/HTTP endpoint (the server's `--otlp-http-addr`).
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4318";
@@ -61,7 +55,8 @@ pub const MAX_FAKE_MIG: u32 = 7;
 pub const MIN_BUFFER_MAX_BYTES: u64 = 64 << 10;
 
 /// Wire protocol to the endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// OTLP/HTTP with protobuf bodies, gzip-compressed.
     #[default]
@@ -71,7 +66,8 @@ pub enum Protocol {
 }
 
 /// Where samples come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// NVML when libnvidia-ml.so.1 loads; otherwise exit with a message saying so (never
     /// falls back to simulated data).
@@ -90,6 +86,96 @@ pub enum SourceKind {
 /// `--metrics-addr`: an address, or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetricsAddr(pub Option<SocketAddr>);
+
+/// Parse `--metrics-addr`: `host:port`, or `off` / `none` / empty to disable.
+pub fn parse_metrics_addr(value: &str) -> Result<MetricsAddr, String> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("off") || v.eq_ignore_ascii_case("none") {
+        return Ok(MetricsAddr(None));
+    }
+    v.parse::<SocketAddr>()
+        .map(|a| MetricsAddr(Some(a)))
+        .map_err(|_| format!("expected an address such as 127.0.0.1:9400, or off; got {v:?}"))
+}
+
+impl FromStr for MetricsAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_metrics_addr(s)
+    }
+}
+
+impl fmt::Display for MetricsAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("off"),
+        }
+    }
+}
+
+/// A static label `key=value` (`--label`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label(pub String, pub String);
+
+/// Parse `key=value`.
+pub fn parse_label(value: &str) -> Result<(String, String)> {
+    let bad = || Error::BadLabel {
+        value: value.to_string(),
+    };
+    let (k, v) = value.split_once('=').ok_or_else(bad)?;
+    let k = k.trim();
+    if k.is_empty() {
+        return Err(bad());
+    }
+    Ok((k.to_string(), v.trim().to_string()))
+}
+
+impl FromStr for Label {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_label(s)
+            .map(|(k, v)| Label(k, v))
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.0, self.1)
+    }
+}
+
+// Both are written as text in the config file, as on the command line.
+impl Serialize for MetricsAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Label {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Label {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
 
 /// What the agent does: everything [`crate::run`] needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,6 +278,8 @@ pub struct Settings {
     pub agent: AgentOptions,
     /// Log filter for tracing-subscriber's `EnvFilter`.
     pub log_level: String,
+    /// Text or JSON log lines.
+    pub log_format: LogFormat,
 }
 
 /// Parse the command line `args` (the first item is the program name), read the environment
@@ -201,19 +289,34 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let matches = Cli::command().try_get_matches_from(args)?;
-    let cli = Cli::from_arg_matches(&matches)?;
-    let env_layer = env::env_layer(env)?;
-    let config_path = if merge::typed(&matches, "config") {
-        cli.config.clone()
-    } else {
-        env_layer.config.clone()
-    };
-    let file_layer = match &config_path {
-        Some(path) => file::file_layer(path)?,
-        None => merge::Layer::default(),
-    };
-    merge::merge(&cli, &matches, env_layer, file_layer)
+    let loaded = settings::load::<Cli, _, _>(
+        Cli::command(),
+        args,
+        Sources {
+            env,
+            other_keys: &[],
+        },
+    )?;
+    validate::validate(loaded.settings, &loaded.given)
+}
+
+/// The settings a config file's `text` gives (read from `path`, for messages), over the
+/// defaults.
+pub fn parse_file(path: &Path, text: &str) -> Result<Cli> {
+    let cmd = Cli::command();
+    let no_env = |_: &str| None;
+    let matches = settings::parse(&cmd, vec!["gpuwatch-agent".into()], &no_env)?;
+    let loaded = settings::resolve_text::<Cli>(
+        &cmd,
+        matches,
+        Some(path),
+        text,
+        Sources {
+            env: &no_env,
+            other_keys: &[],
+        },
+    )?;
+    Ok(loaded.settings)
 }
 
 #[cfg(test)]

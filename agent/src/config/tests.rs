@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::file::parse_file;
 use super::*;
 use crate::error::Error;
 
@@ -378,8 +377,8 @@ fn example_file_parses() {
                 source = \"nvml\"\nsynthetic_gpus = 4\nhost = \"n1\"\nlabel = [\"a=b\"]\n\
                 seed = 1\nonce = false\nlog_level = \"info\"\n";
     let layer = parse_file(Path::new("x.toml"), text).unwrap();
-    assert_eq!(layer.source, Some(SourceKind::Nvml));
-    assert_eq!(layer.interval, Some(Duration::from_secs(10)));
+    assert_eq!(layer.source, SourceKind::Nvml);
+    assert_eq!(layer.interval.get(), Duration::from_secs(10));
 }
 
 mod example_tests {

@@ -486,8 +486,4 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
 }
 
 #[cfg(test)]
-mod collection_tests;
-#[cfg(test)]
-mod direct_tests;
-#[cfg(test)]
 mod tests;

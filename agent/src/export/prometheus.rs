@@ -1,5 +1,6 @@
 //! `/metrics` on `--metrics-addr` (default 127.0.0.1:9400): the last collection in the
-//! Prometheus text format under dcgm-exporter's metric and label names and units, so existing
+//! Prometheus text format (written with `gpuwatch_common::metrics::TextWriter`, the one
+//! exposition writer: a registry would rename dcgm-exporter's counters and cost more per scrape) under dcgm-exporter's metric and label names and units, so existing
 //! dashboards and alerts keep working, followed by the agent's own metrics ([`crate::metrics`]).
 //!
 //! Labels on every GPU series, as dcgm-exporter writes them: `gpu` (index), `UUID`, `device`
@@ -21,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuwatch_common::metrics::TextWriter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
@@ -28,7 +30,7 @@ use tracing::{debug, info, warn};
 use crate::collect::GpuSample;
 
 /// Content type of the text exposition format 0.0.4.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = gpuwatch_common::metrics::TEXT_CONTENT_TYPE;
 
 /// Longest request head read.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -266,18 +268,10 @@ const FIELDS: &[Field] = &[
     ),
 ];
 
-/// Escape a label value: backslash, double quote and newline.
+/// Escape a label value: backslash, double quote and newline (the one escaper of
+/// `gpuwatch_common::metrics`).
 pub fn escape_label(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
+    gpuwatch_common::metrics::escape_label(v)
 }
 
 fn labels(host: &str, s: &GpuSample) -> String {
@@ -333,10 +327,10 @@ pub fn render(expo: &Exposition) -> String {
         if values.is_empty() {
             continue;
         }
-        let _ = writeln!(out, "# HELP {} {}", field.name, field.help);
-        let _ = writeln!(out, "# TYPE {} {}", field.name, field.kind);
+        let mut w = TextWriter::new(&mut out);
+        w.family(field.name, field.kind, field.help);
         for (i, v) in values {
-            let _ = writeln!(out, "{}{{{}}} {}", field.name, labels[i], v);
+            w.sample_with(field.name, &labels[i], v);
         }
     }
     crate::metrics::render(&mut out);

@@ -745,5 +745,4 @@ impl TableProvider for JobsTable {
 }
 
 #[cfg(test)]
-#[path = "ledger_tests.rs"]
 mod tests;

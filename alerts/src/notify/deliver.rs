@@ -21,7 +21,6 @@ use tokio::sync::{Notify, watch};
 
 use super::config::{ReceiverConfig, ReceiverKind};
 use super::{Message, format};
-use crate::engine::write_atomic;
 use crate::error::{Error, Result};
 
 /// The HMAC-SHA256 signature header of `webhook` receivers: `sha256=<hex>` of the body.
@@ -216,9 +215,7 @@ impl Outbox {
             queued_at_ms: now_ms(),
         };
         if let Some(path) = lane.file(q.id) {
-            let bytes = serde_json::to_vec(&q)
-                .map_err(|e| Error::Other(format!("cannot encode notification: {e}")))?;
-            write_atomic(&path, &bytes)?;
+            crate::state::save(&path, &q, "notification")?;
         }
         lane.lock().push_back(q);
         lane.wake.notify_one();

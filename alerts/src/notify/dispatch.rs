@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use super::config::{AlertingConfig, ReceiverKind, RouteConfig};
 use super::silence::Silences;
 use super::{Message, NAlert};
-use crate::engine::{Alert, State, write_atomic};
-use crate::error::{Error, Result};
+use crate::engine::{Alert, State};
+use crate::error::Result;
 
 fn nanos(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
@@ -103,17 +103,9 @@ impl Dispatcher {
         config.validate()?;
         let mut saved = Saved::default();
         if let Some(p) = &path
-            && p.exists()
+            && let Some(s) = crate::state::load::<Saved>(p, "notification state")?
         {
-            let bytes = std::fs::read(p).map_err(|source| Error::Io {
-                what: "cannot read notification state",
-                path: p.clone(),
-                source,
-            })?;
-            saved = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-                path: p.clone(),
-                message: e.to_string(),
-            })?;
+            saved = s;
             // Routes may have changed: groups of routes that are gone are dropped.
             saved.groups.retain(|_, g| g.route < config.routes.len());
         }
@@ -369,9 +361,7 @@ impl Dispatcher {
         let Some(p) = &self.path else {
             return Ok(());
         };
-        let bytes = serde_json::to_vec(&self.saved)
-            .map_err(|e| Error::Other(format!("cannot encode notification state: {e}")))?;
-        write_atomic(p, &bytes)
+        crate::state::save(p, &self.saved, "notification state")
     }
 }
 

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::write_atomic;
 use crate::error::{Error, Result};
 
 /// One label matcher.
@@ -112,17 +111,9 @@ impl Silences {
     pub fn open(path: Option<PathBuf>) -> Result<Self> {
         let mut list = Vec::new();
         if let Some(p) = &path
-            && p.exists()
+            && let Some(l) = crate::state::load(p, "silences")?
         {
-            let bytes = std::fs::read(p).map_err(|source| Error::Io {
-                what: "cannot read silences",
-                path: p.clone(),
-                source,
-            })?;
-            list = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-                path: p.clone(),
-                message: e.to_string(),
-            })?;
+            list = l;
         }
         Ok(Self {
             path,
@@ -180,8 +171,6 @@ impl Silences {
         let Some(p) = &self.path else {
             return Ok(());
         };
-        let bytes = serde_json::to_vec(&self.list)
-            .map_err(|e| Error::Other(format!("cannot encode silences: {e}")))?;
-        write_atomic(p, &bytes)
+        crate::state::save(p, &self.list, "silences")
     }
 }

@@ -18,7 +18,7 @@ use super::*;
 
 /// What a test receiver got.
 #[derive(Debug, Clone)]
-pub struct Got {
+pub(crate) struct Got {
     pub at: Instant,
     pub path: String,
     pub headers: HeaderMap,
@@ -27,11 +27,11 @@ pub struct Got {
 }
 
 /// How a receiver answers its nth request (0-based): status, Retry-After, delay.
-pub type Script = Arc<dyn Fn(usize) -> (u16, Option<&'static str>, Duration) + Send + Sync>;
+pub(crate) type Script = Arc<dyn Fn(usize) -> (u16, Option<&'static str>, Duration) + Send + Sync>;
 
 /// A local receiver that records every request it answers 200 to.
 #[derive(Clone)]
-pub struct Recv {
+pub(crate) struct Recv {
     pub addr: SocketAddr,
     pub got: Arc<Mutex<Vec<Got>>>,
     pub calls: Arc<Mutex<Vec<Instant>>>,
@@ -39,13 +39,13 @@ pub struct Recv {
 }
 
 impl Recv {
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hook", self.addr)
     }
-    pub fn got(&self) -> Vec<Got> {
+    pub(crate) fn got(&self) -> Vec<Got> {
         self.got.lock().expect("lock").clone()
     }
-    pub fn calls(&self) -> Vec<Instant> {
+    pub(crate) fn calls(&self) -> Vec<Instant> {
         self.calls.lock().expect("lock").clone()
     }
 }
@@ -83,7 +83,7 @@ async fn record(
 }
 
 /// Starts a receiver on `addr` (use port 0 for a free one).
-pub async fn start_receiver(
+pub(crate) async fn start_receiver(
     addr: &str,
     script: impl Fn(usize) -> (u16, Option<&'static str>, Duration) + Send + Sync + 'static,
 ) -> (Recv, tokio::task::JoinHandle<()>) {

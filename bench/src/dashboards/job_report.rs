@@ -19,7 +19,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs the benchmark.
-pub async fn run(args: DashboardsArgs) -> Result<()> {
+pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
     if args.job_hosts == 0 {
         return Err("--job-hosts 0: the fleet has no multi-host job to report on".into());
     }

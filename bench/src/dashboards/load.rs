@@ -34,13 +34,13 @@ use crate::workload::{HostWorkload, otlp_body};
 
 /// What the marker calls this dataset; a change to the generator changes it, so that an older
 /// directory is loaded again.
-pub const DATASET: &str =
+pub(super) const DATASET: &str =
     "dashboards fleet 2: GPU metrics, processes, XID/ECC events, alerts, a multi-host job";
 
 /// The prices and budgets of the fleet, as the servers' config file (docs/cost.md): the H100 at
 /// USD 2.50 per GPU-hour (the demo's example price), electricity at USD 0.12 per kWh with a PUE
 /// of 1.3, and a default budget of USD 250 per job, which the day's longest 8-GPU jobs pass.
-pub const CONFIG: &str =
+pub(super) const CONFIG: &str =
     "# gpuwatch-bench dashboards: prices and budgets of the simulated fleet (docs/cost.md)
 [cost]
 gpu_hour_usd = [{ model = \"*H100*\", usd = 2.50 }]
@@ -52,7 +52,7 @@ default_budget_usd = 250.0
 
 /// What a data directory holds (`bench-load.json`).
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug, Clone)]
-pub struct Load {
+pub(crate) struct Load {
     /// [`DATASET`].
     pub dataset: String,
     pub hosts: usize,
@@ -95,12 +95,12 @@ pub struct Load {
 
 impl Load {
     /// Every round sent.
-    pub fn rounds(&self) -> u64 {
+    pub(super) fn rounds(&self) -> u64 {
         self.history_rounds + self.live_rounds
     }
 
     /// The end of the data: one interval after the last round.
-    pub fn end_ms(&self) -> i64 {
+    pub(super) fn end_ms(&self) -> i64 {
         self.start_ms + self.rounds() as i64 * self.interval_ms
     }
 
@@ -121,7 +121,7 @@ impl Load {
 }
 
 /// The marker file in a data directory.
-pub const MARKER: &str = "bench-load.json";
+pub(super) const MARKER: &str = "bench-load.json";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -131,7 +131,7 @@ fn now_ms() -> i64 {
 }
 
 /// FNV-1a (64 bits) of each rule file's path and contents, in hex.
-pub fn rules_digest(rules: &[PathBuf]) -> Result<String> {
+pub(super) fn rules_digest(rules: &[PathBuf]) -> Result<String> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for b in bytes {
@@ -155,7 +155,7 @@ pub fn rules_digest(rules: &[PathBuf]) -> Result<String> {
 }
 
 /// The dataset the flags ask for, before anything is loaded.
-pub fn wanted(args: &DashboardsArgs) -> Result<Load> {
+pub(super) fn wanted(args: &DashboardsArgs) -> Result<Load> {
     let interval_ms = args.fleet.interval.as_millis() as i64;
     if interval_ms <= 0 {
         return Err("--interval must be positive".into());
@@ -190,7 +190,7 @@ pub fn wanted(args: &DashboardsArgs) -> Result<Load> {
 
 /// The earlier load in `data_dir` when it is `wanted`'s dataset; otherwise the directory is
 /// cleared for a new load.
-pub fn earlier(data_dir: &Path, wanted: &Load) -> Result<Option<Load>> {
+pub(super) fn earlier(data_dir: &Path, wanted: &Load) -> Result<Option<Load>> {
     let existing: Option<Load> = std::fs::read_to_string(data_dir.join(MARKER))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
@@ -202,7 +202,7 @@ pub fn earlier(data_dir: &Path, wanted: &Load) -> Result<Option<Load>> {
 }
 
 /// A gpuwatch server of the benchmark and its listeners.
-pub struct Started {
+pub(crate) struct Started {
     pub server: Server,
     /// Postgres wire port.
     pub pg_port: u16,
@@ -211,7 +211,7 @@ pub struct Started {
 }
 
 /// Starts `gpuwatch serve` on `args.data_dir` with `config` and the rule files `rules`.
-pub fn start_server(
+pub(super) fn start_server(
     args: &DashboardsArgs,
     name: &str,
     log: PathBuf,
@@ -406,7 +406,7 @@ async fn stream(
 }
 
 /// One count from the SQL API (column `n`).
-pub async fn count(server: &Server, sql: &str) -> Result<u64> {
+pub(super) async fn count(server: &Server, sql: &str) -> Result<u64> {
     let rows = sql_json(&send::client()?, &server.url, sql).await?;
     Ok(rows
         .first()
@@ -416,7 +416,7 @@ pub async fn count(server: &Server, sql: &str) -> Result<u64> {
 }
 
 /// Loads `wanted`'s dataset into `args.data_dir` (steps 1 and 2 of the module docs).
-pub async fn load(
+pub(super) async fn load(
     args: &DashboardsArgs,
     wanted: &Load,
     config: &Path,

@@ -16,7 +16,7 @@ use gpuwatch_agent::GpuSample;
 
 /// What the JSON beside a trace says (every field optional).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
-pub struct Meta {
+pub(crate) struct Meta {
     pub job_id: Option<String>,
     pub job_user: Option<String>,
     pub job_name: Option<String>,
@@ -25,11 +25,11 @@ pub struct Meta {
 }
 
 /// One GPU's readings, in time order: (time in ns, the sample without job or time).
-pub type Series = Vec<(i64, GpuSample)>;
+pub(crate) type Series = Vec<(i64, GpuSample)>;
 
 /// A trace: its name (the file's stem), its metadata and its GPUs' series by UUID.
 #[derive(Debug, Clone)]
-pub struct Trace {
+pub(crate) struct Trace {
     pub name: String,
     pub meta: Meta,
     pub gpus: BTreeMap<String, Series>,
@@ -37,7 +37,7 @@ pub struct Trace {
 
 impl Trace {
     /// First and last reading over every GPU, ns.
-    pub fn span(&self) -> (i64, i64) {
+    pub(crate) fn span(&self) -> (i64, i64) {
         let times = self.gpus.values().flat_map(|s| s.iter().map(|(t, _)| *t));
         let (lo, hi) = times.fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
         if lo > hi { (0, 0) } else { (lo, hi) }
@@ -265,7 +265,7 @@ fn names(path: &Path) -> (String, PathBuf) {
 }
 
 /// Reads a trace and the JSON beside it (if any).
-pub fn read(path: &Path) -> Result<Trace, String> {
+pub(crate) fn read(path: &Path) -> Result<Trace, String> {
     let (name, json) = names(path);
     let meta: Meta = match std::fs::read_to_string(&json) {
         Ok(text) => serde_json::from_str(&text)
@@ -346,7 +346,7 @@ pub fn read(path: &Path) -> Result<Trace, String> {
 /// the GPM activities and PCIe / NVLink rates are means over the readings in between (GPM
 /// measures between two samples), the rest (utilisation, clocks, memory, power) the kept
 /// reading's own.
-pub fn every(series: &Series, n: usize) -> Series {
+pub(crate) fn every(series: &Series, n: usize) -> Series {
     if n <= 1 {
         return series.clone();
     }

@@ -17,12 +17,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::server::sql::error_response;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use gpuwatch_query::Status;
-use gpuwatch_query::http::error_response;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Write endpoints.
     Ingest,
     /// SQL endpoints.
@@ -71,7 +71,7 @@ struct Token {
 }
 
 /// The configured tokens.
-pub struct Tokens {
+pub(crate) struct Tokens {
     tokens: Vec<Token>,
 }
 
@@ -84,7 +84,7 @@ impl std::fmt::Debug for Tokens {
 
 /// Why a request is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// No token, or not a configured one (401).
     Unauthenticated(&'static str),
     /// A valid token without the scope (403).
@@ -101,7 +101,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 impl Tokens {
     /// Parses a token file's text.
-    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<Self> {
         let file: TokenFile = toml::from_str(text).map_err(|e| {
             Error::Config(format!(
                 "auth tokens file {origin}: {}",
@@ -143,7 +143,7 @@ impl Tokens {
     }
 
     /// Reads a token file.
-    pub fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Error::Config(format!(
                 "cannot read auth tokens file {}: {e}",
@@ -154,7 +154,7 @@ impl Tokens {
     }
 
     /// Checks an `Authorization` header value for `scope`; returns the token's name.
-    pub fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<&str, Denied> {
+    pub(crate) fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<&str, Denied> {
         let Some(value) = authorization else {
             return Err(Denied::Unauthenticated(
                 "missing bearer token: send Authorization: Bearer <token>",
@@ -169,7 +169,7 @@ impl Tokens {
     }
 
     /// Checks a token's secret for `scope`; returns the token's name.
-    pub fn check_secret(&self, presented: &str, scope: Scope) -> Result<&str, Denied> {
+    pub(crate) fn check_secret(&self, presented: &str, scope: Scope) -> Result<&str, Denied> {
         let mut found: Option<&Token> = None;
         for t in &self.tokens {
             if same(&t.secret, presented.as_bytes()) {
@@ -194,9 +194,9 @@ impl Tokens {
 }
 
 /// Postgres wire logins: the password is a token with the `query` scope (the user name is free).
-impl gpuwatch_query::pg::PasswordCheck for Tokens {
-    fn check(&self, _user: &str, password: &str) -> Result<(), gpuwatch_query::pg::Denied> {
-        use gpuwatch_query::pg::Denied as Pg;
+impl super::pg::PasswordCheck for Tokens {
+    fn check(&self, _user: &str, password: &str) -> Result<(), super::pg::Denied> {
+        use super::pg::Denied as Pg;
         match self.check_secret(password, Scope::Query) {
             Ok(_) => Ok(()),
             Err(Denied::Unauthenticated(_)) => Err(Pg::InvalidPassword),
@@ -207,7 +207,7 @@ impl gpuwatch_query::pg::PasswordCheck for Tokens {
 
 /// State of the HTTP middleware.
 #[derive(Debug, Clone)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// The tokens; `None` when auth is off.
     pub tokens: Option<Arc<Tokens>>,
     /// The scope the guarded routes need.
@@ -215,7 +215,7 @@ pub struct Guard {
 }
 
 /// HTTP middleware: refuses requests without a token of the guard's scope.
-pub async fn require(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+pub(crate) async fn require(State(guard): State<Guard>, req: Request, next: Next) -> Response {
     let Some(tokens) = &guard.tokens else {
         return next.run(req).await;
     };
@@ -237,7 +237,7 @@ pub async fn require(State(guard): State<Guard>, req: Request, next: Next) -> Re
 }
 
 /// gRPC interceptor: the same check on the `authorization` metadata, scope `ingest`.
-pub fn grpc_interceptor(
+pub(crate) fn grpc_interceptor(
     tokens: Option<Arc<Tokens>>,
 ) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
     move |req: tonic::Request<()>| {
@@ -357,7 +357,7 @@ scopes = ["admin"]
 
     #[test]
     fn postgres_passwords_are_query_tokens() {
-        use gpuwatch_query::pg::{Denied as Pg, PasswordCheck};
+        use crate::server::pg::{Denied as Pg, PasswordCheck};
         let t = Tokens::parse(FILE, "test").expect("valid");
         assert_eq!(
             PasswordCheck::check(&t, "grafana", "query-0123456789abcdef"),

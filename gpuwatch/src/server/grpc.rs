@@ -1,6 +1,6 @@
 //! OTLP/gRPC on `--otlp-grpc-addr`: the `opentelemetry.proto.collector.metrics.v1.MetricsService`
-//! `Export` call, decoded by the same code as OTLP/HTTP and stored the same way (durable before
-//! the answer). Partial success is answered in `partial_success`; errors map to gRPC codes:
+//! `Export` call, decoded by the same code as OTLP/HTTP and stored through the one write path
+//! ([`super::ingest::write`]; durable before the answer). Partial success is answered in `partial_success`; errors map to gRPC codes:
 //! `INVALID_ARGUMENT` for malformed data, `RESOURCE_EXHAUSTED` above `--max-body-bytes`,
 //! `UNAVAILABLE` while the WAL replays or when the write could not be stored (retryable).
 //! With `--auth-tokens`, the `authorization: Bearer <token>` metadata needs the `ingest` scope.
@@ -22,24 +22,12 @@ use tonic::service::interceptor::InterceptedService;
 
 use super::App;
 use super::auth::{Tokens, grpc_interceptor};
+use super::ingest::{self, Protocol};
 
 /// The service.
 #[derive(Debug, Clone)]
-pub struct Otlp {
+pub(super) struct Otlp {
     app: App,
-}
-
-fn status(e: &gpuwatch_store::Error) -> tonic::Status {
-    use gpuwatch_store::Error as E;
-    match e {
-        E::TooLarge { .. } => tonic::Status::resource_exhausted(e.to_string()),
-        E::NotReady => tonic::Status::unavailable(e.to_string()),
-        _ if e.is_client_error() => tonic::Status::invalid_argument(e.to_string()),
-        _ => {
-            tracing::error!(error = %e, "otlp/grpc write failed");
-            tonic::Status::unavailable(format!("write not stored: {e}"))
-        }
-    }
 }
 
 #[tonic::async_trait]
@@ -48,30 +36,15 @@ impl MetricsService for Otlp {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        let store = self
-            .app
-            .writable()
-            .map_err(|refused| refused.grpc_status())?;
         let req = request.into_inner();
-        let now = self.app.clock.now_nanos();
-        let span = tracing::info_span!("ingest", protocol = "otlp_grpc");
-        let work = tokio::task::spawn_blocking(move || {
-            let _ingest = span.enter();
-            let (batch, stats) = tracing::info_span!("decode")
-                .in_scope(|| gpuwatch_store::ingest::otlp::to_write_batch(&req, now))?;
-            store.write(&batch)?;
-            Ok::<_, gpuwatch_store::Error>(stats)
-        });
-        let stats = match work.await {
-            Ok(Ok(stats)) => stats,
-            Ok(Err(e)) => return Err(status(&e)),
-            Err(e) => {
-                tracing::error!(error = %e, "otlp/grpc ingest task failed");
-                return Err(tonic::Status::internal(
-                    "internal error while storing the write",
-                ));
-            }
-        };
+        let stats = ingest::write(
+            &self.app,
+            Protocol::OtlpGrpc,
+            async { Ok(req) },
+            |req, now| gpuwatch_store::ingest::otlp::to_write_batch(&req, now),
+        )
+        .await
+        .map_err(|e| e.grpc_status())?;
         let partial_success = stats.partial_success_message().map(|message| {
             tracing::warn!("otlp/grpc export partly rejected: {message}");
             ExportMetricsPartialSuccess {
@@ -86,7 +59,7 @@ impl MetricsService for Otlp {
 }
 
 /// Serves OTLP/gRPC on `listener` until `rx` changes.
-pub fn serve(
+pub(super) fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     app: App,

@@ -30,7 +30,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The certificate chain and key, loaded and checked at start.
 #[derive(Clone)]
-pub struct Tls {
+pub(crate) struct Tls {
     certs: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
 }
@@ -50,7 +50,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 impl Tls {
     /// Reads a PEM certificate chain and private key; every problem is a startup error that
     /// names the file.
-    pub fn load(cert: &Path, key: &Path) -> Result<Self> {
+    pub(crate) fn load(cert: &Path, key: &Path) -> Result<Self> {
         let bytes = std::fs::read(cert).map_err(|e| {
             Error::Config(format!("cannot read --tls-cert {}: {e}", cert.display()))
         })?;
@@ -101,7 +101,7 @@ impl Tls {
     }
 
     /// An acceptor offering the ALPN protocols `alpn` (none for Postgres).
-    pub fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor> {
+    pub(crate) fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor> {
         let config = self
             .config(alpn)
             .map_err(|e| Error::Config(format!("tls: {e}")))?;
@@ -111,7 +111,7 @@ impl Tls {
 
 /// Accepts TCP connections, does the TLS handshakes in their own tasks, and yields the
 /// finished streams.
-pub struct TlsIncoming {
+pub(crate) struct TlsIncoming {
     rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
     task: tokio::task::JoinHandle<()>,
@@ -125,10 +125,15 @@ impl Drop for TlsIncoming {
 
 impl TlsIncoming {
     /// Wraps `listener`.
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor, what: &'static str) -> Result<Self> {
-        let local = listener
-            .local_addr()
-            .map_err(|e| Error::Listen(e.to_string()))?;
+    pub(crate) fn new(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        what: &'static str,
+    ) -> Result<Self> {
+        let local = listener.local_addr().map_err(|source| Error::Io {
+            what: "read the listener's address",
+            source,
+        })?;
         let (tx, rx) = mpsc::channel(64);
         let task = tokio::spawn(async move {
             loop {
@@ -162,7 +167,7 @@ impl TlsIncoming {
     }
 
     /// The next finished connection; `None` once the accept task has stopped.
-    pub async fn next(&mut self) -> Option<(TlsStream<TcpStream>, SocketAddr)> {
+    pub(crate) async fn next(&mut self) -> Option<(TlsStream<TcpStream>, SocketAddr)> {
         self.rx.recv().await
     }
 }
@@ -185,7 +190,7 @@ impl axum::serve::Listener for TlsIncoming {
 }
 
 /// A TLS connection as tonic's server takes it.
-pub struct GrpcTlsStream(pub TlsStream<TcpStream>);
+pub(crate) struct GrpcTlsStream(pub TlsStream<TcpStream>);
 
 impl tonic::transport::server::Connected for GrpcTlsStream {
     type ConnectInfo = ();

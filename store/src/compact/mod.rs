@@ -123,6 +123,9 @@ pub struct MaintenanceReport {
     /// Files deleted by vacuum (removed from their table more than the grace period ago, or
     /// named by no commit).
     pub files_deleted: usize,
+    /// Windows not compacted this pass (a damaged input, or a table whose log is damaged);
+    /// every other window went on.
+    pub windows_skipped: usize,
 }
 
 /// The hour window a file belongs to (files never span hours).
@@ -135,9 +138,17 @@ pub fn read_files(storage: &Storage, table: Table, files: &[FileMeta]) -> Result
     let mut batches = Vec::new();
     for f in files {
         let bytes = storage.read(&f.path)?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+        let named = |e: parquet::errors::ParquetError| {
+            Error::malformed(
+                "parquet file",
+                format!("{}: {e}", storage.location(&f.path)),
+            )
+        };
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(named)?;
         for b in reader {
-            let b = b?;
+            let b = b.map_err(|e| named(e.into()))?;
             batches.push(from_file_batch(table, &b).map_err(|e| {
                 Error::malformed(
                     "parquet file",

@@ -43,10 +43,23 @@ impl fmt::Display for DurableLocal {
     }
 }
 
+/// An I/O error on a path, kept typed inside `object_store::Error::Generic` (a full disk is
+/// found by its `io::Error`, see [`crate::Error::is_disk_full`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+struct PathIo {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
 fn generic(path: &FsPath, source: std::io::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "DurableLocal",
-        source: format!("{}: {source}", path.display()).into(),
+        source: Box::new(PathIo {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -92,7 +105,9 @@ fn write_durably(target: &FsPath, bytes: &[u8], create: bool) -> Result<()> {
         }
         return Err(generic(target, e));
     }
-    crate::wal::sync_dir(dir).map_err(|e| generic(dir, std::io::Error::other(e.to_string())))
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| generic(dir, e))
 }
 
 #[async_trait]

@@ -64,7 +64,8 @@ fn earlier_release_table(storage: &Storage) {
         .into_iter()
         .filter(|c| !NEW.contains(&c.name().as_str()))
         .collect();
-    let store = log_store(storage, table).expect("log store");
+    let veil = new_veil(storage, table).expect("veil");
+    let store = log_store(storage, table, &veil).expect("log store");
     storage
         .block(async move {
             CreateBuilder::new()
@@ -81,7 +82,8 @@ fn earlier_release_table(storage: &Storage) {
 }
 
 fn delta_schema_names(storage: &Storage) -> Vec<String> {
-    let store = log_store(storage, Table::GpuMetrics).expect("log store");
+    let veil = new_veil(storage, Table::GpuMetrics).expect("veil");
+    let store = log_store(storage, Table::GpuMetrics, &veil).expect("log store");
     let t = storage
         .block(async move {
             let mut t = DeltaTable::new(store);

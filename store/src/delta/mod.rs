@@ -22,10 +22,12 @@
 pub mod convert;
 pub mod durable;
 pub mod files;
+pub mod guard;
 pub mod schema;
+pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
@@ -36,6 +38,8 @@ use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
 use object_store::prefix::PrefixStore;
 
+use self::guard::{FILES_KEY, Inspection, Inspector, LogHealth};
+use self::view::{Ceiling, LogView, Veil};
 use crate::persist::{FileMeta, Storage};
 use crate::schema::Table;
 use crate::{Error, Result};
@@ -91,18 +95,75 @@ impl Kind {
 }
 
 /// One table's log and what the store knows of its files.
-#[derive(Clone)]
 struct TableLog {
     table: DeltaTable,
     /// `FileMeta` of every active file, by its path in the table.
     known: HashMap<String, FileMeta>,
     /// The active files.
     files: Arc<Vec<FileMeta>>,
+    /// What `deltalake` is shown of the log (`view.rs`).
+    veil: Arc<RwLock<Veil>>,
+    /// The checks of the log (`guard.rs`), kept between refreshes.
+    inspector: Inspector,
+    /// What the last checks found.
+    health: LogHealth,
 }
 
 impl TableLog {
     fn version(&self) -> Option<u64> {
         self.table.state.as_ref().map(|s| s.version())
+    }
+
+    fn veil(&self) -> std::sync::RwLockWriteGuard<'_, Veil> {
+        self.veil.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Shows `deltalake` what `inspection` decided, and keeps what it found.
+    fn apply(&mut self, table: Table, inspection: Inspection) {
+        self.veil().set(inspection.ceiling, inspection.hidden);
+        if inspection.health != self.health {
+            if inspection.health.damaged() {
+                tracing::error!(
+                    table = table.name(),
+                    read_at = ?inspection.health.read_at,
+                    newest = ?inspection.health.newest,
+                    "{}",
+                    inspection.health.describe(table)
+                );
+            } else if self.health.damaged() {
+                tracing::info!(table = table.name(), "delta log readable again");
+            }
+        }
+        self.health = inspection.health;
+    }
+}
+
+/// What the checks of every table's log found, readable without the lock the commits hold.
+#[derive(Debug, Clone, Default)]
+pub struct HealthView(Arc<RwLock<BTreeMap<Table, LogHealth>>>);
+
+impl HealthView {
+    /// What the checks of `table`'s log found.
+    pub fn get(&self, table: Table) -> LogHealth {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&table)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Why no commit may run on `table` now, if so.
+    pub fn blocked(&self, table: Table) -> Option<String> {
+        let health = self.get(table);
+        health.blocks().then(|| health.describe(table))
+    }
+
+    fn set(&self, table: Table, health: &LogHealth) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(table, health.clone());
     }
 }
 
@@ -110,6 +171,7 @@ impl TableLog {
 pub struct DeltaTables {
     storage: Storage,
     logs: BTreeMap<Table, TableLog>,
+    health: HealthView,
 }
 
 impl std::fmt::Debug for DeltaTables {
@@ -126,20 +188,16 @@ impl std::fmt::Debug for DeltaTables {
     }
 }
 
-fn delta_error(storage: &Storage, table: Table, e: DeltaTableError) -> Error {
-    if let DeltaTableError::ObjectStore { source } = &e
-        && source.to_string().contains("No space left on device")
-    {
-        return Error::io(
-            storage.location(&table_dir(table)),
-            std::io::Error::from(std::io::ErrorKind::StorageFull),
-        );
+fn delta_error(storage: &Storage, table: Table, source: DeltaTableError) -> Error {
+    Error::Delta {
+        table,
+        location: storage.location(&table_dir(table)),
+        source,
     }
-    Error::Delta(format!(
-        "table {} at {}: {e}",
-        table.name(),
-        storage.location(&table_dir(table))
-    ))
+}
+
+fn not_open(table: Table) -> Error {
+    Error::DeltaSchema(format!("table {} is not open", table.name()))
 }
 
 /// A table's directory, relative to the root.
@@ -157,19 +215,49 @@ fn is_conflict(e: &DeltaTableError) -> bool {
     )
 }
 
-/// The log store of `table`: the storage's root store, seen from the table's directory.
-fn log_store(storage: &Storage, table: Table) -> Result<LogStoreRef> {
+/// A veil that hides nothing yet, for `table`'s log.
+fn new_veil(storage: &Storage, table: Table) -> Result<Arc<RwLock<Veil>>> {
+    let prefix = format!("{}/_delta_log/", storage.key(&table_dir(table))?);
+    Ok(Arc::new(RwLock::new(Veil::new(prefix))))
+}
+
+/// The log store of `table`: the storage's root store seen through `veil`, from the table's
+/// directory.
+fn log_store(storage: &Storage, table: Table, veil: &Arc<RwLock<Veil>>) -> Result<LogStoreRef> {
     let rel = table_dir(table);
     let url = storage.url(&rel)?;
-    let root = storage.root_store();
+    let view: Arc<dyn object_store::ObjectStore> =
+        Arc::new(LogView::new(storage.root_store(), Arc::clone(veil)));
     let prefixed: Arc<dyn object_store::ObjectStore> =
-        Arc::new(PrefixStore::new(Arc::clone(&root), storage.key(&rel)?));
+        Arc::new(PrefixStore::new(Arc::clone(&view), storage.key(&rel)?));
     Ok(default_logstore(
         prefixed,
-        root,
+        view,
         &url,
         &StorageConfig::default(),
     ))
+}
+
+/// The commit properties of a gpuwatch commit: its `txn`, and in `commitInfo` how many
+/// `add`/`remove` actions it holds (so that a commit cut short is told apart, `guard.rs`).
+fn commit_properties(
+    actions: &[Action],
+    txn: Option<Transaction>,
+    blind: bool,
+) -> CommitProperties {
+    let files = actions
+        .iter()
+        .filter(|a| matches!(a, Action::Add(_) | Action::Remove(_)))
+        .count();
+    let mut metadata = vec![(FILES_KEY.to_string(), serde_json::json!(files))];
+    if blind {
+        metadata.push(("isBlindAppend".to_string(), serde_json::json!(true)));
+    }
+    let mut props = CommitProperties::default().with_metadata(metadata);
+    if let Some(t) = txn {
+        props = props.with_application_transaction(t);
+    }
+    props
 }
 
 /// Loads `table`'s log; creates the table when it does not exist and `create` is set.
@@ -191,10 +279,7 @@ async fn load_or_create(
     if !create {
         return Ok(delta);
     }
-    let mut props = CommitProperties::default();
-    if let Some(t) = txn {
-        props = props.with_application_transaction(t);
-    }
+    let props = commit_properties(&extra, txn, false);
     let created = CreateBuilder::new()
         .with_log_store(Arc::clone(&log_store))
         .with_table_name(table.name())
@@ -259,55 +344,97 @@ async fn add_new_columns(
 
 impl DeltaTables {
     /// Opens every table's log. With `create`, missing tables are created (an ingest node);
-    /// without, a missing table reads as empty until it appears (a query node).
+    /// without, a missing table reads as empty until it appears (a query node). A table whose
+    /// log is damaged is read at its last good version and never created over.
     pub fn open(storage: &Storage, create: bool) -> Result<Self> {
         let mut logs = BTreeMap::new();
+        let health = HealthView::default();
         for table in Table::ALL {
-            let store = log_store(storage, table)?;
-            let delta = storage
-                .block(load_or_create(store, table, create, Vec::new(), None))?
-                .map_err(|e| delta_error(storage, table, e))?;
-            let mut log = TableLog {
-                table: delta,
-                known: HashMap::new(),
-                files: Arc::default(),
-            };
-            rebuild_files(table, &mut log);
+            let log = Self::open_table(storage, table, create)?;
+            health.set(table, &log.health);
             logs.insert(table, log);
         }
         Ok(Self {
             storage: storage.clone(),
             logs,
+            health,
         })
+    }
+
+    fn open_table(storage: &Storage, table: Table, create: bool) -> Result<TableLog> {
+        let veil = new_veil(storage, table)?;
+        let mut inspector = Inspector::default();
+        let inspection = inspector.inspect(storage, table, false)?;
+        let absent = inspection.health.newest.is_none();
+        let mut log = TableLog {
+            table: DeltaTable::new(log_store(storage, table, &veil)?),
+            known: HashMap::new(),
+            files: Arc::default(),
+            veil,
+            inspector,
+            health: LogHealth::default(),
+        };
+        log.apply(table, inspection);
+        let store = log.table.log_store();
+        let create = create && absent;
+        if create {
+            log.veil().open();
+        }
+        log.table = storage
+            .block(load_or_create(store, table, create, Vec::new(), None))?
+            .map_err(|e| delta_error(storage, table, e))?;
+        if create {
+            let inspection = log.inspector.inspect(storage, table, false)?;
+            log.apply(table, inspection);
+        }
+        rebuild_files(table, &mut log);
+        Ok(log)
     }
 
     /// True when `table` exists as a Delta table.
     pub fn exists(storage: &Storage, table: Table) -> Result<bool> {
-        let store = log_store(storage, table)?;
+        let store = log_store(storage, table, &new_veil(storage, table)?)?;
         storage
             .block(async move { store.is_delta_table_location().await })?
             .map_err(|e| delta_error(storage, table, e))
     }
 
     /// Creates `table` with `adds` and a `txn` in its first commit (conversion of an earlier
-    /// release's files). Does nothing if the table exists.
+    /// release's files, a log rebuilt by `gpuwatch repair`). Does nothing if the table exists.
     pub fn create_with(
         storage: &Storage,
         table: Table,
         adds: Vec<Action>,
         txn: Option<Transaction>,
     ) -> Result<()> {
-        let store = log_store(storage, table)?;
+        let store = log_store(storage, table, &new_veil(storage, table)?)?;
         storage
             .block(load_or_create(store, table, true, adds, txn))?
             .map(|_| ())
             .map_err(|e| delta_error(storage, table, e))
     }
 
-    fn log(&self, table: Table) -> Result<&TableLog> {
+    /// What the checks of every table's log found, readable without this lock.
+    pub fn health_view(&self) -> HealthView {
+        self.health.clone()
+    }
+
+    /// What the checks of `table`'s log found.
+    pub fn health(&self, table: Table) -> LogHealth {
         self.logs
             .get(&table)
-            .ok_or_else(|| Error::Delta(format!("table {} is not open", table.name())))
+            .map(|l| l.health.clone())
+            .unwrap_or_default()
+    }
+
+    /// Why no commit may run on `table` now (versions of its log are not read), if so.
+    pub fn blocked(&self, table: Table) -> Option<String> {
+        let log = self.logs.get(&table)?;
+        log.health.blocks().then(|| log.health.describe(table))
+    }
+
+    fn log(&self, table: Table) -> Result<&TableLog> {
+        self.logs.get(&table).ok_or_else(|| not_open(table))
     }
 
     /// The active files of `table`.
@@ -350,17 +477,29 @@ impl DeltaTables {
         Ok(changed)
     }
 
-    /// Brings `table` to its newest version. Returns whether its files changed.
+    /// Checks `table`'s log again and brings the table to its newest good version. Returns
+    /// whether its files changed.
     pub fn refresh_table(&mut self, table: Table) -> Result<bool> {
         let storage = self.storage.clone();
-        let log = self
-            .logs
-            .get_mut(&table)
-            .ok_or_else(|| Error::Delta(format!("table {} is not open", table.name())))?;
+        let log = self.logs.get_mut(&table).ok_or_else(|| not_open(table))?;
         let before = log.version();
+        let inspection = log.inspector.inspect(&storage, table, false)?;
+        let ceiling = inspection.ceiling;
+        log.apply(table, inspection);
+        self.health.set(table, &log.health);
         let mut delta = log.table.clone();
+        // A version already read that now fails its checks (a race with another writer, or
+        // damage after it was read): read the table again up to the last good version.
+        let reload = match (ceiling, before) {
+            (Ceiling::Nothing, Some(_)) => true,
+            (Ceiling::At(c), Some(v)) => v > c,
+            _ => false,
+        };
         let updated = storage
             .block(async move {
+                if reload {
+                    delta = DeltaTable::new(delta.log_store());
+                }
                 if delta.state.is_none() && !delta.log_store().is_delta_table_location().await? {
                     return Ok(delta);
                 }
@@ -368,7 +507,7 @@ impl DeltaTables {
             })?
             .map_err(|e| delta_error(&storage, table, e))?;
         log.table = updated;
-        if log.version() == before {
+        if log.version() == before && !reload {
             return Ok(false);
         }
         rebuild_files(table, log);
@@ -384,6 +523,9 @@ impl DeltaTables {
         kind: Kind,
         txn: Option<Transaction>,
     ) -> Result<u64> {
+        if let Some(why) = self.blocked(table) {
+            return Err(Error::LogDamaged(why));
+        }
         let attempts = if matches!(kind, Kind::Append) {
             APPEND_ATTEMPTS
         } else {
@@ -415,8 +557,42 @@ impl DeltaTables {
                 }
             }
         }
-        let e = last.unwrap_or_else(|| DeltaTableError::Generic("no commit attempt".into()));
-        Err(Error::DeltaConflict(format!("table {}: {e}", table.name())))
+        let source = last.unwrap_or_else(|| DeltaTableError::Generic("no commit attempt".into()));
+        Err(Error::DeltaConflict { table, source })
+    }
+
+    /// Commits a repair (`gpuwatch repair`, offline): files re-added and damaged ones removed.
+    /// The `txn` of every writer whose files it re-adds rides along as `Action::Txn`. One
+    /// attempt.
+    pub fn commit_repair(&mut self, table: Table, actions: Vec<Action>) -> Result<u64> {
+        if let Some(why) = self.blocked(table) {
+            return Err(Error::LogDamaged(why));
+        }
+        let kind = Kind::Expire {
+            predicate: "gpuwatch repair".into(),
+        };
+        self.commit_once(table, actions, &kind, None)
+            .map_err(|e| delta_error(&self.storage, table, e))
+    }
+
+    /// The paths (in the table) of every file removed from `table` and not vacuumed yet, as its
+    /// log's tombstones say.
+    pub fn tombstones(&self, table: Table) -> Result<HashSet<String>> {
+        use futures::TryStreamExt;
+        let log = self.log(table)?;
+        let Some(state) = log.table.state.clone() else {
+            return Ok(HashSet::new());
+        };
+        let store = log.table.log_store();
+        self.storage
+            .block(async move {
+                state
+                    .all_tombstones(store.as_ref())
+                    .map_ok(|t| t.path().into_owned())
+                    .try_collect::<HashSet<String>>()
+                    .await
+            })?
+            .map_err(|e| delta_error(&self.storage, table, e))
     }
 
     fn commit_once(
@@ -436,14 +612,11 @@ impl DeltaTables {
             )));
         };
         let store = log.table.log_store();
-        let mut props = CommitProperties::default();
-        if let Some(t) = txn {
-            props = props.with_application_transaction(t);
-        }
-        if matches!(kind, Kind::Append) {
-            props = props.with_metadata([("isBlindAppend".to_string(), serde_json::json!(true))]);
-        }
+        let props = commit_properties(&actions, txn, matches!(kind, Kind::Append));
         let operation = kind.operation();
+        // Every version is shown while committing (conflicts are checked against the commits
+        // that got in first); the next refresh checks them.
+        log.veil().open();
         let outcome = self
             .storage
             .block(async move {
@@ -461,6 +634,7 @@ impl DeltaTables {
             })
             .map_err(|e| DeltaTableError::Generic(e.to_string()))??;
         let (version, snapshot) = outcome;
+        log.veil().set_ceiling(Ceiling::At(version));
         match snapshot {
             Ok(s) => {
                 log.table.state = Some(s);
@@ -519,6 +693,16 @@ impl DeltaTables {
     pub fn vacuum(&mut self, table: Table, retention: Duration, now_millis: i64) -> Result<usize> {
         use futures::TryStreamExt;
         let log = self.log(table)?;
+        if log.health.blocks() {
+            // Files the unread versions added look unnamed: nothing is deleted until the log
+            // is repaired.
+            tracing::warn!(
+                table = table.name(),
+                "vacuum skipped: {}",
+                log.health.describe(table)
+            );
+            return Ok(0);
+        }
         let Some(state) = log.table.state.clone() else {
             return Ok(0);
         };

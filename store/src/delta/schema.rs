@@ -41,7 +41,7 @@ fn delta_type(table: Table, field: &Field) -> Result<DeltaType> {
 }
 
 fn unsupported(table: Table, field: &Field) -> Error {
-    Error::Delta(format!(
+    Error::DeltaSchema(format!(
         "column {}.{} has type {}, which has no Delta equivalent here",
         table.name(),
         field.name(),
@@ -121,9 +121,9 @@ fn convert(column: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
         let map = column
             .as_any()
             .downcast_ref::<MapArray>()
-            .ok_or_else(|| Error::Delta("a map column is not a map array".into()))?;
+            .ok_or_else(|| Error::DeltaSchema("a map column is not a map array".into()))?;
         let DataType::Struct(fields) = entries.data_type() else {
-            return Err(Error::Delta("a map type without entries".into()));
+            return Err(Error::DeltaSchema("a map type without entries".into()));
         };
         let kv = arrow::array::StructArray::try_new(
             fields.clone(),

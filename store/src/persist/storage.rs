@@ -79,6 +79,7 @@ impl ObjectStoreUrl {
         let bad = |detail: &str| Error::ObjectStoreConfig {
             url: url.to_string(),
             detail: detail.to_string(),
+            source: None,
         };
         let rest = url
             .strip_prefix("s3://")
@@ -172,6 +173,7 @@ fn build_s3(url: &ObjectStoreUrl, options: &[(String, String)]) -> Result<Arc<dy
         let key = key.parse().map_err(|e| Error::ObjectStoreConfig {
             url: url.to_string(),
             detail: format!("{e}"),
+            source: Some(e),
         })?;
         builder = builder.with_config(key, value);
     }
@@ -183,6 +185,7 @@ fn build_s3(url: &ObjectStoreUrl, options: &[(String, String)]) -> Result<Arc<dy
             detail: format!(
                 "{e}; set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (and AWS_ENDPOINT_URL, AWS_ALLOW_HTTP=true for a server other than AWS)"
             ),
+            source: Some(e),
         })?;
     Ok(Arc::new(store))
 }
@@ -295,7 +298,8 @@ impl Storage {
         let prefix = ObjectPath::from_filesystem_path(&dir)
             .map_err(|e| Error::ObjectStoreConfig {
                 url: dir.display().to_string(),
-                detail: e.to_string(),
+                detail: format!("not a usable path: {e}"),
+                source: Some(e.into()),
             })?
             .to_string();
         let id = if writer_id_file {
@@ -384,7 +388,7 @@ impl Storage {
         };
         ObjectPath::parse(&key).map_err(|e| Error::ObjectStore {
             location: self.location(rel),
-            detail: e.to_string(),
+            source: e.into(),
         })
     }
 
@@ -397,14 +401,16 @@ impl Storage {
                     Error::ObjectStoreConfig {
                         url: dir.join(rel).display().to_string(),
                         detail: "not an absolute path".into(),
+                        source: None,
                     }
                 });
             }
             Place::Object(u) => format!("{}/{}/", u.base(), self.key(rel)?),
         };
         url::Url::parse(&text).map_err(|e| Error::ObjectStoreConfig {
+            detail: format!("not a url: {e}"),
             url: text,
-            detail: e.to_string(),
+            source: None,
         })
     }
 
@@ -430,16 +436,10 @@ impl Storage {
         }
     }
 
-    fn error(&self, rel: &str, e: object_store::Error) -> Error {
-        if e.to_string().contains("No space left on device") {
-            return Error::io(
-                self.location(rel),
-                std::io::Error::from(std::io::ErrorKind::StorageFull),
-            );
-        }
+    fn error(&self, rel: &str, source: object_store::Error) -> Error {
         Error::ObjectStore {
             location: self.location(rel),
-            detail: e.to_string(),
+            source,
         }
     }
 
@@ -449,7 +449,7 @@ impl Storage {
         f: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T> {
         let Some(rt) = &self.0.runtime.0 else {
-            return Err(Error::ObjectStore {
+            return Err(Error::StorageClient {
                 location: self.describe(),
                 detail: "the storage client is shut down".into(),
             });
@@ -458,7 +458,7 @@ impl Storage {
         rt.spawn(async move {
             let _ = tx.send(f.await);
         });
-        rx.recv().map_err(|_| Error::ObjectStore {
+        rx.recv().map_err(|_| Error::StorageClient {
             location: self.describe(),
             detail: "the storage client stopped during a request".into(),
         })
@@ -517,11 +517,30 @@ impl Storage {
 
     /// Every object under the directory `rel_dir`.
     pub fn list(&self, rel_dir: &str) -> Result<Vec<Listed>> {
+        self.list_from(rel_dir, None)
+    }
+
+    /// The objects under the directory `rel_dir` whose path sorts after `after_rel` (a log
+    /// listed from a version on, without reading its older entries).
+    pub fn list_after(&self, rel_dir: &str, after_rel: &str) -> Result<Vec<Listed>> {
+        self.list_from(rel_dir, Some(after_rel))
+    }
+
+    fn list_from(&self, rel_dir: &str, after_rel: Option<&str>) -> Result<Vec<Listed>> {
         let key = self.key(rel_dir)?;
+        let offset = after_rel.map(|a| self.key(a)).transpose()?;
         let store = self.root_store();
-        let metas = match self
-            .block(async move { store.list(Some(&key)).try_collect::<Vec<_>>().await })?
-        {
+        let metas = match self.block(async move {
+            match offset {
+                Some(o) => {
+                    store
+                        .list_with_offset(Some(&key), &o)
+                        .try_collect::<Vec<_>>()
+                        .await
+                }
+                None => store.list(Some(&key)).try_collect::<Vec<_>>().await,
+            }
+        })? {
             Ok(m) => m,
             Err(object_store::Error::NotFound { .. }) => Vec::new(),
             Err(e) => return Err(self.error(rel_dir, e)),

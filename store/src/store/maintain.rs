@@ -79,7 +79,7 @@ impl Store {
             .and_then(|()| self.compact(now, &mut reopened, &mut report))
             .and_then(|()| self.vacuum(now, &mut report));
         if let Err(e) = done {
-            if matches!(e, Error::DeltaConflict(_)) {
+            if matches!(e, Error::DeltaConflict { .. }) {
                 self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
             }
             return Err(e);
@@ -115,8 +115,9 @@ impl Store {
                 continue;
             };
             let cutoff = now.saturating_sub(keep);
+            // A damaged file is never removed (then vacuumed): it waits for `gpuwatch repair`.
             let doomed: Vec<FileMeta> = self
-                .files(table)
+                .readable_files(table)
                 .iter()
                 .filter(|f| {
                     // Raw samples go only once their hour is rolled up.
@@ -129,6 +130,10 @@ impl Store {
                 continue;
             }
             let mut tables = lock(&self.tables);
+            if let Some(why) = tables.blocked(table) {
+                tracing::warn!(table = table.name(), "retention skipped: {why}");
+                continue;
+            }
             let ms = now.div_euclid(1_000_000);
             self.maintenance_commit(
                 &mut tables,
@@ -161,7 +166,11 @@ impl Store {
         let cfg = &self.config.compaction;
         let mut windows: BTreeMap<(Table, i64), Vec<FileMeta>> = BTreeMap::new();
         for table in Table::ALL.into_iter().filter(|t| t.is_ingested()) {
-            for f in self.files(table).iter().filter(|f| f.has_time_range()) {
+            for f in self
+                .readable_files(table)
+                .iter()
+                .filter(|f| f.has_time_range())
+            {
                 windows
                     .entry((table, compact::window_of(f)))
                     .or_default()
@@ -189,11 +198,54 @@ impl Store {
                 true
             };
             if needed {
-                self.compact_window(table, hour, &files, closed, now, report)?;
+                self.compact_or_skip(table, hour, &files, closed, now, report)?;
             }
         }
         *reopened = still_reopened;
         Ok(())
+    }
+
+    /// Compacts one window. A window that cannot be compacted now (a damaged input, a table
+    /// whose log is damaged) is skipped, and every other window goes on; a conflict with
+    /// another maintainer ends the pass.
+    fn compact_or_skip(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+        now: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let needs = if closed && table == Table::GpuMetrics {
+            vec![table, Table::GpuMetrics1m, Table::GpuMetrics1h]
+        } else {
+            vec![table]
+        };
+        let blocked = {
+            let tables = lock(&self.tables);
+            needs.iter().find_map(|t| tables.blocked(*t))
+        };
+        if let Some(why) = blocked {
+            tracing::warn!(
+                table = table.name(),
+                hour,
+                "compaction of the hour skipped: {why}"
+            );
+            report.windows_skipped += 1;
+            return Ok(());
+        }
+        match self.compact_window(table, hour, inputs, closed, now, report) {
+            Ok(()) => Ok(()),
+            Err(e @ Error::DeltaConflict { .. }) | Err(e @ Error::Fenced(_)) => Err(e),
+            Err(e) => {
+                let damaged = self.find_damaged(table, inputs);
+                tracing::warn!(table = table.name(), hour, error = %e, damaged = damaged.len(),
+                    "compaction of the hour failed; it is retried at the next pass without any damaged file, and every other hour goes on");
+                report.windows_skipped += 1;
+                Ok(())
+            }
+        }
     }
 
     fn compact_window(
@@ -205,6 +257,55 @@ impl Store {
         now: i64,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
+        let written = self.write_window(table, hour, inputs, closed)?;
+        let mut tables = lock(&self.tables);
+        // Another maintainer (or retention) took an input away: leave the window be.
+        let current = tables.files(table);
+        if !inputs
+            .iter()
+            .all(|i| current.iter().any(|f| f.path == i.path))
+        {
+            drop(tables);
+            self.discard(&written);
+            return Ok(());
+        }
+        let committed = self.commit_window(&mut tables, table, hour, inputs, &written, now);
+        drop(tables);
+        if let Err((e, landed)) = committed {
+            // Files of commits that did not land go; those that landed stay.
+            let rollups: Vec<(Table, Written)> = written
+                .iter()
+                .filter(|(t, _)| *t != table)
+                .skip(landed)
+                .cloned()
+                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
+                .collect();
+            self.discard(&rollups);
+            return Err(e);
+        }
+        report.windows_compacted += 1;
+        report.files_merged += inputs.len();
+        report.rollup_files += written.len() - 1;
+        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            table = table.name(),
+            hour,
+            files = inputs.len(),
+            closed,
+            "window compacted"
+        );
+        Ok(())
+    }
+
+    /// Writes the window's merged file and, for a closed hour of `gpu_metrics`, its rollups;
+    /// on failure nothing written stays.
+    fn write_window(
+        &self,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        closed: bool,
+    ) -> Result<Vec<(Table, Written)>> {
         let storage = &self.storage;
         let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
         let name = format!("c{}", random_hex());
@@ -223,31 +324,37 @@ impl Store {
                     result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
             }
         }
-        let discard = |written: &[(Table, Written)]| {
-            let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
-            persist::remove_files(storage, &files);
-        };
-        if let Err(e) = result {
-            discard(&written);
-            return Err(e);
+        match result {
+            Ok(()) => Ok(written),
+            Err(e) => {
+                self.discard(&written);
+                Err(e)
+            }
         }
-        let mut tables = lock(&self.tables);
-        // Another maintainer (or retention) took an input away: leave the window be.
-        let current = tables.files(table);
-        if !inputs
-            .iter()
-            .all(|i| current.iter().any(|f| f.path == i.path))
-        {
-            drop(tables);
-            discard(&written);
-            return Ok(());
-        }
+    }
+
+    fn discard(&self, written: &[(Table, Written)]) {
+        let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
+        persist::remove_files(&self.storage, &files);
+    }
+
+    /// Commits the window's rollups, then the raw hour's compaction; on failure, the error and
+    /// how many rollup commits landed.
+    fn commit_window(
+        &self,
+        tables: &mut DeltaTables,
+        table: Table,
+        hour: i64,
+        inputs: &[FileMeta],
+        written: &[(Table, Written)],
+        now: i64,
+    ) -> std::result::Result<(), (Error, usize)> {
+        let ms = now_millis(self.clock.as_ref());
         let start = time_text(hour.saturating_mul(HOUR_NANOS));
         let end = time_text((hour + 1).saturating_mul(HOUR_NANOS));
         // Rollups first: a crash before the raw hour's commit leaves it unmarked, so the next
         // pass builds its rollups again (replacing these), never an hour marked without them.
         let mut committed = 0;
-        let mut outcome = Ok(());
         for (t, w) in written.iter().filter(|(t, _)| *t != table) {
             let old: Vec<FileMeta> = tables
                 .files(*t)
@@ -257,54 +364,19 @@ impl Store {
                 .collect();
             let mut actions = removes(&old, true, ms);
             actions.push(Action::Add(w.add.clone()));
-            outcome = self.maintenance_commit(
-                &mut tables,
-                *t,
-                actions,
-                Kind::Replace {
-                    predicate: format!("time >= '{start}' AND time < '{end}'"),
-                },
-                now,
-            );
-            if outcome.is_err() {
-                break;
-            }
+            let predicate = format!("time >= '{start}' AND time < '{end}'");
+            self.maintenance_commit(tables, *t, actions, Kind::Replace { predicate }, now)
+                .map_err(|e| (e, committed))?;
             committed += 1;
         }
-        if outcome.is_ok()
-            && let Some((_, w)) = written.iter().find(|(t, _)| *t == table)
-        {
+        if let Some((_, w)) = written.iter().find(|(t, _)| *t == table) {
             let mut add = w.add.clone();
             add.data_change = false;
             let mut actions = removes(inputs, false, ms);
             actions.push(Action::Add(add));
-            outcome = self.maintenance_commit(&mut tables, table, actions, Kind::Compact, now);
+            self.maintenance_commit(tables, table, actions, Kind::Compact, now)
+                .map_err(|e| (e, committed))?;
         }
-        drop(tables);
-        if let Err(e) = outcome {
-            // Files of commits that did not land go; those that landed stay.
-            let rollups: Vec<(Table, Written)> = written
-                .iter()
-                .filter(|(t, _)| *t != table)
-                .skip(committed)
-                .cloned()
-                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
-                .collect();
-            discard(&rollups);
-            return Err(e);
-        }
-        let rollups = written.len() - 1;
-        report.windows_compacted += 1;
-        report.files_merged += inputs.len();
-        report.rollup_files += rollups;
-        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            table = table.name(),
-            hour,
-            files = inputs.len(),
-            closed,
-            "window compacted"
-        );
         Ok(())
     }
 

@@ -56,11 +56,11 @@ impl Place {
         }
     }
 
-    fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    fn config(&self) -> StoreConfig {
+    pub(super) fn config(&self) -> StoreConfig {
         let mut c = StoreConfig::new(self.dir.path());
         if let Some((url, options)) = &self.s3 {
             c.object_store = Some(url.clone());
@@ -101,7 +101,7 @@ on_both!(
     concurrent_writers_share_fsyncs_through_the_store,
 );
 
-fn open(p: &Place) -> Store {
+pub(super) fn open(p: &Place) -> Store {
     Store::open(p.config(), Arc::new(ManualClock::new(T0))).expect("open")
 }
 
@@ -109,7 +109,7 @@ fn exists(s: &Store, rel: &str) -> bool {
     s.storage().read(rel).is_ok()
 }
 
-fn write_of(i: usize) -> WriteBatch {
+pub(super) fn write_of(i: usize) -> WriteBatch {
     let mut row = GpuRow::new(T0 + i as i64 * 1_000_000_000);
     row.labels[0] = Some("h".into());
     row.labels[1] = Some(format!("GPU-{}", i % 3));
@@ -117,7 +117,7 @@ fn write_of(i: usize) -> WriteBatch {
     WriteBatch::from_rows(&[row], &[]).expect("batch")
 }
 
-fn powers(store: &Store) -> Vec<f64> {
+pub(super) fn powers(store: &Store) -> Vec<f64> {
     let snap = store.snapshot(Table::GpuMetrics);
     let mut out = Vec::new();
     for b in &snap.batches {
@@ -152,7 +152,7 @@ fn powers(store: &Store) -> Vec<f64> {
     out
 }
 
-fn expected(n: usize) -> Vec<f64> {
+pub(super) fn expected(n: usize) -> Vec<f64> {
     (0..n).map(|i| i as f64).collect()
 }
 
@@ -346,7 +346,7 @@ fn concurrent_writers_share_fsyncs_through_the_store(p: &Place) {
     );
 }
 
-fn write_at(i: usize, step_secs: i64) -> WriteBatch {
+pub(super) fn write_at(i: usize, step_secs: i64) -> WriteBatch {
     let mut row = GpuRow::new(T0 + i as i64 * step_secs * 1_000_000_000);
     row.labels[0] = Some("h".into());
     row.labels[1] = Some(format!("GPU-{}", i % 3));
@@ -670,7 +670,10 @@ fn a_second_maintainer_conflicts_writes_nothing_and_the_first_goes_on() {
     let r = a.maintain().expect("a maintains");
     assert_eq!(r.windows_compacted, 1, "{r:?}");
     let b_pass = b.maintain_without_refresh();
-    assert!(matches!(b_pass, Err(Error::DeltaConflict(_))), "{b_pass:?}");
+    assert!(
+        matches!(b_pass, Err(Error::DeltaConflict { .. })),
+        "{b_pass:?}"
+    );
     assert!(b.stats().delta_conflicts.load(Ordering::Relaxed) >= 1);
     b.refresh().expect("refresh");
     assert_eq!(powers(&b), expected(120), "nothing doubled or lost");
@@ -882,4 +885,30 @@ fn checkpoints_keep_the_log_short_and_a_reopen_reads_them() {
         100,
         "the WAL coverage survives the checkpoint"
     );
+    // A damaged checkpoint is read around: the commits it summed up are read instead, nothing
+    // is lost, and the table takes commits.
+    drop(s);
+    std::fs::write(
+        log.join("00000000000000000099.checkpoint.parquet"),
+        b"PAR1 not really",
+    )
+    .expect("damage");
+    let s =
+        Store::open(StoreConfig::new(dir.path()), Arc::new(ManualClock::new(T0))).expect("reopen");
+    let health = s.log_health(Table::GpuMetrics);
+    assert_eq!(health.lost(), None, "{health:?}");
+    assert_eq!(health.checkpoint, None);
+    assert_eq!(
+        health.bad.iter().map(|b| b.kind).collect::<Vec<_>>(),
+        vec![
+            crate::delta::guard::EntryKind::Checkpoint,
+            crate::delta::guard::EntryKind::LastCheckpoint
+        ],
+        "{health:?}"
+    );
+    assert_eq!(powers(&s), expected(100));
+    s.write(&write_of(100)).expect("write");
+    let r = s.persist().expect("persist").expect("report");
+    assert!(r.held_back.is_empty());
+    assert_eq!(powers(&s), expected(101));
 }

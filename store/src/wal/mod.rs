@@ -1,9 +1,13 @@
 //! The write-ahead log: segment files of checksummed records.
 //!
-//! A segment is `<seq:020>.wal` holding an 8-byte magic and then frames of
-//! `[len: u32 LE][crc32(payload): u32 LE][payload]`. Segments are only ever appended to by the
-//! process that created them; a new process starts a new segment, so a torn tail (a crash
-//! mid-append) is simply where replay of that segment stops: every whole record before it is kept.
+//! A segment is `<seq:020>.wal` holding an 8-byte magic (`GPUWAL02`) and then frames of
+//! `[len: u32 LE][crc32(payload): u32 LE][crc32(the 8 bytes before): u32 LE][payload]`. Each
+//! record is checked on its own, so replay keeps every valid record wherever damage is: a torn
+//! tail (a crash mid-append), a flipped bit, a zero-filled hole or garbage costs only the
+//! records it touches, and the reader scans forward for the next valid frame (`read.rs`).
+//! Segments of earlier releases (`GPUWAL01`, frames without the header checksum) are read too.
+//! Segments are only ever appended to by the process that created them; a new process starts a
+//! new segment.
 //!
 //! Appending and making durable are separate steps: [`Wal::append`] writes a frame (no fsync) and
 //! returns its end [`Position`]; [`GroupCommit`] then makes positions durable with one fsync shared
@@ -12,20 +16,29 @@
 //! so a durable position in segment `n` implies every earlier segment is durable too.
 
 mod commit;
+mod read;
 pub mod record;
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use commit::{GroupCommit, SyncTarget};
+pub use read::{SegmentReport, read_segment};
 pub use record::{decode_payload, encode_payload};
 
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"GPUWAL01";
+/// The magic of the segments written now (frames with a header checksum).
+const MAGIC: &[u8; 8] = b"GPUWAL02";
+/// The magic of earlier releases' segments (frames without a header checksum).
+const MAGIC_V1: &[u8; 8] = b"GPUWAL01";
+/// A frame's header in segments of [`MAGIC`]: length, payload checksum, header checksum.
+pub const FRAME_HEADER_V2: usize = 12;
+/// A frame's header in segments of [`MAGIC_V1`]: length, payload checksum.
+const FRAME_HEADER_V1: usize = 8;
 /// Frames larger than this are taken as corruption.
 const MAX_RECORD_BYTES: u32 = 1 << 30;
 
@@ -48,15 +61,6 @@ pub struct Wal {
     /// The segment may hold a half frame or unsynced pages whose fsync failed: the next append
     /// starts a new segment so that nothing is ever written after the damage.
     broken: bool,
-}
-
-/// What reading one segment found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SegmentReport {
-    /// Whole records read.
-    pub records: u64,
-    /// Bytes after the last whole record (a torn or corrupt tail).
-    pub torn_bytes: u64,
 }
 
 impl Wal {
@@ -138,9 +142,11 @@ impl Wal {
         if self.broken {
             self.rotate()?;
         }
-        let mut frame = Vec::with_capacity(8 + payload.len());
+        let mut frame = Vec::with_capacity(FRAME_HEADER_V2 + payload.len());
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        let header_crc = crc32fast::hash(&frame[..8]);
+        frame.extend_from_slice(&header_crc.to_le_bytes());
         frame.extend_from_slice(payload);
         // Written at the known end, not the file cursor: after a failed append was cut back the
         // cursor would point past the end and leave a hole of zeros.
@@ -173,9 +179,14 @@ impl Wal {
     }
 }
 
+/// The file name of segment `seq`.
+pub fn segment_name(seq: u64) -> String {
+    format!("{seq:020}.wal")
+}
+
 /// The path of segment `seq`.
 pub fn segment_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("{seq:020}.wal"))
+    dir.join(segment_name(seq))
 }
 
 /// Every segment in `dir`, in order.
@@ -198,64 +209,6 @@ pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     }
     out.sort();
     Ok(out)
-}
-
-/// Reads every whole record of a segment, in order, handing each payload to `f`. Memory use is
-/// bounded by the largest record, not the segment.
-pub fn read_segment(path: &Path, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<SegmentReport> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let total = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut report = SegmentReport::default();
-    let mut magic = [0u8; 8];
-    if reader.read_exact(&mut magic).is_err() || &magic != MAGIC {
-        report.torn_bytes = total;
-        return Ok(report);
-    }
-    let mut offset = MAGIC.len() as u64;
-    let mut payload = Vec::new();
-    loop {
-        let mut header = [0u8; 8];
-        match read_full(&mut reader, &mut header) {
-            Ok(0) => break,
-            Ok(8) => {}
-            Ok(_) => break,
-            Err(e) => return Err(Error::io(path, e)),
-        }
-        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        // No record is empty: a zero length is a zero-filled region (a hole), not a record.
-        if len == 0 || len > MAX_RECORD_BYTES || offset + 8 + u64::from(len) > total {
-            break;
-        }
-        payload.resize(len as usize, 0);
-        match read_full(&mut reader, &mut payload) {
-            Ok(n) if n == payload.len() => {}
-            Ok(_) => break,
-            Err(e) => return Err(Error::io(path, e)),
-        }
-        if crc32fast::hash(&payload) != crc {
-            break;
-        }
-        f(&payload)?;
-        report.records += 1;
-        offset += 8 + u64::from(len);
-    }
-    report.torn_bytes = total - offset;
-    Ok(report)
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Fsyncs a directory so that file creations and renames in it are durable.
@@ -323,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_stops_replay_at_that_record() {
+    fn a_flipped_byte_costs_only_its_record() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = Wal::create(dir.path(), 1).expect("create");
         for r in [b"aaaa", b"bbbb", b"cccc"] {
@@ -331,12 +284,54 @@ mod tests {
         }
         let path = segment_path(dir.path(), 1);
         let mut bytes = fs::read(&path).expect("read");
-        let second_payload = 8 + (8 + 4) + 8;
-        bytes[second_payload] ^= 0xff;
+        let frame = (FRAME_HEADER_V2 + 4) as u64;
+        let second = 8 + frame;
+        bytes[second as usize + FRAME_HEADER_V2] ^= 0xff;
         fs::write(&path, &bytes).expect("write");
         let (got, report) = payloads(&path);
-        assert_eq!(got, vec![b"aaaa".to_vec()]);
-        assert_eq!(report.torn_bytes, 2 * 12);
+        assert_eq!(got, vec![b"aaaa".to_vec(), b"cccc".to_vec()]);
+        assert_eq!(report.skipped, vec![second..second + frame]);
+        assert_eq!(
+            report.ranges_text(),
+            format!("{second}..{}", second + frame)
+        );
+    }
+
+    /// Segments written by earlier releases (no header checksum) are read, damage included.
+    #[test]
+    fn earlier_release_segments_are_read_and_resynced() {
+        use crate::ingest::{GpuRow, WriteBatch};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("00000000000000000001.wal");
+        let mut bytes = MAGIC_V1.to_vec();
+        let mut starts = Vec::new();
+        for i in 0..3i64 {
+            let write = WriteBatch::from_rows(&[GpuRow::new(i)], &[]).expect("batch");
+            let payload = encode_payload(&write).expect("encode");
+            starts.push(bytes.len());
+            bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            bytes.extend_from_slice(&payload);
+        }
+        bytes[starts[1] + 20] ^= 0x5a;
+        fs::write(&path, &bytes).expect("write");
+        let (got, report) = payloads(&path);
+        assert_eq!((got.len(), report.format), (2, 1));
+        assert_eq!(report.skipped, vec![starts[1] as u64..starts[2] as u64]);
+        let times: Vec<i64> = got
+            .iter()
+            .map(|p| {
+                let w = decode_payload(p).expect("decode");
+                w.batches[0]
+                    .1
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::TimestampNanosecondArray>()
+                    .expect("times")
+                    .value(0)
+            })
+            .collect();
+        assert_eq!(times, vec![0, 2]);
     }
 }
 

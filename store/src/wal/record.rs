@@ -62,3 +62,17 @@ pub fn decode_payload(payload: &[u8]) -> Result<WriteBatch> {
     }
     Ok(WriteBatch { batches })
 }
+
+/// True when `head` (the first 7 bytes of a payload of `len` bytes) can start a write: a batch
+/// count, a known table id and a first batch that fits. Used to scan segments of the format
+/// without a header checksum for their next record cheaply.
+pub(super) fn plausible_start(head: &[u8], len: u32) -> bool {
+    let [c0, c1, table, l0, l1, l2, l3, ..] = *head else {
+        return false;
+    };
+    let count = u16::from_le_bytes([c0, c1]);
+    let first = u32::from_le_bytes([l0, l1, l2, l3]);
+    (1..=1024).contains(&count)
+        && Table::from_id(table).is_some()
+        && u64::from(first) + 7 <= u64::from(len)
+}

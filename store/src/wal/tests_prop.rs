@@ -1,5 +1,6 @@
 //! Property tests: any sequence of records survives encode, append and replay; a log cut at any
-//! byte or damaged anywhere replays exactly a prefix of whole records.
+//! byte replays exactly its whole records, and any one damaged stretch anywhere (flipped bits,
+//! zeros, garbage, a 4 KiB hole, inserted bytes) costs exactly the records it touches.
 
 use proptest::prelude::*;
 
@@ -92,45 +93,104 @@ proptest! {
             let whole = ends.iter().filter(|e| **e <= cut as u64).count().saturating_sub(1);
             prop_assert_eq!(&got[..], &records[..whole], "cut at {}", cut);
             let kept = if cut < MAGIC.len() { 0 } else { ends[whole] };
-            prop_assert_eq!(report.torn_bytes, cut as u64 - kept);
+            prop_assert_eq!(report.skipped_bytes(), cut as u64 - kept);
         }
     }
 
+    /// Any one damaged stretch (flipped bits, zeros, garbage) costs exactly the records it
+    /// touches: every other record is replayed, in order, and the skipped ranges cover the
+    /// damaged records and nothing else.
     #[test]
-    fn a_zero_filled_hole_ends_replay(
+    fn every_intact_record_survives_one_damaged_stretch(
+        records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 1..12),
+        at in any::<prop::sample::Index>(),
+        len in 1usize..600,
+        kind in 0u8..3,
+        fill in proptest::collection::vec(any::<u8>(), 600),
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, ends) = write_segment(dir.path(), &records);
+        let before = fs::read(&path).expect("read");
+        let mut bytes = before.clone();
+        let start = MAGIC.len() + at.index(bytes.len() - MAGIC.len());
+        let end = (start + len).min(bytes.len());
+        for (i, b) in bytes[start..end].iter_mut().enumerate() {
+            *b = match kind {
+                0 => *b ^ fill[i].max(1),
+                1 => 0,
+                _ => fill[i],
+            };
+        }
+        fs::write(&path, &bytes).expect("write");
+        let (got, report) = replay(&path);
+        let (want, hit) = survivors(&records, &ends, &before, &bytes);
+        prop_assert_eq!(&got[..], &want[..], "damage {}..{} kind {}", start, end, kind);
+        prop_assert_eq!(report.skipped, hit);
+    }
+
+    /// A zero-filled 4 KiB hole over larger records: the records around it survive.
+    #[test]
+    fn a_zero_filled_4k_hole_costs_only_the_records_under_it(
+        records in proptest::collection::vec(proptest::collection::vec(1u8..=255, 500..3000), 4..10),
+        at in any::<prop::sample::Index>(),
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, ends) = write_segment(dir.path(), &records);
+        let before = fs::read(&path).expect("read");
+        let mut bytes = before.clone();
+        let start = MAGIC.len() + at.index(bytes.len() - MAGIC.len());
+        let end = (start + 4096).min(bytes.len());
+        bytes[start..end].fill(0);
+        fs::write(&path, &bytes).expect("write");
+        let (got, report) = replay(&path);
+        let (want, hit) = survivors(&records, &ends, &before, &bytes);
+        prop_assert_eq!(&got[..], &want[..]);
+        prop_assert_eq!(report.skipped, hit);
+    }
+
+    /// Bytes inserted between records (a hole, then a copy of the log) are skipped, and every
+    /// record on either side is replayed.
+    #[test]
+    fn inserted_garbage_between_records_is_skipped(
         records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 1..6),
-        hole in 1usize..64,
+        hole in proptest::collection::vec(any::<u8>(), 1..64),
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, _) = write_segment(dir.path(), &records);
         let mut bytes = fs::read(&path).expect("read");
-        bytes.extend(std::iter::repeat_n(0u8, hole));
-        let again = bytes[8..].to_vec();
-        bytes.extend_from_slice(&again);
+        let body = bytes[MAGIC.len()..].to_vec();
+        let at = bytes.len() as u64;
+        bytes.extend_from_slice(&hole);
+        bytes.extend_from_slice(&body);
         fs::write(&path, &bytes).expect("write");
         let (got, report) = replay(&path);
-        prop_assert_eq!(&got[..], &records[..]);
-        prop_assert!(report.torn_bytes >= hole as u64);
+        let twice: Vec<Vec<u8>> = records.iter().chain(&records).cloned().collect();
+        prop_assert_eq!(&got[..], &twice[..]);
+        prop_assert_eq!(report.skipped, vec![at..at + hole.len() as u64]);
     }
+}
 
-    #[test]
-    fn a_damaged_byte_replays_a_prefix_and_nothing_after_the_damage(
-        records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 1..8),
-        at in any::<prop::sample::Index>(),
-        flip in 1u8..=255,
-    ) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (path, ends) = write_segment(dir.path(), &records);
-        let mut bytes = fs::read(&path).expect("read");
-        let i = at.index(bytes.len());
-        bytes[i] ^= flip;
-        fs::write(&path, &bytes).expect("write");
-        let (got, _) = replay(&path);
-        // Every record that ends before the damaged byte is kept, and nothing after it: a
-        // crc32 catches any change of one byte, and a changed length fails the crc or runs past
-        // the end. Damage in the magic drops the segment.
-        let intact = ends.iter().filter(|e| **e <= i as u64).count().saturating_sub(1);
-        let want = if i < MAGIC.len() { 0 } else { intact };
-        prop_assert_eq!(&got[..], &records[..want], "damage at {}", i);
+/// The records whose frames `after` leaves as they were in `before`, and the ranges a reader
+/// skips: each changed record's frame, merged where they touch.
+fn survivors(
+    records: &[Vec<u8>],
+    ends: &[u64],
+    before: &[u8],
+    after: &[u8],
+) -> (Vec<Vec<u8>>, Vec<std::ops::Range<u64>>) {
+    let mut want = Vec::new();
+    let mut hit: Vec<std::ops::Range<u64>> = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        let (a, b) = (ends[i], ends[i + 1]);
+        let frame = a as usize..b as usize;
+        if before[frame.clone()] == after[frame] {
+            want.push(r.clone());
+            continue;
+        }
+        match hit.last_mut() {
+            Some(last) if last.end == a => last.end = b,
+            _ => hit.push(a..b),
+        }
     }
+    (want, hit)
 }

@@ -229,7 +229,7 @@ mod wire {
     /// Field `field` holding the message `body` writes. The length goes before the body: one
     /// byte is set aside and, for a body of 128 bytes or more, the body is moved up to make
     /// room for the longer varint.
-    pub fn message(out: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
+    pub(super) fn message(out: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
         encode_key(field, WireType::LengthDelimited, out);
         let at = out.len();
         out.push(0);
@@ -247,33 +247,33 @@ mod wire {
     }
 
     /// A string field.
-    pub fn string(out: &mut Vec<u8>, field: u32, value: &str) {
+    pub(super) fn string(out: &mut Vec<u8>, field: u32, value: &str) {
         encode_key(field, WireType::LengthDelimited, out);
         encode_varint(value.len() as u64, out);
         out.extend_from_slice(value.as_bytes());
     }
 
     /// A varint field (enum, bool, uint).
-    pub fn varint_field(out: &mut Vec<u8>, field: u32, value: u64) {
+    pub(super) fn varint_field(out: &mut Vec<u8>, field: u32, value: u64) {
         encode_key(field, WireType::Varint, out);
         encode_varint(value, out);
     }
 
     /// The body of a KeyValue with a string value: key (1), value (2) = AnyValue.string_value (1).
-    pub fn string_key_value(out: &mut Vec<u8>, key: &str, value: &str) {
+    pub(super) fn string_key_value(out: &mut Vec<u8>, key: &str, value: &str) {
         string(out, 1, key);
         message(out, 2, |out| string(out, 1, value));
     }
 
     /// The body of a KeyValue with an int value: AnyValue.int_value (3).
-    pub fn int_key_value(out: &mut Vec<u8>, key: &str, value: i64) {
+    pub(super) fn int_key_value(out: &mut Vec<u8>, key: &str, value: i64) {
         string(out, 1, key);
         // int64 is a varint of the two's complement.
         message(out, 2, |out| varint_field(out, 3, value as u64));
     }
 
     /// Metric name (1), description (2), unit (3).
-    pub fn metric_header(out: &mut Vec<u8>, name: &str, description: &str, unit: &str) {
+    pub(super) fn metric_header(out: &mut Vec<u8>, name: &str, description: &str, unit: &str) {
         string(out, 1, name);
         string(out, 2, description);
         string(out, 3, unit);
@@ -282,7 +282,7 @@ mod wire {
     /// A data_points (1) field of a Gauge or Sum: NumberDataPoint with its attributes (already
     /// encoded as fields 7), time_unix_nano (3, fixed64) and as_double (4) or as_int (6,
     /// sfixed64).
-    pub fn point(out: &mut Vec<u8>, attributes: &[u8], time_unix_nano: u64, value: Num) {
+    pub(super) fn point(out: &mut Vec<u8>, attributes: &[u8], time_unix_nano: u64, value: Num) {
         message(out, 1, |out| {
             out.extend_from_slice(attributes);
             encode_key(3, WireType::SixtyFourBit, out);

@@ -214,3 +214,6 @@ fn empty_input_is_a_valid_request() {
     let req = encode(&[], &resource());
     assert!(req.resource_metrics[0].scope_metrics[0].metrics.is_empty());
 }
+
+mod collection;
+mod direct;

@@ -5,8 +5,8 @@ use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser
 use datafusion_postgres::pgwire::error::PgWireResult;
 
 use super::errors::{engine_error, error};
-use crate::error::{Error, lower_first};
-use crate::gate;
+use gpuwatch_query::gate;
+use gpuwatch_query::{Error, lower_first};
 
 /// Session variables `datafusion-postgres` keeps per connection; every other `SET` is accepted
 /// and ignored, except DataFusion's own settings, which would change the shared session.

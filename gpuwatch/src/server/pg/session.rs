@@ -20,11 +20,12 @@ use datafusion_postgres::pgwire::api::{
 use datafusion_postgres::pgwire::error::PgWireResult;
 
 use super::errors::{engine_error, error};
+use super::information_schema::PgInformationSchema;
 use super::{DATABASE, PasswordCheck};
-use crate::QueryEngine;
-use crate::error::Error;
-use crate::http::EngineSlot;
-use crate::pg_information_schema::PgInformationSchema;
+use crate::server::sql::EngineSlot;
+use gpuwatch_query::Error;
+use gpuwatch_query::QueryEngine;
+use gpuwatch_query::skipped::ScanNotes;
 
 /// The per-process state behind every connection, built when the engine is ready.
 pub(super) struct Ready {
@@ -38,24 +39,25 @@ pub(super) struct Ready {
 }
 
 impl Ready {
-    /// The session a connection's next statement runs in. With `--query-memory-limit`, the
-    /// connection's own session, its state made afresh from [`Ready::statement_state`] for each
-    /// statement: the statement's memory pool is its alone, as each HTTP query's is, so one
-    /// query cannot starve the queries of other connections, and a cursor left open does not
-    /// take from the next statement of its own connection. Without a limit, the shared
-    /// session. Costs (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms
-    /// at a connection's first statement for its service; a session made from scratch (with
-    /// its own `pg_catalog`) would cost about 60 ms.
-    /// `limit`: the statement's time limit, kept inside its plan ([`crate::deadline`]); `None`
-    /// for cursors.
+    /// The session a connection's next statement runs in: the connection's own session, its
+    /// state made afresh from [`Ready::statement_state`] for each statement, so that each
+    /// statement has its own notes and, with `--query-memory-limit`, a memory pool of its own,
+    /// as each HTTP query does: one query cannot starve the queries of other connections, and
+    /// a cursor left open does not take from the next statement of its own connection. Costs
+    /// (debug build): about 0.3 ms a statement, as over HTTP, plus about 1.5 ms at a
+    /// connection's first statement for its service; a session made from scratch (with its own
+    /// `pg_catalog`) would cost about 60 ms.
+    /// `limit`: the statement's time limit, kept inside its plan ([`gpuwatch_query::deadline`]);
+    /// `None` for cursors.
     pub(super) fn session(
         &self,
         extensions: &SessionExtensions,
         limit: Option<std::time::Duration>,
+        notes: &Arc<ScanNotes>,
     ) -> PgWireResult<Arc<DfSessionService>> {
-        let Some(state) = self.statement_state(limit).map_err(|e| engine_error(&e))? else {
-            return Ok(Arc::clone(&self.service));
-        };
+        let state = self
+            .statement_state(limit, notes)
+            .map_err(|e| engine_error(&e))?;
         if let Some(own) = extensions.get::<ConnectionSession>() {
             // A connection runs one statement at a time: nothing else uses its state now. A
             // statement still streaming (an open cursor) keeps the runtime it started with.
@@ -72,29 +74,31 @@ impl Ready {
         Ok(service)
     }
 
-    /// The state of one statement's session: the shared state with a runtime whose memory pool
-    /// of `--query-memory-limit` bytes (inside the ceiling's, when there is one) is the statement's own (the engine's object stores,
-    /// caches and spill directory otherwise). Made from a copy of the shared state, not from
-    /// scratch: `pg_catalog`'s tables and the function registries are shared. `None` without a
-    /// memory limit.
+    /// The state of one statement's session: the shared state with the statement's time
+    /// limit and its [`ScanNotes`] (what its scans leave out, sent as notices), and with
+    /// `--query-memory-limit` a runtime whose memory pool (inside the ceiling's, when there is
+    /// one) is the statement's own (the engine's object stores, caches and spill directory
+    /// otherwise). Made from a copy of the shared state, not from scratch: `pg_catalog`'s
+    /// tables and the function registries are shared.
     pub(super) fn statement_state(
         &self,
         limit: Option<std::time::Duration>,
-    ) -> Result<Option<SessionState>, Error> {
-        let Some(pool) = self.engine.query_pool() else {
-            return Ok(None);
-        };
-        self.engine.admit()?;
-        let runtime = crate::engine::own_pool(self.state.runtime_env(), pool)?;
-        let mut state = SessionStateBuilder::new_from_existing(self.state.clone())
-            .with_runtime_env(runtime)
-            .build();
+        notes: &Arc<ScanNotes>,
+    ) -> Result<SessionState, Error> {
+        let mut builder = SessionStateBuilder::new_from_existing(self.state.clone());
+        if let Some(pool) = self.engine.query_pool() {
+            self.engine.admit()?;
+            let runtime = gpuwatch_query::engine::own_pool(self.state.runtime_env(), pool)?;
+            builder = builder.with_runtime_env(runtime);
+        }
+        let mut state = builder.build();
         if let Some(limit) = limit {
             state
                 .config_mut()
-                .set_extension(Arc::new(crate::deadline::Deadline::after(limit)));
+                .set_extension(Arc::new(gpuwatch_query::deadline::Deadline::after(limit)));
         }
-        Ok(Some(state))
+        state.config_mut().set_extension(Arc::clone(notes));
+        Ok(state)
     }
 }
 
@@ -114,14 +118,16 @@ pub(super) struct ConnectionSession {
 /// `DECLARE` that replaces a cursor takes over its slot. `COMMIT` and `ROLLBACK` leave cursors
 /// open, as `datafusion-postgres` does.
 #[derive(Default)]
-pub(super) struct CursorSlots(Mutex<HashMap<String, crate::engine::QuerySlot>>);
+pub(super) struct CursorSlots(Mutex<HashMap<String, gpuwatch_query::engine::QuerySlot>>);
 
 impl CursorSlots {
     pub(super) fn of(extensions: &SessionExtensions) -> Arc<Self> {
         extensions.get_or_insert_with(Self::default)
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::engine::QuerySlot>> {
+    fn slots(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, gpuwatch_query::engine::QuerySlot>> {
         // A panic while the map was locked leaves it consistent (inserts and removals only).
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -132,7 +138,7 @@ impl CursorSlots {
         &self,
         name: &str,
         engine: &QueryEngine,
-    ) -> Result<crate::engine::QuerySlot, Error> {
+    ) -> Result<gpuwatch_query::engine::QuerySlot, Error> {
         if let Some(slot) = self.slots().remove(name) {
             return Ok(slot);
         }
@@ -142,7 +148,12 @@ impl CursorSlots {
     /// After a `DECLARE` of `name` ran under `slot`: the slot stays with the cursor when the
     /// cursor is open (`opened`: the portal store holds it; a failed `DECLARE` that would have
     /// replaced a cursor leaves that one open), and is freed otherwise.
-    pub(super) fn settle(&self, name: String, slot: crate::engine::QuerySlot, opened: bool) {
+    pub(super) fn settle(
+        &self,
+        name: String,
+        slot: gpuwatch_query::engine::QuerySlot,
+        opened: bool,
+    ) {
         if opened {
             self.slots().insert(name, slot);
         }
@@ -205,11 +216,11 @@ pub(super) fn build(engine: &QueryEngine) -> Result<Ready, String> {
         .ok_or_else(|| format!("catalog {DATABASE} missing in the postgres session"))?;
     own.register_schema("public", public)
         .map_err(|e| e.to_string())?;
-    crate::pg_functions::register(&ctx);
+    super::functions::register(&ctx);
     // The same time-series aggregates as over HTTP.
-    ctx.register_udaf(crate::udf::increase());
-    ctx.register_udaf(crate::udf::rate());
-    crate::bounded::register(&ctx, engine.max_value_bytes());
+    ctx.register_udaf(gpuwatch_query::udf::increase());
+    ctx.register_udaf(gpuwatch_query::udf::rate());
+    gpuwatch_query::bounded::register(&ctx, engine.max_value_bytes());
     setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| e.to_string())?;
     let state = ctx.state();
     let information_schema = PgInformationSchema::new(
@@ -243,7 +254,9 @@ impl Shared {
             Some(r) => r,
             None => {
                 let Some(engine) = self.engine.get() else {
-                    return Err(engine_error(&Error::NotReady));
+                    return Err(engine_error(&Error::NotReady(
+                        gpuwatch_store::startup::reason(),
+                    )));
                 };
                 self.ready.get_or_init(|| {
                     let r = build(engine);
@@ -276,6 +289,7 @@ mod tests {
             gpuwatch_store::TableSnapshot {
                 batches: Vec::new(),
                 files: Vec::new(),
+                warnings: Vec::new(),
             }
         }
     }
@@ -283,9 +297,9 @@ mod tests {
     pub(super) fn ready(memory_limit: Option<usize>) -> Ready {
         let engine = QueryEngine::new(
             Arc::new(NoRows),
-            crate::EngineConfig {
+            gpuwatch_query::EngineConfig {
                 memory_limit,
-                ..crate::EngineConfig::default()
+                ..gpuwatch_query::EngineConfig::default()
             },
         )
         .expect("engine");
@@ -327,7 +341,9 @@ mod tests {
         let ready = ready(Some(limit));
         // The session of a connection's next statement.
         let next = |connection: &SessionExtensions| -> Arc<SessionContext> {
-            ready.session(connection, None).expect("session");
+            ready
+                .session(connection, None, &Arc::new(ScanNotes::default()))
+                .expect("session");
             Arc::clone(
                 &connection
                     .get::<ConnectionSession>()
@@ -355,9 +371,10 @@ mod tests {
         assert_eq!(first_pool.reserved(), share);
 
         // A connection's service is made once.
+        let notes = Arc::new(ScanNotes::default());
         assert!(Arc::ptr_eq(
-            &ready.session(&one, None).expect("session"),
-            &ready.session(&one, None).expect("session")
+            &ready.session(&one, None, &notes).expect("session"),
+            &ready.session(&one, None, &notes).expect("session")
         ));
         let engine = ready.engine.context().runtime_env();
         let rt = next(&one).runtime_env();
@@ -378,14 +395,20 @@ mod tests {
             vec![vec![DATABASE.to_string(), "double precision".to_string()]]
         );
 
-        // Without a limit, statements run in the shared session.
+        // Without a limit, statements have a session of their own (for their notes) with the
+        // engine's runtime and pool.
         let unlimited = self::ready(None);
         let connection = SessionExtensions::new();
+        unlimited
+            .session(&connection, None, &notes)
+            .expect("session");
+        let own = connection
+            .get::<ConnectionSession>()
+            .expect("the connection's session");
         assert!(Arc::ptr_eq(
-            &unlimited.session(&connection, None).expect("session"),
-            &unlimited.service
+            &own.ctx.runtime_env().memory_pool,
+            &unlimited.engine.context().runtime_env().memory_pool
         ));
-        assert!(connection.get::<ConnectionSession>().is_none());
     }
 
     /// An open cursor holds a slot: a DECLARE takes a free one or the one of the cursor it
@@ -394,9 +417,9 @@ mod tests {
     fn open_cursors_hold_query_slots() {
         let engine = QueryEngine::new(
             Arc::new(NoRows),
-            crate::EngineConfig {
+            gpuwatch_query::EngineConfig {
                 max_concurrent_queries: Some(1),
-                ..crate::EngineConfig::default()
+                ..gpuwatch_query::EngineConfig::default()
             },
         )
         .expect("engine");
@@ -533,9 +556,9 @@ mod tests {
     async fn statements_stop_at_their_deadline_inside_the_plan() {
         let ready = ready(Some(64 << 20));
         let limit = std::time::Duration::from_millis(300);
+        let notes = Arc::new(ScanNotes::default());
         let state = ready
-            .statement_state(Some(limit))
-            .expect("state")
+            .statement_state(Some(limit), &notes)
             .expect("a state of its own");
         let ctx = SessionContext::new_with_state(state);
         let err = ctx
@@ -546,11 +569,11 @@ mod tests {
             .await
             .expect_err("stopped");
         assert_eq!(
-            crate::deadline::DeadlinePassed::find(&err),
-            Some(crate::deadline::DeadlinePassed(limit)),
+            gpuwatch_query::deadline::DeadlinePassed::find(&err),
+            Some(gpuwatch_query::deadline::DeadlinePassed(limit)),
             "{err}"
         );
-        let state = ready.statement_state(None).expect("state").expect("own");
+        let state = ready.statement_state(None, &notes).expect("own");
         let ctx = SessionContext::new_with_state(state);
         let n = texts(
             &ctx,

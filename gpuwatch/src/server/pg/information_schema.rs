@@ -33,7 +33,7 @@ use datafusion_postgres::arrow_pg::datatypes::field_into_pg_type;
 use datafusion_postgres::pgwire::api::Type;
 
 /// The `information_schema` schema of the Postgres front end's catalog.
-pub struct PgInformationSchema {
+pub(crate) struct PgInformationSchema {
     /// DataFusion's tables (`tables`, `views`, `schemata`, `df_settings`, `routines`, …).
     inner: InformationSchemaProvider,
     catalogs: Arc<dyn CatalogProviderList>,
@@ -48,7 +48,7 @@ impl fmt::Debug for PgInformationSchema {
 
 impl PgInformationSchema {
     /// The schema over every catalog of `catalogs`, listing `table_functions` in `routines`.
-    pub fn new(
+    pub(crate) fn new(
         catalogs: Arc<dyn CatalogProviderList>,
         table_functions: HashMap<String, Arc<TableFunction>>,
     ) -> Self {

@@ -3,7 +3,7 @@
 use datafusion::error::DataFusionError;
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError};
 
-use crate::error::{Error, lower_first};
+use gpuwatch_query::{Error, lower_first};
 
 pub(super) fn error(severity: &str, code: &str, message: impl Into<String>) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -14,14 +14,14 @@ pub(super) fn error(severity: &str, code: &str, message: impl Into<String>) -> P
 }
 
 /// The SQLSTATE of a DataFusion error.
-pub fn sqlstate(e: &DataFusionError) -> &'static str {
-    if crate::bounded::ValueTooLarge::find(e).is_some() {
+pub(super) fn sqlstate(e: &DataFusionError) -> &'static str {
+    if gpuwatch_query::bounded::ValueTooLarge::find(e).is_some() {
         return "54000";
     }
-    if crate::memory::Pressure::find(e).is_some() {
+    if gpuwatch_query::memory::Pressure::find(e).is_some() {
         return "53200";
     }
-    if crate::deadline::DeadlinePassed::find(e).is_some() {
+    if gpuwatch_query::deadline::DeadlinePassed::find(e).is_some() {
         return "57014";
     }
     let root = e.find_root();
@@ -69,8 +69,8 @@ pub(super) fn engine_error(e: &Error) -> PgWireError {
         Error::ResourcesExhausted(_) | Error::MemoryPressure(..) => "53200",
         Error::ValueTooLarge(_) | Error::AnswerTooLarge(_) | Error::StatementTooLong(..) => "54000",
         Error::Busy(_) => "53000",
-        Error::NotReady => "57P03",
-        Error::Internal(_) => "XX000",
+        Error::NotReady(_) => "57P03",
+        Error::Internal(_) | Error::Engine { .. } | Error::Arrow { .. } => "XX000",
     };
     error("ERROR", code, e.to_string())
 }
@@ -88,13 +88,13 @@ pub(super) fn classify(e: PgWireError) -> PgWireError {
         other => return other,
     };
     if let Some(df) = inner.downcast_ref::<DataFusionError>() {
-        if let Some(v) = crate::bounded::ValueTooLarge::find(df) {
+        if let Some(v) = gpuwatch_query::bounded::ValueTooLarge::find(df) {
             return engine_error(&Error::ValueTooLarge(v.to_string()));
         }
-        if let Some(p) = crate::memory::Pressure::find(df) {
+        if let Some(p) = gpuwatch_query::memory::Pressure::find(df) {
             return engine_error(&Error::MemoryPressure(p.used, p.limit));
         }
-        if let Some(d) = crate::deadline::DeadlinePassed::find(df) {
+        if let Some(d) = gpuwatch_query::deadline::DeadlinePassed::find(df) {
             return engine_error(&Error::Timeout(d.0));
         }
         let message = lower_first(df.find_root().to_string().trim());

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 const SEARCH_PATH_LIST: &str = "('public')";
 
 /// `sql` with every search-path subquery replaced by the search path's schemas.
-pub fn rewrite(sql: &str) -> Cow<'_, str> {
+pub(crate) fn rewrite(sql: &str) -> Cow<'_, str> {
     if !contains_ignore_case(sql, "current_setting('search_path')") {
         return Cow::Borrowed(sql);
     }

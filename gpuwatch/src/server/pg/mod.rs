@@ -4,11 +4,11 @@
 //! Data flow: a connection is accepted (TLS negotiated when configured), the startup handler
 //! checks the password when tokens are configured, then each statement is parsed by the
 //! Postgres-compatible parser of `datafusion-postgres`, passed through the same read-only gate as
-//! HTTP ([`crate::gate::check_parsed`]) plus the few session statements Postgres clients send
+//! HTTP ([`gpuwatch_query::gate::check_parsed`]) plus the few session statements Postgres clients send
 //! (`SET`, `BEGIN`/`COMMIT`), and executed by `datafusion-postgres` over a session that shares
 //! the engine's tables and adds a `pg_catalog` schema (for `\dt`, `\d` and Grafana's table
 //! lists) and an `information_schema` that names types as Postgres does
-//! ([`crate::pg_information_schema`]). Every query, and every open cursor until it is closed
+//! ([`super::information_schema`]). Every query, and every open cursor until it is closed
 //! ([`session::CursorSlots`]), takes one of the engine's `--max-concurrent-queries` slots; a query is cut
 //! off at `--query-timeout` (or the client's lower `statement_timeout`) and, as over HTTP, runs
 //! with a memory pool of its own of `--query-memory-limit` bytes ([`session::Ready::session`]).
@@ -44,18 +44,18 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::QueryEngine;
-use crate::error::{Error, lower_first};
-use crate::http::EngineSlot;
+use crate::server::sql::EngineSlot;
+use gpuwatch_query::QueryEngine;
+use gpuwatch_query::{Error, lower_first};
 
-pub use pgwire::tokio::tokio_rustls::TlsAcceptor;
+pub(crate) use pgwire::tokio::tokio_rustls::TlsAcceptor;
 
 /// The database (DataFusion catalog) name clients see, e.g. in `current_database()`.
-pub const DATABASE: &str = "gpuwatch";
+pub(crate) const DATABASE: &str = "gpuwatch";
 
 /// Why a password is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// Not a configured token (SQLSTATE 28P01).
     InvalidPassword,
     /// A valid token that may not run queries (SQLSTATE 28000), with the reason.
@@ -63,14 +63,14 @@ pub enum Denied {
 }
 
 /// Checks the password a client sends at startup: the server's bearer tokens.
-pub trait PasswordCheck: Send + Sync + fmt::Debug {
+pub(crate) trait PasswordCheck: Send + Sync + fmt::Debug {
     /// `Ok` when `password` lets `user` run queries.
     fn check(&self, user: &str, password: &str) -> Result<(), Denied>;
 }
 
 /// How the Postgres listener runs.
 #[derive(Clone, Default)]
-pub struct PgOptions {
+pub(crate) struct PgOptions {
     /// When set, clients log in with a cleartext password checked here; otherwise anyone
     /// reaching the listener is let in (the server only binds loopback then).
     pub auth: Option<Arc<dyn PasswordCheck>>,
@@ -79,7 +79,7 @@ pub struct PgOptions {
     pub tls: Option<TlsAcceptor>,
     /// Where connections run: the query runtime, so that a client's statements (planning,
     /// execution, and the encoding of its rows) never hold up the server's own runtime.
-    pub executor: crate::executor::Executor,
+    pub executor: gpuwatch_query::executor::Executor,
 }
 
 impl fmt::Debug for PgOptions {
@@ -93,10 +93,13 @@ impl fmt::Debug for PgOptions {
 
 mod admit;
 mod errors;
+pub(crate) mod functions;
+pub(crate) mod information_schema;
+pub(crate) mod rewrite;
 mod session;
 
 use admit::{Verdict, admit, admit_all};
-pub use errors::sqlstate;
+
 use errors::{classify, engine_error, error};
 use session::{CursorSlots, Shared, has_portal, sweep_cursors};
 
@@ -129,10 +132,11 @@ async fn within<T>(
 /// pass `max_bytes` (`54000`), and classifies errors raised while rows stream.
 fn guard(
     response: Response,
-    slot: Option<Arc<crate::engine::QuerySlot>>,
+    slot: Option<Arc<gpuwatch_query::engine::QuerySlot>>,
     deadline: tokio::time::Instant,
     limit: Duration,
     max_bytes: usize,
+    checks: Checks,
 ) -> Response {
     let Response::Query(mut q) = response else {
         return response;
@@ -140,27 +144,32 @@ fn guard(
     let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
     let stream = futures::stream::unfold(
         (rows, slot, false, 0usize),
-        move |(mut rows, slot, done, sent)| async move {
-            if done {
-                return None;
-            }
-            match tokio::time::timeout_at(deadline, rows.next()).await {
-                Ok(Some(Ok(row))) => {
-                    let sent = sent.saturating_add(row.data.len());
-                    if sent > max_bytes {
-                        return Some((
-                            Err(engine_error(&Error::AnswerTooLarge(max_bytes))),
-                            (rows, None, true, sent),
-                        ));
-                    }
-                    Some((Ok(row), (rows, slot, false, sent)))
+        move |(mut rows, slot, done, sent)| {
+            let checks = checks.clone();
+            async move {
+                if done {
+                    return None;
                 }
-                Ok(Some(Err(e))) => Some((Err(classify(e)), (rows, None, true, sent))),
-                Ok(None) => None,
-                Err(_) => Some((
-                    Err(engine_error(&Error::Timeout(limit))),
-                    (rows, None, true, sent),
-                )),
+                match tokio::time::timeout_at(deadline, rows.next()).await {
+                    Ok(Some(Ok(row))) => {
+                        let sent = sent.saturating_add(row.data.len());
+                        if sent > max_bytes {
+                            return Some((
+                                Err(engine_error(&Error::AnswerTooLarge(max_bytes))),
+                                (rows, None, true, sent),
+                            ));
+                        }
+                        Some((Ok(row), (rows, slot, false, sent)))
+                    }
+                    Ok(Some(Err(e))) => {
+                        Some((Err(checks.damage_found(e).await), (rows, None, true, sent)))
+                    }
+                    Ok(None) => None,
+                    Err(_) => Some((
+                        Err(engine_error(&Error::Timeout(limit))),
+                        (rows, None, true, sent),
+                    )),
+                }
             }
         },
     );
@@ -168,15 +177,72 @@ fn guard(
     Response::Query(q)
 }
 
+/// What a statement's scans read and left out, and the store to check damaged files with.
+#[derive(Clone)]
+struct Checks {
+    store: Arc<dyn gpuwatch_store::ReadStore>,
+    notes: Arc<gpuwatch_query::skipped::ScanNotes>,
+}
+
+impl Checks {
+    fn new(engine: &QueryEngine) -> Self {
+        Self {
+            store: Arc::clone(engine.store()),
+            notes: Arc::default(),
+        }
+    }
+
+    /// Sends the warnings of the statement's scans (data its answer leaves out) as notices.
+    async fn notify<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        for w in self.notes.warnings() {
+            let notice = pgwire::error::ErrorInfo::new("WARNING".into(), "01000".into(), w);
+            client
+                .send(PgWireBackendMessage::NoticeResponse(notice.into()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The error of a statement whose rows failed: when a damaged data file made it fail, the
+    /// file is found (and skipped by later statements) and named (`XX001`, data corrupted).
+    async fn damage_found(&self, e: PgWireError) -> PgWireError {
+        let damage = match &e {
+            PgWireError::ApiError(inner) => inner
+                .downcast_ref::<datafusion::error::DataFusionError>()
+                .is_some_and(gpuwatch_query::skipped::may_be_damage),
+            _ => false,
+        };
+        if !damage {
+            return classify(e);
+        }
+        let before = self.notes.warnings().len();
+        if gpuwatch_query::skipped::verify_scanned(&self.store, &self.notes).await == 0 {
+            return classify(e);
+        }
+        let found = self.notes.warnings().split_off(before).join("; ");
+        error(
+            "ERROR",
+            "XX001",
+            format!(
+                "the answer was cut short by a damaged data file, which later statements skip: {found}"
+            ),
+        )
+    }
+}
+
 /// The handlers of one listener.
-pub struct Front {
+pub(crate) struct Front {
     shared: Arc<Shared>,
     parser: Arc<GatedParser>,
 }
 
 impl Front {
     /// Handlers over the engine in `engine` (set once the store is open).
-    pub fn new(
+    pub(crate) fn new(
         engine: EngineSlot,
         auth: Option<Arc<dyn PasswordCheck>>,
         require_tls: bool,
@@ -210,7 +276,7 @@ impl Front {
 
 fn parameters() -> DefaultServerParameterProvider {
     let mut p = DefaultServerParameterProvider::default();
-    p.server_version = crate::pg_functions::SERVER_VERSION.to_owned();
+    p.server_version = functions::SERVER_VERSION.to_owned();
     p.is_superuser = false;
     p.default_transaction_read_only = true;
     p
@@ -296,7 +362,7 @@ impl SimpleQueryHandler for Front {
         C::Error: fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let rewritten = crate::pg_rewrite::rewrite(query);
+        let rewritten = rewrite::rewrite(query);
         let query: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, query)?;
@@ -326,8 +392,13 @@ impl SimpleQueryHandler for Front {
             None
         };
         let limit = time_limit(client, &ready.engine);
+        let checks = Checks::new(&ready.engine);
         // Cursors are not bound by the time limit once declared: no deadline in their plans.
-        let service = ready.session(client.session_extensions(), (!cursors).then_some(limit))?;
+        let service = ready.session(
+            client.session_extensions(),
+            (!cursors).then_some(limit),
+            &checks.notes,
+        )?;
         let deadline = tokio::time::Instant::now() + limit;
         let max_bytes = ready.engine.max_answer_bytes().unwrap_or(usize::MAX);
         let responses = if !one_at_a_time {
@@ -338,83 +409,117 @@ impl SimpleQueryHandler for Front {
             )
             .await
         } else {
-            let run = async {
-                let statements = ready
-                    .parser
-                    .parse(query)
-                    .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
-                let mut out = Vec::new();
-                for (statement, verdict) in statements.iter().zip(&verdicts) {
-                    let sql = statement.to_string();
-                    let service = service.as_ref();
-                    match verdict {
-                        Verdict::IgnoredSet => {
-                            out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
-                        }
-                        // Rows a cursor has read on are the client's: a FETCH is not cut off
-                        // half way.
-                        Verdict::Fetch => {
-                            out.extend(SimpleQueryHandler::do_query(service, client, &sql).await?);
-                        }
-                        Verdict::Declare(name) => {
-                            let cursors = CursorSlots::of(client.session_extensions());
-                            let own = cursors
-                                .take(name, &ready.engine)
-                                .map_err(|e| engine_error(&e))?;
-                            let r = within(
-                                deadline,
-                                limit,
-                                SimpleQueryHandler::do_query(service, client, &sql),
-                            )
-                            .await;
-                            cursors.settle(name.clone(), own, has_portal(client, name));
-                            out.extend(r?);
-                        }
-                        Verdict::Close => {
-                            let r = within(
-                                deadline,
-                                limit,
-                                SimpleQueryHandler::do_query(service, client, &sql),
-                            )
-                            .await;
-                            sweep_cursors(client);
-                            out.extend(r?);
-                        }
-                        Verdict::Query | Verdict::Session => {
-                            // The queries of a simple query share one slot, taken at the first
-                            // of them (after the cursors closed before it).
-                            if *verdict == Verdict::Query && slot.is_none() {
-                                slot = Some(Arc::new(
-                                    ready.engine.try_slot().map_err(|e| engine_error(&e))?,
-                                ));
-                            }
-                            out.extend(
-                                within(
-                                    deadline,
-                                    limit,
-                                    SimpleQueryHandler::do_query(service, client, &sql),
-                                )
-                                .await?,
-                            );
-                        }
-                    }
-                }
-                Ok(out)
+            let at = Deadline {
+                at: deadline,
+                limit,
             };
-            run.await
-        }
-        .map_err(classify)?;
+            each_statement(client, ready, &service, query, &verdicts, at, &mut slot).await
+        };
+        // Planning reads the files' footers: a damaged one is found and named here too.
+        let responses = match responses {
+            Ok(r) => r,
+            Err(e) => return Err(checks.damage_found(e).await),
+        };
+        checks.notify(client).await?;
         Ok(responses
             .into_iter()
-            .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes))
+            .map(|r| guard(r, slot.clone(), deadline, limit, max_bytes, checks.clone()))
             .collect())
     }
+}
+
+/// When a statement's time is up.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    limit: Duration,
+}
+
+/// Runs the statements of a simple query one at a time: when it declares or closes cursors,
+/// fetches, or carries session `SET`s the engine ignores. Cursor statements get their slots
+/// (`CursorSlots`); the queries share one slot, taken at the first of them.
+async fn each_statement<C>(
+    client: &mut C,
+    ready: &session::Ready,
+    service: &Arc<datafusion_postgres::DfSessionService>,
+    query: &str,
+    verdicts: &[Verdict],
+    at: Deadline,
+    slot: &mut Option<Arc<gpuwatch_query::engine::QuerySlot>>,
+) -> PgWireResult<Vec<Response>>
+where
+    C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+    C::PortalStore: PortalStore,
+    C::Error: fmt::Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let (deadline, limit) = (at.at, at.limit);
+    let statements = ready
+        .parser
+        .parse(query)
+        .map_err(|e| error("ERROR", "42601", lower_first(&e.to_string())))?;
+    let mut out = Vec::new();
+    for (statement, verdict) in statements.iter().zip(verdicts) {
+        let sql = statement.to_string();
+        let service = service.as_ref();
+        match verdict {
+            Verdict::IgnoredSet => {
+                out.push(Response::Execution(pgwire::api::results::Tag::new("SET")));
+            }
+            // Rows a cursor has read on are the client's: a FETCH is not cut off half way.
+            Verdict::Fetch => {
+                out.extend(SimpleQueryHandler::do_query(service, client, &sql).await?);
+            }
+            Verdict::Declare(name) => {
+                let cursors = CursorSlots::of(client.session_extensions());
+                let own = cursors
+                    .take(name, &ready.engine)
+                    .map_err(|e| engine_error(&e))?;
+                let r = within(
+                    deadline,
+                    limit,
+                    SimpleQueryHandler::do_query(service, client, &sql),
+                )
+                .await;
+                cursors.settle(name.clone(), own, has_portal(client, name));
+                out.extend(r?);
+            }
+            Verdict::Close => {
+                let r = within(
+                    deadline,
+                    limit,
+                    SimpleQueryHandler::do_query(service, client, &sql),
+                )
+                .await;
+                sweep_cursors(client);
+                out.extend(r?);
+            }
+            Verdict::Query | Verdict::Session => {
+                // The queries of a simple query share one slot, taken at the first of them
+                // (after the cursors closed before it).
+                if *verdict == Verdict::Query && slot.is_none() {
+                    *slot = Some(Arc::new(
+                        ready.engine.try_slot().map_err(|e| engine_error(&e))?,
+                    ));
+                }
+                out.extend(
+                    within(
+                        deadline,
+                        limit,
+                        SimpleQueryHandler::do_query(service, client, &sql),
+                    )
+                    .await?,
+                );
+            }
+        }
+    }
+    Ok(out)
 }
 
 type DfStatement = (String, Option<(Sql, LogicalPlan)>);
 
 /// The extended-protocol parser: the gate, then `datafusion-postgres`'s parser and planner.
-pub struct GatedParser {
+pub(crate) struct GatedParser {
     shared: Arc<Shared>,
 }
 
@@ -431,7 +536,7 @@ impl QueryParser for GatedParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let rewritten = crate::pg_rewrite::rewrite(sql);
+        let rewritten = rewrite::rewrite(sql);
         let sql: &str = &rewritten;
         let ready = self.shared.ready()?;
         let verdicts = admit_all(&ready.parser, sql)?;
@@ -498,9 +603,11 @@ impl ExtendedQueryHandler for Front {
             }
             Some((statement, _)) => admit(statement).map_err(|e| engine_error(&e))?,
         };
+        let checks = Checks::new(&ready.engine);
         let service = ready.session(
             client.session_extensions(),
             (verdict == Verdict::Query).then(|| time_limit(client, &ready.engine)),
+            &checks.notes,
         )?;
         sweep_cursors(client);
         match verdict {
@@ -533,13 +640,21 @@ impl ExtendedQueryHandler for Front {
         )
         .await
         {
-            Ok(r) => Ok(guard(
-                r.map_err(classify)?,
-                Some(slot),
-                deadline,
-                limit,
-                ready.engine.max_answer_bytes().unwrap_or(usize::MAX),
-            )),
+            Ok(r) => {
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => return Err(checks.damage_found(e).await),
+                };
+                checks.notify(client).await?;
+                Ok(guard(
+                    r,
+                    Some(slot),
+                    deadline,
+                    limit,
+                    ready.engine.max_answer_bytes().unwrap_or(usize::MAX),
+                    checks,
+                ))
+            }
             Err(_) => Err(engine_error(&Error::Timeout(limit))),
         }
     }
@@ -554,7 +669,7 @@ impl ErrorHandler for LogErrors {
 }
 
 /// Everything `pgwire` asks of a server, for one listener.
-pub struct Handlers {
+pub(crate) struct Handlers {
     front: Arc<Front>,
     cancel: Arc<DefaultCancelHandler>,
 }
@@ -562,7 +677,7 @@ pub struct Handlers {
 impl Handlers {
     /// Handlers over `engine`, checking passwords with `auth` when set, refusing plain
     /// connections when `require_tls`.
-    pub fn new(
+    pub(crate) fn new(
         engine: EngineSlot,
         auth: Option<Arc<dyn PasswordCheck>>,
         require_tls: bool,
@@ -598,7 +713,7 @@ impl PgWireServerHandlers for Handlers {
 }
 
 /// Serves the Postgres protocol on `listener` until `shutdown` changes.
-pub fn serve(
+pub(crate) fn serve(
     listener: TcpListener,
     engine: EngineSlot,
     options: PgOptions,

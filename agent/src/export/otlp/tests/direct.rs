@@ -1,4 +1,4 @@
-use super::*;
+use super::super::*;
 use crate::collect::{JobLabels, PodLabels, Source, synthetic::Fleet};
 use prost::Message;
 

@@ -19,12 +19,12 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionContext;
 
 /// The Postgres version the server presents itself as (`server_version` at login).
-pub const SERVER_VERSION: &str = "16.6";
+pub(crate) const SERVER_VERSION: &str = "16.6";
 /// The same, as `server_version_num`.
-pub const SERVER_VERSION_NUM: &str = "160006";
+pub(crate) const SERVER_VERSION_NUM: &str = "160006";
 
 /// Registers the functions in `ctx`.
-pub fn register(ctx: &SessionContext) {
+pub(crate) fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(CurrentSetting::new()));
     ctx.register_udf(ScalarUDF::from(PgTypeof::new()));
 }
