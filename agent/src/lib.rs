@@ -200,7 +200,7 @@ pub async fn run_with_source(
         Some(dir) => Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
         None => Box::new(export::MemoryQueue::default()),
     };
-    let mut exporter = Exporter::for_protocol(opts.protocol, &opts.endpoint, spool)?;
+    let mut exporter = Exporter::with_options(opts.protocol, &opts.endpoint, spool, &opts.export)?;
     if let Some(path) = &opts.auth_token_file {
         exporter.set_token_file(export::TokenFile::load(path)?);
     }
@@ -217,7 +217,7 @@ pub async fn run_with_source(
     let expo: export::prometheus::SharedExposition =
         std::sync::Arc::new(std::sync::Mutex::new(export::prometheus::Exposition {
             host: opts.host.clone(),
-            samples: Vec::new(),
+            ..Default::default()
         }));
     let metrics_task = match opts.metrics_addr {
         Some(addr) => match export::prometheus::serve(addr, expo.clone()).await {
@@ -382,6 +382,7 @@ async fn tick(
     {
         let mut e = expo.lock().unwrap_or_else(|p| p.into_inner());
         e.samples = samples;
+        e.note_events(&events);
     }
     true
 }

@@ -283,7 +283,7 @@ impl RuleEngine {
         for rule in &g.rules {
             let name = &rule.alert.0;
             let result = source
-                .instances(name, &rule.sql.0, now)
+                .instances(name, &rule.query, now)
                 .instrument(tracing::info_span!("rule_evaluation", rule = %name))
                 .await;
             self.evaluations

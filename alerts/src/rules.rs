@@ -1,7 +1,10 @@
-//! Alert rule files (INTERFACE.md, "Alert rules"): YAML groups of SQL rules.
+//! Alert rule files (INTERFACE.md, "Alert rules"): YAML groups of rules, each with a SQL query
+//! (`sql:`) or a PromQL expression (`expr:`, as Prometheus rule files and `PrometheusRule`
+//! objects write them).
 //!
-//! Structural errors (unknown keys, wrong types, bad durations, SQL that does not parse, bad
-//! templates) are reported by the YAML decoder at the line and column of the offending value.
+//! Structural errors (unknown keys, wrong types, bad durations, SQL or PromQL that does not
+//! parse, bad templates) are reported by the YAML decoder at the line and column of the
+//! offending value.
 //! Checks across rules (duplicate names) point at the line of the second `alert:`.
 
 use std::collections::BTreeMap;
@@ -38,9 +41,10 @@ pub struct Group {
 pub struct Rule {
     /// The alert's name (label `alertname`).
     pub alert: AlertName,
-    /// A read-only query; each row is one alert instance, its `value` column the value and every
-    /// other column a label.
-    pub sql: Sql,
+    /// The query: SQL (each row is one alert instance, its `value` column the value and every
+    /// other column a label) or PromQL (each series of the result is one, its labels the
+    /// instance's labels and its sample the value).
+    pub query: Query,
     /// How long an instance must be returned before it fires [default: 0s].
     pub for_: Dur,
     /// How long a firing instance keeps firing after the query stops returning it [default: 0s].
@@ -72,7 +76,10 @@ struct RawGroup {
 #[serde(deny_unknown_fields)]
 struct RawRule {
     alert: String,
-    sql: String,
+    #[serde(default)]
+    sql: Option<String>,
+    #[serde(default)]
+    expr: Option<String>,
     #[serde(default, rename = "for")]
     for_: Option<String>,
     #[serde(default)]
@@ -228,8 +235,31 @@ impl RuleFile {
                         ),
                     ));
                 }
-                gpuwatch_query::gate::check(&r.sql)
-                    .map_err(|e| err(at("sql"), 1, format!("sql: {e}")))?;
+                let query = match (r.sql, r.expr) {
+                    (Some(sql), None) => {
+                        gpuwatch_query::gate::check(&sql)
+                            .map_err(|e| err(at("sql"), 1, format!("sql: {e}")))?;
+                        Query::Sql(Sql(sql))
+                    }
+                    (None, Some(expr)) => {
+                        check_expr(&expr).map_err(|m| err(at("expr"), 1, format!("expr: {m}")))?;
+                        Query::PromQL(expr)
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err(err(
+                            rline,
+                            1,
+                            "a rule has sql: or expr:, not both: keep one".into(),
+                        ));
+                    }
+                    (None, None) => {
+                        return Err(err(
+                            rline,
+                            1,
+                            "a rule needs sql: (a SQL query) or expr: (a PromQL expression)".into(),
+                        ));
+                    }
+                };
                 let dur = |key: &str, v: &Option<String>| -> Result<Dur> {
                     match v {
                         None => Ok(Dur::default()),
@@ -268,7 +298,7 @@ impl RuleFile {
                 }
                 rules.push(Rule {
                     alert: AlertName(r.alert),
-                    sql: Sql(r.sql),
+                    query,
                     for_,
                     keep_firing_for,
                     labels,
@@ -303,6 +333,32 @@ impl RuleFile {
     /// Every rule of every group.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.groups.iter().flat_map(|g| g.rules.iter())
+    }
+}
+
+/// A rule's query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Query {
+    /// `sql:`, a read-only SQL query.
+    Sql(Sql),
+    /// `expr:`, a PromQL expression evaluated at the evaluation time.
+    PromQL(String),
+}
+
+/// A PromQL alerting expression must parse, use only what gpuwatch evaluates, and give an
+/// instant vector (or a scalar).
+fn check_expr(expr: &str) -> std::result::Result<(), String> {
+    let e = gpuwatch_promql::parse_query(expr).map_err(|e| {
+        let m = e.to_string();
+        m.strip_prefix("invalid parameter \"query\": ")
+            .map_or(m.clone(), str::to_string)
+    })?;
+    match e.value_type() {
+        promql_parser::parser::value::ValueType::Vector
+        | promql_parser::parser::value::ValueType::Scalar => Ok(()),
+        other => Err(format!(
+            "the expression gives a {other}: an alerting expression gives an instant vector"
+        )),
     }
 }
 
@@ -441,5 +497,54 @@ mod tests {
 
         let (line, _) = line_of("groups:\n  - name: x\n    rules: 3\n");
         assert_eq!(line, 3);
+    }
+
+    /// A PrometheusRule as dcgm-exporter users write them, unchanged.
+    const PROM: &str = r#"groups:
+  - name: gpu.rules
+    rules:
+      - alert: GPUHighTemperature
+        expr: DCGM_FI_DEV_GPU_TEMP > 85
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is at {{ $value }} C"
+      - alert: GPUXidError
+        expr: increase(DCGM_FI_DEV_XID_ERRORS[5m]) > 0
+"#;
+
+    #[test]
+    fn promql_rules_parse_and_bad_ones_point_at_their_line() {
+        let f = RuleFile::parse(PROM, "r.yaml").expect("parse");
+        let r = &f.groups[0].rules[0];
+        assert_eq!(r.query, Query::PromQL("DCGM_FI_DEV_GPU_TEMP > 85".into()));
+        assert_eq!(r.for_.0, Duration::from_secs(300));
+
+        let (line, msg) =
+            line_of(&PROM.replace("DCGM_FI_DEV_GPU_TEMP > 85", "sum(DCGM_FI_DEV_GPU_TEMP"));
+        assert_eq!(line, 5, "{msg}");
+        assert!(msg.starts_with("expr:"), "{msg}");
+        let (line, msg) =
+            line_of(&PROM.replace("DCGM_FI_DEV_GPU_TEMP > 85", "DCGM_FI_DEV_GPU_TEMP[5m]"));
+        assert_eq!(line, 5, "{msg}");
+        assert!(msg.contains("instant vector"), "{msg}");
+        let (line, msg) = line_of(&PROM.replace(
+            "increase(DCGM_FI_DEV_XID_ERRORS[5m])",
+            "histogram_count(DCGM_FI_DEV_XID_ERRORS)",
+        ));
+        assert_eq!(line, 12, "{msg}");
+        assert!(msg.contains("histogram_count"), "{msg}");
+        let both = PROM.replace(
+            "        expr: DCGM_FI_DEV_GPU_TEMP > 85\n",
+            "        expr: DCGM_FI_DEV_GPU_TEMP > 85\n        sql: SELECT 1 AS value\n",
+        );
+        let (line, msg) = line_of(&both);
+        assert_eq!(line, 4, "{msg}");
+        assert!(msg.contains("not both"), "{msg}");
+        let neither = PROM.replace("        expr: DCGM_FI_DEV_GPU_TEMP > 85\n", "");
+        let (line, msg) = line_of(&neither);
+        assert_eq!(line, 4, "{msg}");
+        assert!(msg.contains("sql:") && msg.contains("expr:"), "{msg}");
     }
 }

@@ -1,5 +1,6 @@
-//! Running a rule's SQL: through the server's query engine, with `now()` set to the injected
-//! clock's time, so rules are evaluated deterministically in tests.
+//! Running a rule's query: SQL through the server's query engine with `now()` set to the
+//! injected clock's time, PromQL as an instant query at that time (so rules are evaluated
+//! deterministically in tests).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use datafusion::execution::context::SQLOptions;
 use gpuwatch_query::QueryEngine;
 
 use crate::error::{Error, Result};
+use crate::rules::Query;
 
 /// One row of a rule's answer: an alert instance.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,8 +28,8 @@ pub struct Instance {
 /// Where rule queries run.
 #[async_trait]
 pub trait RuleSource: Send + Sync {
-    /// Runs `sql` as of `now_nanos` and returns its rows as instances.
-    async fn instances(&self, rule: &str, sql: &str, now_nanos: i64) -> Result<Vec<Instance>>;
+    /// Runs `query` as of `now_nanos` and returns its rows (or series) as instances.
+    async fn instances(&self, rule: &str, query: &Query, now_nanos: i64) -> Result<Vec<Instance>>;
 }
 
 /// Rules run through a [`QueryEngine`], read-only, under its time limit.
@@ -35,18 +37,93 @@ pub trait RuleSource: Send + Sync {
 pub struct EngineSource {
     engine: QueryEngine,
     timeout: std::time::Duration,
+    promql: gpuwatch_promql::Settings,
 }
 
 impl EngineSource {
-    /// A source over `engine`; a query longer than `timeout` fails.
+    /// A source over `engine`; a query longer than `timeout` fails. PromQL rules are evaluated
+    /// with the default settings (lookback, sample limit) unless [`Self::with_promql`] says.
     pub fn new(engine: QueryEngine, timeout: std::time::Duration) -> Self {
-        Self { engine, timeout }
+        Self {
+            engine,
+            timeout,
+            promql: gpuwatch_promql::Settings::default(),
+        }
+    }
+
+    /// The same source, evaluating PromQL rules with `settings` (their timeout is the source's).
+    pub fn with_promql(self, settings: gpuwatch_promql::Settings) -> Self {
+        Self {
+            promql: settings,
+            ..self
+        }
     }
 }
 
 #[async_trait]
 impl RuleSource for EngineSource {
-    async fn instances(&self, rule: &str, sql: &str, now_nanos: i64) -> Result<Vec<Instance>> {
+    async fn instances(&self, rule: &str, query: &Query, now_nanos: i64) -> Result<Vec<Instance>> {
+        match query {
+            Query::Sql(sql) => self.sql_instances(rule, &sql.0, now_nanos).await,
+            Query::PromQL(expr) => self.promql_instances(rule, expr, now_nanos).await,
+        }
+    }
+}
+
+impl EngineSource {
+    /// A PromQL rule: each series of the instant query at `now_nanos` is an instance, its
+    /// labels those of the series without `__name__` (as Prometheus does), its value the
+    /// sample's; a scalar is one instance without labels.
+    async fn promql_instances(
+        &self,
+        rule: &str,
+        expr: &str,
+        now_nanos: i64,
+    ) -> Result<Vec<Instance>> {
+        let fail = |message: String| Error::Query {
+            rule: rule.to_string(),
+            message,
+        };
+        let parsed = gpuwatch_promql::parse_query(expr).map_err(|e| fail(e.to_string()))?;
+        let t = now_nanos.div_euclid(1_000_000);
+        let settings = gpuwatch_promql::Settings {
+            timeout: self.timeout,
+            ..self.promql.clone()
+        };
+        let ev = gpuwatch_promql::Evaluator::new(&self.engine, settings, t, t);
+        let value = tokio::time::timeout(self.timeout, ev.eval_instant_top(&parsed, t))
+            .await
+            .map_err(|_| fail(format!("ran longer than {:?}", self.timeout)))?
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(match value {
+            gpuwatch_promql::Value::Vector(series) => series
+                .into_iter()
+                .filter_map(|s| {
+                    let v = s.vals.first().copied().flatten()?;
+                    let labels = s
+                        .labels
+                        .without_name()
+                        .pairs()
+                        .iter()
+                        .cloned()
+                        .collect::<BTreeMap<_, _>>();
+                    Some(Instance { labels, value: v })
+                })
+                .collect(),
+            gpuwatch_promql::Value::Scalar(v) => vec![Instance {
+                labels: BTreeMap::new(),
+                value: v.first().copied().unwrap_or(f64::NAN),
+            }],
+            other => {
+                return Err(fail(format!(
+                    "the expression gives a {}: an alerting expression gives an instant vector",
+                    other.type_name()
+                )));
+            }
+        })
+    }
+
+    async fn sql_instances(&self, rule: &str, sql: &str, now_nanos: i64) -> Result<Vec<Instance>> {
         let fail = |message: String| Error::Query {
             rule: rule.to_string(),
             message,
@@ -106,5 +183,118 @@ impl RuleSource for EngineSource {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpuwatch_query::EngineConfig;
+    use gpuwatch_store::clock::ManualClock;
+    use gpuwatch_store::ingest::remote_write::proto::{Label, Sample, TimeSeries, WriteRequest};
+    use gpuwatch_store::{ReadStore, Store, StoreConfig};
+
+    use super::*;
+    use crate::rules::Sql;
+
+    const T0_MS: i64 = 1_800_000_000_000;
+
+    fn series(gpu: &str, temp: f64) -> TimeSeries {
+        let labels = [
+            ("__name__", "DCGM_FI_DEV_GPU_TEMP"),
+            ("Hostname", "node-1"),
+            ("UUID", &format!("GPU-{gpu}")),
+            ("gpu", gpu),
+            ("instance", "node-1:9400"),
+            ("job", "dcgm"),
+        ];
+        TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(n, v)| Label {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            samples: vec![Sample {
+                value: temp,
+                timestamp: T0_MS,
+            }],
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn promql_rules_give_one_instance_per_series() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(T0_MS * 1_000_000));
+        let store = Arc::new(
+            Store::open(
+                StoreConfig {
+                    wal_sync: false,
+                    ..StoreConfig::new(dir.path().join("data"))
+                },
+                clock,
+            )
+            .expect("store"),
+        );
+        let req = WriteRequest {
+            timeseries: vec![series("0", 91.0), series("1", 40.0)],
+        };
+        let (batch, _) =
+            gpuwatch_store::ingest::remote_write::to_write_batch(&req, T0_MS * 1_000_000)
+                .expect("decode");
+        store.write(&batch).expect("write");
+        let read: Arc<dyn ReadStore> = store;
+        let engine = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+        let source = EngineSource::new(engine, std::time::Duration::from_secs(30));
+        let now = (T0_MS + 10_000) * 1_000_000;
+        let hot = source
+            .instances(
+                "GPUHot",
+                &Query::PromQL("DCGM_FI_DEV_GPU_TEMP > 85".into()),
+                now,
+            )
+            .await
+            .expect("promql rule");
+        assert_eq!(hot.len(), 1, "{hot:?}");
+        assert_eq!(hot[0].value, 91.0);
+        assert_eq!(hot[0].labels.get("UUID").map(String::as_str), Some("GPU-0"));
+        assert_eq!(
+            hot[0].labels.get("instance").map(String::as_str),
+            Some("node-1:9400")
+        );
+        assert!(!hot[0].labels.contains_key("__name__"), "{hot:?}");
+        // A scalar is one instance without labels; past the lookback nothing is returned.
+        let n = source
+            .instances(
+                "Count",
+                &Query::PromQL("scalar(count(DCGM_FI_DEV_GPU_TEMP))".into()),
+                now,
+            )
+            .await
+            .expect("scalar");
+        assert_eq!(n[0].value, 2.0);
+        let later = source
+            .instances(
+                "GPUHot",
+                &Query::PromQL("DCGM_FI_DEV_GPU_TEMP > 85".into()),
+                now + 600 * 1_000_000_000,
+            )
+            .await
+            .expect("later");
+        assert!(later.is_empty(), "{later:?}");
+        // The same rule in SQL still works beside it.
+        let sql = source
+            .instances(
+                "GPUHotSql",
+                &Query::Sql(Sql(
+                    "SELECT gpu_uuid, temperature_celsius AS value FROM gpu_metrics WHERE temperature_celsius > 85".into(),
+                )),
+                now,
+            )
+            .await
+            .expect("sql rule");
+        assert_eq!(sql.len(), 1);
     }
 }

@@ -1,5 +1,7 @@
 //! Annotation templates: `{{ labels.NAME }}`, `{{ value }}` (and Prometheus' `{{ $labels.NAME }}`,
-//! `{{ $value }}`). Nothing else is evaluated: an unknown expression is an error at load time.
+//! `{{ $value }}`, with the formatting Prometheus rule files use most: `{{ $value | humanize }}`,
+//! `{{ $value | humanizePercentage }}`, `{{ printf "%.2f" $value }}`). Nothing else is evaluated:
+//! an unknown expression is an error at load time.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +11,71 @@ enum Piece {
     Text(String),
     Label(String),
     Value,
+    /// The value with SI prefixes (`humanize`).
+    Humanized,
+    /// The value as a percentage (`humanizePercentage`).
+    Percent,
+    /// The value with this many decimals (`printf "%.Nf" $value`).
+    Fixed(usize),
+}
+
+/// The value pieces: `value`, `value | humanize`, `printf "%.2f" value`, … (`$` already gone).
+fn value_piece(expr: &str) -> Option<Piece> {
+    let squeeze: String = expr.split_whitespace().collect::<Vec<_>>().join(" ");
+    match squeeze.replace("$value", "value").as_str() {
+        "value" => Some(Piece::Value),
+        "value | humanize" => Some(Piece::Humanized),
+        "value | humanizePercentage" => Some(Piece::Percent),
+        other => {
+            let rest = other.strip_prefix("printf \"%.")?;
+            let (n, tail) = rest.split_once("f\" ")?;
+            (tail == "value").then_some(())?;
+            n.parse().ok().filter(|n| *n <= 12).map(Piece::Fixed)
+        }
+    }
+}
+
+/// Prometheus's `humanize`: SI prefixes, 4 significant digits.
+fn humanize(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format_value(v);
+    }
+    let big = [
+        (1e18, "E"),
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+    ];
+    let small = [(1e-3, "m"), (1e-6, "u"), (1e-9, "n"), (1e-12, "p")];
+    let (scaled, prefix) = if v.abs() >= 1.0 {
+        big.iter()
+            .find(|(f, _)| v.abs() >= *f)
+            .map_or((v, ""), |(f, p)| (v / f, *p))
+    } else {
+        small
+            .iter()
+            .find(|(f, _)| v.abs() >= *f)
+            .map_or((v, ""), |(f, p)| (v / f, *p))
+    };
+    format!("{}{prefix}", significant(scaled, 4))
+}
+
+/// `v` with `digits` significant digits and no trailing zeros (Go's `%.4g` for these ranges).
+fn significant(v: f64, digits: i32) -> String {
+    let magnitude = if v == 0.0 {
+        0
+    } else {
+        v.abs().log10().floor() as i32
+    };
+    let decimals = (digits - 1 - magnitude).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
 }
 
 /// A parsed annotation template.
@@ -34,8 +101,8 @@ impl Template {
             };
             let expr = after[..close].trim();
             let expr = expr.strip_prefix('$').unwrap_or(expr);
-            if expr == "value" {
-                pieces.push(Piece::Value);
+            if let Some(p) = value_piece(expr) {
+                pieces.push(p);
             } else if let Some(name) = expr.strip_prefix("labels.") {
                 if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                     return Err(format!(
@@ -64,6 +131,9 @@ impl Template {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Label(l) => out.push_str(labels.get(l).map(String::as_str).unwrap_or("")),
                 Piece::Value => out.push_str(&format_value(value)),
+                Piece::Humanized => out.push_str(&humanize(value)),
+                Piece::Percent => out.push_str(&format!("{}%", significant(value * 100.0, 4))),
+                Piece::Fixed(n) => out.push_str(&format!("{value:.n$}")),
             }
         }
         out
@@ -109,5 +179,20 @@ mod tests {
                 .render(&BTreeMap::new(), 1.0),
             "plain"
         );
+    }
+
+    #[test]
+    fn prometheus_value_formatting() {
+        let t = Template::parse(
+            "{{ $value | humanize }} {{ $value | humanizePercentage }} {{ printf \"%.2f\" $value }}",
+        )
+        .expect("parse");
+        let labels = BTreeMap::new();
+        assert_eq!(t.render(&labels, 0.123456), "123.5m 12.35% 0.12");
+        assert_eq!(
+            t.render(&labels, 1_234_567.0),
+            "1.235M 123456700% 1234567.00"
+        );
+        assert!(Template::parse("{{ $value | title }}").is_err());
     }
 }

@@ -13,6 +13,9 @@
 //! - `job-report`: `gpuwatch job` on a 64-GPU, 24-hour job of the dashboards fleet, timed.
 //! - `replay`: recorded GPU traces (tests/fixtures/gpu-traces/) sent to a server as scheduler
 //!   jobs with the agent's OTLP encoder, time-shifted to end now, stretched on request.
+//! - `promql`: the same day of the fleet remote-written into gpuwatch and Prometheus; a PromQL
+//!   range query (`sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)` over 24 h at a 60 s step) timed on
+//!   both, side by side, the answers compared.
 //!
 //! The data come from [`fleet`], a model of H100 GPUs calibrated on a real trace, and
 //! [`workload`], the processes and events an agent would report on it.
@@ -21,6 +24,7 @@ mod dashboards;
 mod fleet;
 mod ingest;
 mod peers;
+mod promql;
 mod query;
 mod remote_write;
 mod replay;
@@ -54,6 +58,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// The job report of a 64-GPU, 24-hour job on the dashboards fleet, timed.
     JobReport(dashboards::DashboardsArgs),
+    /// The same day of the fleet in gpuwatch and in Prometheus; one PromQL range query timed on
+    /// both and the answers compared.
+    Promql(promql::PromqlArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -127,6 +134,7 @@ fn main() -> ExitCode {
             Command::Dashboards(a) => dashboards::run(a).await,
             Command::Replay(a) => replay::run(a).await,
             Command::JobReport(a) => dashboards::job_report::run(a).await,
+            Command::Promql(a) => promql::run(a).await,
         }
     });
     match result {

@@ -80,6 +80,67 @@ pub(crate) fn host_request(fleet: &mut Fleet, h: usize, first: u64, rounds: u64)
     rounds_request(fleet, h, &per_round)
 }
 
+/// The stale-marker value Prometheus writes when a series leaves a scrape.
+const STALE_NAN: u64 = 0x7ff0_0000_0000_0002;
+
+/// [`host_request`] with the stale markers a scraping Prometheus sends: when a GPU's job
+/// changes, the series of the old job get a stale marker at the first scrape of the new one.
+/// `last_jobs` is the job of each GPU of the host in the previous request (`None` before the
+/// first), updated here. Markers are not counted in [`Body::samples`].
+pub(crate) fn host_request_with_staleness(
+    fleet: &mut Fleet,
+    h: usize,
+    first: u64,
+    rounds: u64,
+    last_jobs: &mut Option<Vec<Option<u64>>>,
+) -> Body {
+    let mut per_round: Vec<Vec<Sample>> = Vec::with_capacity(rounds as usize);
+    let mut buf = Vec::new();
+    for k in first..first + rounds {
+        fleet.scrape(h, k, &mut buf);
+        per_round.push(std::mem::take(&mut buf));
+    }
+    let mut body = rounds_request(fleet, h, &per_round);
+    let mut req = WriteRequest::default();
+    let gpus = fleet.gpus_per_host();
+    let host = fleet.host_name(h).to_string();
+    let stale = f64::from_bits(STALE_NAN);
+    for gpu in 0..gpus {
+        let (uuid, pci) = fleet.gpu_ids(h, gpu);
+        let mut prev: Option<Option<u64>> = last_jobs.as_ref().map(|j| j[gpu]);
+        for r in &per_round {
+            let job = r[gpu].job;
+            if let Some(p) = prev
+                && p != job
+            {
+                for name in FIELDS {
+                    req.timeseries.push(TimeSeries {
+                        labels: gpu_labels(name, &host, uuid, gpu, pci, p),
+                        samples: vec![PromSample {
+                            value: stale,
+                            timestamp: r[gpu].time_ms,
+                        }],
+                    });
+                }
+            }
+            prev = Some(job);
+        }
+    }
+    *last_jobs = per_round.last().map(|r| r.iter().map(|s| s.job).collect());
+    if !req.timeseries.is_empty() {
+        // The markers go in their own request after the samples, as a separate remote-write
+        // batch would carry them.
+        let mut bytes = snap::raw::Decoder::new()
+            .decompress_vec(&body.bytes)
+            .unwrap_or_default();
+        bytes.extend(req.encode_to_vec());
+        body.bytes = snap::raw::Encoder::new()
+            .compress_vec(&bytes)
+            .unwrap_or_default();
+    }
+    body
+}
+
 /// The request of host `h` holding the samples of consecutive scrape rounds (`per_round[r][gpu]`,
 /// as [`Fleet::scrape`] gave them).
 pub(crate) fn rounds_request(fleet: &Fleet, h: usize, per_round: &[Vec<Sample>]) -> Body {

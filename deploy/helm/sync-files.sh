@@ -3,7 +3,8 @@
 # deploy/helm/gpuwatch/files/ (Helm's .Files only sees files inside the chart):
 #   deploy/rules/*.yaml  -> files/rules/        (built-in alert rules)
 #   dashboards/*.json    -> files/dashboards/   (Grafana dashboards)
-#   deploy/grafana/datasource.yaml -> files/grafana/ (Grafana data source, address set by the chart)
+#   deploy/grafana/datasource*.yaml -> files/grafana/ (Grafana data sources, addresses set by the
+#                                      chart)
 # `sync-files.sh --check` changes nothing and fails when a copy differs from its source, or a
 # copy has no committed source any more (tests/deploy/check.sh runs it in CI).
 set -euo pipefail
@@ -57,7 +58,7 @@ sync_dir() { # source-dir glob dest-dir
 
 sync_dir "$root/deploy/rules" '*.yaml' "$chart/files/rules"
 sync_dir "$root/dashboards" '*.json' "$chart/files/dashboards"
-sync_dir "$root/deploy/grafana" 'datasource.yaml' "$chart/files/grafana"
+sync_dir "$root/deploy/grafana" 'datasource*.yaml' "$chart/files/grafana"
 if $check && [[ $status -eq 0 ]]; then
   echo "chart files: in sync with deploy/rules, dashboards and deploy/grafana"
 fi

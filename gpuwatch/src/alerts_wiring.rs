@@ -39,6 +39,8 @@ pub(crate) struct AlertsConfig {
     pub cost: CostConfig,
     /// `[jobs]`: the thresholds of the job limiter and notes.
     pub jobs: JobsConfig,
+    /// How `expr:` (PromQL) rules are evaluated (`--promql-*`).
+    pub promql: gpuwatch_promql::Settings,
 }
 
 /// Reads and checks every rules file (and the built-in pack when asked), before anything starts.
@@ -119,7 +121,9 @@ pub(crate) async fn start(
         clock,
         store,
     )?);
-    let source = Arc::new(EngineSource::new(engine.clone(), query_timeout));
+    let source = Arc::new(
+        EngineSource::new(engine.clone(), query_timeout).with_promql(config.promql.clone()),
+    );
     alerting.set_ledger(ledger);
     let mut tasks = alerting.start(source, stop);
     tasks.push(ledger_task);

@@ -47,7 +47,11 @@ const fn i(column: &'static str, otlp: &'static str, unit: &'static str) -> Valu
 /// Every value column of `gpu_metrics`, in schema order.
 pub const VALUE_COLUMNS: &[ValueColumn] = &[
     f("gpu_utilization", "hw.gpu.utilization", "1"),
-    f("memory_utilization", "hw.gpu.memory.utilization", "1"),
+    f(
+        "memory_utilization",
+        "gpu.memory_controller.utilization",
+        "1",
+    ),
     f("sm_active", "gpu.sm.active", "1"),
     f("sm_occupancy", "gpu.sm.occupancy", "1"),
     f("tensor_active", "gpu.tensor.active", "1"),
@@ -90,6 +94,7 @@ pub const VALUE_COLUMNS: &[ValueColumn] = &[
     i("remapped_rows_failure", "gpu.remapped_rows.failure", "1"),
     i("xid_errors_total", "gpu.xid.errors", "{error}"),
     // Added after the first release: tables created earlier gain them on open (delta/mod.rs).
+    f("gr_engine_active", "gpu.graphics.active", "1"),
     i("sm_clock_max_mhz", "gpu.clock.sm.max", "MHz"),
     i("pcie_link_gen", "gpu.pcie.link.generation", "1"),
     i("pcie_link_width", "gpu.pcie.link.width", "{lane}"),
@@ -139,8 +144,17 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         };
         fields.push(Field::new(c.column, ty, true));
     }
+    fields.push(Field::new(GPU_LABELS_COLUMN, DataType::Utf8, true));
     Arc::new(Schema::new(fields))
 });
+
+/// The last column of `gpu_metrics`: for a row written by Prometheus remote write, the labels of
+/// its series that differ from the dcgm-exporter labels its label columns give
+/// (`ingest::remote_write::dcgm_label_set`), as a JSON object (`{"instance":"…","job":"…"}`,
+/// names sorted), an empty value standing for a label the series did not have; null for rows
+/// written over OTLP. PromQL reads a row's series back from the two. Text rather than a map, so
+/// `SELECT *` works over the Postgres wire protocol too.
+pub const GPU_LABELS_COLUMN: &str = "series_labels";
 
 /// The `labels` column of `metrics` and `alerts`: a map of text to text.
 fn labels_type() -> DataType {
@@ -402,10 +416,12 @@ mod tests {
             "sm_clock_max_mhz",
             "pcie_link_gen",
             "pcie_link_width",
+            "gr_engine_active",
+            "series_labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 43);
+        assert_eq!(names.len(), 45);
     }
 
     #[test]

@@ -652,6 +652,31 @@ async fn damaged_data_files(s3: Option<&S3Server>) {
     let out = server.psql(None, "disable", &["-c", q]);
     assert!(out.ok && out.stdout.trim() == "10", "{out:?}");
     assert_eq!(out.stderr.matches("WARNING").count(), 2, "{out:?}");
+    // The Prometheus API says so in its `warnings`, as Prometheus does for a partial answer.
+    let at = (t0 + 3 * hour) as f64 / 1e9;
+    let resp = reqwest::Client::new()
+        .get(format!("{}/api/v1/query", server.url()))
+        .query(&[
+            (
+                "query",
+                "sum(count_over_time(DCGM_FI_DEV_POWER_USAGE{UUID=\"GPU-files\"}[4h]))".to_string(),
+            ),
+            ("time", format!("{at}")),
+        ])
+        .send()
+        .await
+        .expect("promql request");
+    let body = resp.bytes().await.expect("promql body");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("promql json");
+    assert_eq!(v["data"]["result"][0]["value"][1], "10", "{v}");
+    let warned = v["warnings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(warned.len(), 2, "{v}");
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.as_str().is_some_and(|w| w.contains(&short(0)))),
+        "{v}"
+    );
     assert_eq!(metric(server.http, "gpuwatch_damaged_files"), Some(2.0));
     let log = server.log_text();
     assert!(log.contains(&short(0)) && log.contains(&short(1)), "{log}");

@@ -60,7 +60,7 @@ pub struct GpuSample {
 
     /// Ratio 0..1 of time a kernel ran (`hw.gpu.utilization`).
     pub gpu_utilization: Option<f64>,
-    /// Ratio 0..1 of time the memory controller was busy (`hw.gpu.memory.utilization`).
+    /// Ratio 0..1 of time the memory controller was busy (`gpu.memory_controller.utilization`).
     pub memory_utilization: Option<f64>,
     /// GPM SM activity ratio (`gpu.sm.active`).
     pub sm_active: Option<f64>,
@@ -76,6 +76,9 @@ pub struct GpuSample {
     pub fp32_active: Option<f64>,
     /// GPM FP16 pipe activity ratio (`gpu.fp16.active`).
     pub fp16_active: Option<f64>,
+    /// Ratio 0..1 of time the graphics engine was active, GPM `GRAPHICS_UTIL`
+    /// (`gpu.graphics.active`; dcgm-exporter's `DCGM_FI_PROF_GR_ENGINE_ACTIVE`).
+    pub gr_engine_active: Option<f64>,
     /// Framebuffer memory in use, bytes (`hw.gpu.memory.usage`).
     pub memory_used_bytes: Option<i64>,
     /// Framebuffer memory installed, bytes (`hw.gpu.memory.limit`).
@@ -103,9 +106,10 @@ pub struct GpuSample {
     pub nvlink_tx_bytes_per_second: Option<f64>,
     /// NVLink bytes per second received, all links (`gpu.nvlink.receive.rate`).
     pub nvlink_rx_bytes_per_second: Option<f64>,
-    /// Single-bit (corrected) ECC errors since driver load (`gpu.ecc.sbe.volatile`).
+    /// Single-bit (corrected) ECC errors since driver load (`hw.errors`, `error.type=corrected`).
     pub ecc_sbe_volatile_total: Option<i64>,
-    /// Double-bit (uncorrected) ECC errors since driver load (`gpu.ecc.dbe.volatile`).
+    /// Double-bit (uncorrected) ECC errors since driver load (`hw.errors`,
+    /// `error.type=uncorrected`).
     pub ecc_dbe_volatile_total: Option<i64>,
     /// Rows remapped for uncorrectable errors (`gpu.remapped_rows.uncorrectable`).
     pub remapped_rows_uncorrectable: Option<i64>,
@@ -141,6 +145,7 @@ impl GpuSample {
             fp64_active: None,
             fp32_active: None,
             fp16_active: None,
+            gr_engine_active: None,
             memory_used_bytes: None,
             memory_total_bytes: None,
             power_watts: None,

@@ -53,6 +53,7 @@ use crate::error::{Error, Result};
 
 /// The GPM metrics read on Hopper and newer GPUs.
 pub const GPM_METRICS: &[GpmMetricId] = &[
+    GpmMetricId::GraphicsUtil,
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
     GpmMetricId::AnyTensorUtil,
@@ -729,6 +730,7 @@ fn read_field_values(index: u32, device: &Device<'_>, s: &mut GpuSample) {
 fn apply_gpm(s: &mut GpuSample, id: GpmMetricId, value: f64) {
     let ratio = gpm_percent_to_ratio(value);
     match id {
+        GpmMetricId::GraphicsUtil => s.gr_engine_active = ratio,
         GpmMetricId::SmUtil => s.sm_active = ratio,
         GpmMetricId::SmOccupancy => s.sm_occupancy = ratio,
         GpmMetricId::AnyTensorUtil => s.tensor_active = ratio,

@@ -13,12 +13,13 @@ use serde::{Deserialize, Serialize};
 use super::{
     DEFAULT_BUFFER_MAX_BYTES, DEFAULT_ENDPOINT, DEFAULT_METRICS_ADDR, DEFAULT_SYNTHETIC_GPUS,
 };
-use super::{Label, MetricsAddr, Protocol, SourceKind};
+use super::{Header, Label, MetricsAddr, Protocol, SourceKind};
 
 const AFTER_HELP: &str = "\
 Every flag can also be set by an environment variable GPUWATCH_<FLAG> (e.g. GPUWATCH_ENDPOINT,
-GPUWATCH_SYNTHETIC_GPUS; GPUWATCH_LABEL takes a comma-separated list; GPUWATCH_ONCE=true) and
-by a key of the TOML file given by --config, named like the flag with underscores:
+GPUWATCH_SYNTHETIC_GPUS; GPUWATCH_LABEL and GPUWATCH_HEADER take a comma-separated list;
+GPUWATCH_ONCE=true) and by a key of the TOML file given by --config, named like the flag with
+underscores:
 
     endpoint = \"http://gpuwatch.example:4318\"
     interval = \"10s\"
@@ -26,6 +27,10 @@ by a key of the TOML file given by --config, named like the flag with underscore
     label = [\"cluster=prod\", \"rack=r12\"]
 
 Precedence: flag > environment > config file > default. Unknown keys in the file are errors.
+Below those, the OpenTelemetry SDK variables are read too: OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, …_HEADERS, …_TIMEOUT (ms), …_COMPRESSION (gzip|none),
+…_PROTOCOL (grpc|http/protobuf), …_CERTIFICATE, …_CLIENT_KEY, …_CLIENT_CERTIFICATE (each also
+as OTEL_EXPORTER_OTLP_METRICS_…, which wins) and OTEL_RESOURCE_ATTRIBUTES.
 A server run with --auth-tokens wants a bearer token with the ingest scope: put it in a file
 readable only by the agent (e.g. /etc/gpuwatch/agent.token, mode 0600) and give
 --auth-token-file /etc/gpuwatch/agent.token; the file is read again when it changes.
@@ -42,7 +47,7 @@ Exit codes: 0 ok, 2 usage or configuration error (or NVML not available), 1 othe
 )]
 pub struct Cli {
     /// OTLP endpoint. With http, `/v1/metrics` is appended unless already there; with grpc it
-    /// is `http://host:port` and defaults to http://127.0.0.1:4317
+    /// is `http://host:port` (`https://host:port` for TLS) and defaults to http://127.0.0.1:4317
     #[arg(long, env = "GPUWATCH_ENDPOINT", value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     pub endpoint: String,
 
@@ -159,6 +164,12 @@ pub struct Cli {
     /// other processes
     #[arg(long, env = "GPUWATCH_AUTH_TOKEN_FILE", value_name = "PATH")]
     pub auth_token_file: Option<PathBuf>,
+
+    /// Header sent with every request (HTTP header, gRPC metadata), e.g. `X-Scope-OrgID=team-a`;
+    /// repeatable; overrides OTEL_EXPORTER_OTLP_HEADERS by name. For a bearer token use
+    /// --auth-token-file
+    #[arg(long, env = "GPUWATCH_HEADER", value_name = "KEY=VALUE")]
+    pub header: Vec<Header>,
 
     /// TOML config file; keys are the flag names with underscores
     #[arg(long, env = "GPUWATCH_CONFIG", value_name = "FILE")]

@@ -3,15 +3,19 @@
 //! Every setting is one field of [`Cli`] (flag, `GPUWATCH_*` variable, TOML key, default and
 //! help in one declaration); `gpuwatch_common::settings` merges them with the server's
 //! precedence, flag > env > file > default. The environment is passed in as a lookup function,
-//! so the precedence is tested without touching the process environment.
+//! so the precedence is tested without touching the process environment. Below all three come
+//! the OpenTelemetry SDK variables (`OTEL_EXPORTER_OTLP_*`, `OTEL_RESOURCE_ATTRIBUTES`), merged
+//! in one call of `validate.rs`.
 //!
 //! | piece | file |
 //! |---|---|
 //! | every setting ([`Cli`]) and the `--help` text | `cli.rs` |
 //! | checks across settings, defaults that depend on others, [`AgentOptions`] | `validate.rs` |
+//! | the `OTEL_EXPORTER_OTLP_*` and `OTEL_RESOURCE_ATTRIBUTES` variables, below all three | `otel.rs` |
 //! | the options, their defaults, the value types, [`load`] | this file |
 
 mod cli;
+mod otel;
 mod validate;
 
 use std::ffi::OsString;
@@ -177,6 +181,43 @@ impl<'de> Deserialize<'de> for Label {
     }
 }
 
+/// A header `KEY=VALUE` sent with every request (`--header`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header(pub String, pub String);
+
+impl FromStr for Header {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (k, v) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+        let (k, v) = (k.trim().to_string(), v.trim().to_string());
+        otel::check_header(&k, &v)?;
+        Ok(Header(k, v))
+    }
+}
+
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.0, self.1)
+    }
+}
+
+impl Serialize for Header {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Header {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// What the agent does: everything [`crate::run`] needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentOptions {
@@ -219,6 +260,8 @@ pub struct AgentOptions {
     pub flush_interval: Duration,
     /// File holding the bearer token sent to the endpoint; `None`: no `Authorization`.
     pub auth_token_file: Option<PathBuf>,
+    /// Headers, timeout, compression and TLS of the requests (`--header`, `OTEL_EXPORTER_OTLP_*`).
+    pub export: crate::export::ExportOptions,
 }
 
 impl Default for AgentOptions {
@@ -248,6 +291,7 @@ impl Default for AgentOptions {
             slow_interval: crate::collect::nvml::DEFAULT_SLOW_INTERVAL,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             auth_token_file: None,
+            export: crate::export::ExportOptions::default(),
         }
     }
 }
@@ -297,7 +341,9 @@ where
             other_keys: &[],
         },
     )?;
-    validate::validate(loaded.settings, &loaded.given)
+    // The OTEL_* variables sit below every setting of the agent's own: validate merges them.
+    let otel_env = otel::read(env)?;
+    validate::validate(loaded.settings, &loaded.given, otel_env)
 }
 
 /// The settings a config file's `text` gives (read from `path`, for messages), over the

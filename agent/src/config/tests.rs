@@ -255,8 +255,8 @@ fn bad_values() {
     .unwrap()
     .agent;
     assert_eq!(a.fake_mig, 3);
-    // A grpc endpoint has no path and no tls.
-    for bad in ["http://gw:4317/v1/metrics", "https://gw:4317"] {
+    // A grpc endpoint has no path.
+    for bad in ["http://gw:4317/v1/metrics", "ftp://gw:4317"] {
         let e = load_with(&["--protocol", "grpc", "--endpoint", bad], &no_env).unwrap_err();
         assert_eq!(e.exit_code(), 2, "{bad}");
     }
@@ -391,4 +391,91 @@ mod example_tests {
         let text = std::fs::read_to_string(&path).expect("deploy/gpuwatch-agent.example.toml");
         parse_file(&path, &text).expect("the example parses");
     }
+}
+
+#[test]
+fn otel_variables_fill_in_below_the_agents_own_settings() {
+    // Only OTEL variables: the generic endpoint is a base URL, the metrics one is exact.
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "X-Scope-OrgID=tenant-a,api-key=k1",
+        ),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "cluster=prod,host.name=node-9,rack=r1",
+        ),
+    ]);
+    let a = load_with(&["--label", "rack=r2"], &env).unwrap().agent;
+    assert_eq!(a.endpoint, "https://collector:4318");
+    assert!(!a.export.exact_url);
+    assert_eq!(a.export.timeout, std::time::Duration::from_millis(2500));
+    assert_eq!(a.host, "node-9");
+    assert_eq!(
+        a.labels,
+        vec![
+            ("rack".to_string(), "r2".to_string()),
+            ("cluster".to_string(), "prod".to_string())
+        ]
+    );
+    // --header overrides by name; the agent's own endpoint and host win.
+    let a = load_with(
+        &[
+            "--endpoint",
+            "http://gw:4318",
+            "--header",
+            "api-key=k2",
+            "--host",
+            "h",
+        ],
+        &env,
+    )
+    .unwrap()
+    .agent;
+    assert_eq!(a.endpoint, "http://gw:4318");
+    assert_eq!(a.host, "h");
+    assert_eq!(
+        a.export.headers,
+        vec![
+            ("X-Scope-OrgID".to_string(), "tenant-a".to_string()),
+            ("api-key".to_string(), "k2".to_string())
+        ]
+    );
+    // The metrics-specific endpoint is used as given; its protocol too.
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://collector:4318/custom/path",
+        ),
+    ]);
+    let a = load_with(&[], &env).unwrap().agent;
+    assert_eq!(a.endpoint, "http://collector:4318/custom/path");
+    assert!(a.export.exact_url);
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+    ]);
+    let a = load_with(&[], &env).unwrap().agent;
+    assert_eq!(a.protocol, Protocol::Grpc);
+    assert_eq!(a.endpoint, "https://collector:4317");
+    // GPUWATCH_PROTOCOL wins over OTEL_EXPORTER_OTLP_PROTOCOL.
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("GPUWATCH_PROTOCOL", "http"),
+    ]);
+    let a = load_with(&[], &env).unwrap().agent;
+    assert_eq!(a.protocol, Protocol::Http);
+    // Bad OTEL values are configuration errors that name the variable.
+    let env = env_of(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "lz4")]);
+    let e = load_with(&[], &env).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(
+        e.to_string().contains("OTEL_EXPORTER_OTLP_COMPRESSION"),
+        "{e}"
+    );
+    let e = load_with(&["--header", "bad header=x"], &no_env).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
 }

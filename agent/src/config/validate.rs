@@ -1,8 +1,10 @@
 //! The checks across settings, the defaults that depend on other settings (the endpoint on the
-//! protocol, the host on the source, the seed on the host), and [`AgentOptions`].
+//! protocol, the host on the source, the seed on the host), the OpenTelemetry variables below
+//! the agent's own settings, and [`AgentOptions`].
 
 use std::collections::BTreeSet;
 
+use super::otel::{self, OtelEnv};
 use super::{
     AgentOptions, Cli, MAX_FAKE_MIG, MAX_SYNTHETIC_GPUS, MIN_BUFFER_MAX_BYTES, MIN_INTERVAL,
     Protocol, Settings, SourceKind,
@@ -10,38 +12,56 @@ use super::{
 use crate::error::{Error, Result};
 use crate::hostname::hostname;
 
-/// Checks the merged settings; `given` holds the keys a flag, a variable or the file set.
-pub(super) fn validate(cli: Cli, given: &BTreeSet<String>) -> Result<Settings> {
-    // Left unset everywhere, the endpoint follows the protocol: 4318 for http, 4317 for grpc.
-    let endpoint = if !given.contains("endpoint") && cli.protocol == Protocol::Grpc {
-        crate::export::DEFAULT_GRPC_ENDPOINT.to_string()
-    } else {
-        cli.endpoint.clone()
-    };
+/// Checks the merged settings; `given` holds the keys a flag, a variable or the file set. The
+/// OTEL variables (`otel`) come in here, in one call, below every setting of the agent's own.
+pub(super) fn validate(cli: Cli, given: &BTreeSet<String>, otel: OtelEnv) -> Result<Settings> {
     check(&cli)?;
+    // The agent's own protocol when given, else OTEL_EXPORTER_OTLP_PROTOCOL, else the default.
+    let protocol = match otel.protocol {
+        Some(p) if !given.contains("protocol") => p,
+        _ => cli.protocol,
+    };
     let host = match cli.host.as_ref().map(|h| h.trim().to_string()) {
         Some(h) if h.is_empty() => {
             return Err(Error::Invalid(
                 "host is empty: give a name or leave it out".to_string(),
             ));
         }
-        Some(h) => h,
-        None => default_host(cli.source),
+        other => other,
     };
+    // Left unset everywhere (OTEL variables included), the endpoint follows the protocol: 4318
+    // for http, 4317 for grpc.
+    let merged = otel::apply(
+        otel,
+        otel::Own {
+            endpoint_given: given.contains("endpoint"),
+            endpoint: cli.endpoint.clone(),
+            protocol,
+            headers: cli
+                .header
+                .iter()
+                .map(|h| (h.0.clone(), h.1.clone()))
+                .collect(),
+            labels: cli
+                .label
+                .iter()
+                .map(|l| (l.0.clone(), l.1.clone()))
+                .collect(),
+            host,
+        },
+    )?;
+    let host = merged.host.unwrap_or_else(|| default_host(cli.source));
     let seed = cli.seed.unwrap_or_else(|| seed_from_host(&host));
-    match cli.protocol {
-        Protocol::Http => crate::export::metrics_url(&endpoint).map(drop)?,
-        Protocol::Grpc => crate::export::grpc_url(&endpoint).map(drop)?,
-    }
+    check_endpoint(protocol, &merged.endpoint, merged.export.exact_url)?;
     Ok(Settings {
         agent: AgentOptions {
-            endpoint,
-            protocol: cli.protocol,
+            endpoint: merged.endpoint,
+            protocol,
             interval: cli.interval.get(),
             source: cli.source,
             synthetic_gpus: cli.synthetic_gpus,
             host,
-            labels: cli.label.into_iter().map(|l| (l.0, l.1)).collect(),
+            labels: merged.labels,
             seed,
             once: cli.once,
             job_mapping_dir: cli.job_mapping_dir,
@@ -54,10 +74,31 @@ pub(super) fn validate(cli: Cli, given: &BTreeSet<String>) -> Result<Settings> {
             slow_interval: cli.slow_interval.get(),
             flush_interval: cli.flush_interval.get(),
             auth_token_file: cli.auth_token_file,
+            export: merged.export,
         },
         log_level: cli.log_level,
         log_format: cli.log_format,
     })
+}
+
+/// Checks the endpoint for the protocol: a full OTLP/HTTP URL given as is (the metrics-specific
+/// OTEL variable) only needs an http(s) scheme.
+fn check_endpoint(protocol: Protocol, endpoint: &str, exact_url: bool) -> Result<()> {
+    match protocol {
+        Protocol::Http if exact_url => match url_scheme(endpoint) {
+            Some("http" | "https") => Ok(()),
+            _ => Err(Error::BadEndpoint {
+                endpoint: endpoint.to_string(),
+                reason: "it must be an http:// or https:// URL".to_string(),
+            }),
+        },
+        Protocol::Http => crate::export::metrics_url(endpoint).map(drop),
+        Protocol::Grpc => crate::export::grpc_url(endpoint).map(drop),
+    }
+}
+
+fn url_scheme(s: &str) -> Option<&str> {
+    s.trim().split_once("://").map(|(scheme, _)| scheme)
 }
 
 /// The ranges and reserved names one value alone cannot be checked for.

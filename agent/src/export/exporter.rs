@@ -42,6 +42,7 @@ use crate::config::Protocol;
 use crate::error::{Error, Result};
 use crate::export::grpc::GrpcTransport;
 use crate::export::http::{Gzip, HttpTransport, encode_body};
+use crate::export::options::ExportOptions;
 use crate::export::queue::{Encoded, MemoryQueue, Spool};
 use crate::export::token::{Bearer, TokenFile};
 
@@ -223,9 +224,19 @@ impl Exporter {
     /// gRPC no connection is made here: the channel connects on the first send and reconnects
     /// by itself.
     pub fn for_protocol(protocol: Protocol, endpoint: &str, spool: Box<dyn Spool>) -> Result<Self> {
+        Self::with_options(protocol, endpoint, spool, &ExportOptions::default())
+    }
+
+    /// [`Exporter::for_protocol`] with headers, timeout, compression and TLS of `options`.
+    pub fn with_options(
+        protocol: Protocol,
+        endpoint: &str,
+        spool: Box<dyn Spool>,
+        options: &ExportOptions,
+    ) -> Result<Self> {
         let transport = match protocol {
-            Protocol::Http => Transport::Http(HttpTransport::new(endpoint)?),
-            Protocol::Grpc => Transport::Grpc(GrpcTransport::new(endpoint)?),
+            Protocol::Http => Transport::Http(HttpTransport::with_options(endpoint, options)?),
+            Protocol::Grpc => Transport::Grpc(GrpcTransport::with_options(endpoint, options)?),
         };
         let next_seq = spool.last_seq().map_or(0, |s| s + 1);
         // A spool replayed from disk shows on /metrics before the first send.

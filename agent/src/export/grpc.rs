@@ -3,10 +3,13 @@
 //! (4317). The retry spool, batching and backoff around it live in
 //! [`crate::export::exporter`], shared with OTLP/HTTP.
 //!
-//! The endpoint is `http://host:port` (no path: gRPC names the method itself). TLS is not built
-//! into the agent: for `https://` use `--protocol http`, or a TLS-terminating proxy.
+//! The endpoint is `http://host:port` or, over TLS, `https://host:port` (no path: gRPC names
+//! the method itself). TLS checks the server against the CA certificates of
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE`, or the system's roots, and presents the agent's
+//! certificate when `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY` are set.
 //!
-//! With `--auth-token-file` every call carries the `authorization: Bearer <token>` metadata.
+//! With `--auth-token-file` every call carries the `authorization: Bearer <token>` metadata;
+//! `--header` and `OTEL_EXPORTER_OTLP_HEADERS` add theirs (names lowercased, as gRPC wants).
 //!
 //! Status codes, following the OTLP specification: `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
 //! `CANCELLED`, `ABORTED`, `OUT_OF_RANGE`, `DATA_LOSS`, `INTERNAL` and `UNKNOWN` (also what a
@@ -20,11 +23,12 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::error::{Error, Result};
 use crate::export::exporter::Outcome;
-use crate::export::http::REQUEST_TIMEOUT;
+use crate::export::options::{Compression, ExportOptions, read_pem};
 use crate::export::token::Bearer;
 
 /// Default OTLP/gRPC endpoint (the server's `--otlp-grpc-addr`).
@@ -37,14 +41,15 @@ pub fn grpc_url(endpoint: &str) -> Result<String> {
         endpoint: endpoint.to_string(),
         reason: reason.to_string(),
     };
-    if trimmed.starts_with("https://") {
+    let (scheme, rest) = if let Some(r) = trimmed.strip_prefix("https://") {
+        ("https", r)
+    } else if let Some(r) = trimmed.strip_prefix("http://") {
+        ("http", r)
+    } else {
         return Err(bad(
-            "grpc over tls is not built into the agent; use http:// (e.g. to a local tls proxy), or --protocol http with https://",
+            "it must start with http:// or https://, e.g. http://127.0.0.1:4317",
         ));
-    }
-    let rest = trimmed
-        .strip_prefix("http://")
-        .ok_or_else(|| bad("it must start with http://, e.g. http://127.0.0.1:4317"))?;
+    };
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() || rest.starts_with('/') {
         return Err(bad("it has no host"));
@@ -54,7 +59,7 @@ pub fn grpc_url(endpoint: &str) -> Result<String> {
             "a grpc endpoint has no path, query or fragment: give http://host:port",
         ));
     }
-    let url = format!("http://{rest}");
+    let url = format!("{scheme}://{rest}");
     Endpoint::from_shared(url.clone()).map_err(|e| bad(&e.to_string()))?;
     Ok(url)
 }
@@ -63,13 +68,55 @@ pub fn grpc_url(endpoint: &str) -> Result<String> {
 pub(crate) struct GrpcTransport {
     url: String,
     client: Option<MetricsServiceClient<Channel>>,
+    metadata: MetadataMap,
+    timeout: Duration,
+    gzip: bool,
+    tls: Option<ClientTlsConfig>,
+}
+
+/// The TLS settings of an `https://` endpoint.
+fn tls_config(options: &ExportOptions) -> Result<ClientTlsConfig> {
+    // ring and aws-lc-rs are both linked in: name the process's provider (a second call, or
+    // one made by the embedding program first, leaves the one in place).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut tls = ClientTlsConfig::new();
+    tls = match &options.ca_file {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read_pem(ca, "CA certificate file")?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = &options.client_identity {
+        tls = tls.identity(Identity::from_pem(
+            read_pem(cert, "client certificate file")?,
+            read_pem(key, "client key file")?,
+        ));
+    }
+    Ok(tls)
 }
 
 impl GrpcTransport {
-    pub(crate) fn new(endpoint: &str) -> Result<Self> {
+    pub(crate) fn with_options(endpoint: &str, options: &ExportOptions) -> Result<Self> {
+        let url = grpc_url(endpoint)?;
+        let mut metadata = MetadataMap::new();
+        for (k, v) in &options.headers {
+            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|e| Error::Invalid(format!("header name {k:?} as grpc metadata: {e}")))?;
+            let value = MetadataValue::try_from(v.as_str()).map_err(|e| {
+                Error::Invalid(format!("value of header {k} as grpc metadata: {e}"))
+            })?;
+            metadata.insert(key, value);
+        }
+        let tls = if url.starts_with("https://") {
+            Some(tls_config(options)?)
+        } else {
+            None
+        };
         Ok(GrpcTransport {
-            url: grpc_url(endpoint)?,
+            url,
             client: None,
+            metadata,
+            timeout: options.timeout,
+            gzip: options.compression == Compression::Gzip,
+            tls,
         })
     }
 
@@ -81,16 +128,23 @@ impl GrpcTransport {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(self.url.clone())
+        let mut endpoint = Endpoint::from_shared(self.url.clone())
             .map_err(|e| e.to_string())?
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(self.timeout)
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
             .map_err(|e| e.to_string())?;
-        let client = MetricsServiceClient::new(endpoint.connect_lazy())
-            .send_compressed(CompressionEncoding::Gzip)
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| e.to_string())?;
+        }
+        let mut client = MetricsServiceClient::new(endpoint.connect_lazy())
             .accept_compressed(CompressionEncoding::Gzip)
             .max_decoding_message_size(4 << 20);
+        if self.gzip {
+            client = client.send_compressed(CompressionEncoding::Gzip);
+        }
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -110,7 +164,8 @@ impl GrpcTransport {
                 };
             }
         };
-        let mut request = tonic::Request::new(req);
+        let mut request =
+            tonic::Request::from_parts(self.metadata.clone(), tonic::Extensions::default(), req);
         if let Some(b) = bearer {
             request
                 .metadata_mut()
@@ -182,8 +237,9 @@ mod tests {
             "http://127.0.0.1:4317"
         );
         assert_eq!(grpc_url(" http://gw:4317/ ").unwrap(), "http://gw:4317");
+        // TLS: https:// (checked against OTEL_EXPORTER_OTLP_CERTIFICATE or the system roots).
+        assert_eq!(grpc_url("https://gw:4317").unwrap(), "https://gw:4317");
         for (bad, says) in [
-            ("https://gw:4317", "tls"),
             ("127.0.0.1:4317", "http://"),
             ("http://gw:4317/v1/metrics", "no path"),
             ("http://", "no host"),

@@ -18,6 +18,7 @@ use prost::Message;
 
 use crate::error::{Error, Result};
 use crate::export::exporter::Outcome;
+use crate::export::options::{Compression as BodyCompression, ExportOptions, read_pem};
 use crate::export::token::Bearer;
 
 /// Per-request timeout.
@@ -124,17 +125,59 @@ pub(crate) struct HttpTransport {
     url: String,
     /// `url` parsed once: parsing it again for every request was 4 % of the agent's CPU.
     parsed: reqwest::Url,
+    /// Send bodies uncompressed (`OTEL_EXPORTER_OTLP_COMPRESSION=none`).
+    plain: bool,
+}
+
+/// The headers of `--header` / `OTEL_EXPORTER_OTLP_HEADERS`, checked.
+fn header_map(headers: &[(String, String)]) -> Result<reqwest::header::HeaderMap> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (k, v) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| Error::Invalid(format!("header name {k:?}: {e}")))?;
+        let value = reqwest::header::HeaderValue::from_str(v)
+            .map_err(|e| Error::Invalid(format!("value of header {k}: {e}")))?;
+        map.insert(name, value);
+    }
+    Ok(map)
 }
 
 impl HttpTransport {
+    #[cfg(test)]
     pub(crate) fn new(endpoint: &str) -> Result<Self> {
-        let url = metrics_url(endpoint)?;
+        Self::with_options(endpoint, &ExportOptions::default())
+    }
+
+    pub(crate) fn with_options(endpoint: &str, options: &ExportOptions) -> Result<Self> {
+        let url = if options.exact_url {
+            endpoint.trim().to_string()
+        } else {
+            metrics_url(endpoint)?
+        };
         let parsed = reqwest::Url::parse(&url).map_err(|e| Error::BadEndpoint {
             endpoint: endpoint.to_string(),
             reason: format!("it is not a valid URL ({e})"),
         })?;
-        let client = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
+        let mut builder = reqwest::Client::builder()
+            .timeout(options.timeout)
+            .default_headers(header_map(&options.headers)?);
+        if let Some(ca) = &options.ca_file {
+            let pem = read_pem(ca, "CA certificate file")?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| Error::Invalid(format!("CA certificates in {}: {e}", ca.display())))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &options.client_identity {
+            let mut pem = read_pem(cert, "client certificate file")?;
+            pem.extend_from_slice(b"\n");
+            pem.extend(read_pem(key, "client key file")?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| Error::Invalid(format!("client certificate and key: {e}")))?;
+            builder = builder.identity(identity);
+        }
+        let client = builder
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!("gpuwatch-agent/", env!("CARGO_PKG_VERSION")))
             // reqwest's own retries are for HTTP/2 and HTTP/3 refusals, protocols this client
@@ -147,6 +190,7 @@ impl HttpTransport {
             client,
             url,
             parsed,
+            plain: options.compression == BodyCompression::None,
         })
     }
 
@@ -159,8 +203,23 @@ impl HttpTransport {
         let mut request = self
             .client
             .post(self.parsed.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
-            .header(reqwest::header::CONTENT_ENCODING, "gzip");
+            .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf");
+        // Bodies are spooled gzipped; without compression they are inflated on the way out.
+        let body = if self.plain {
+            let mut raw = Vec::with_capacity(body.len() * 4);
+            if let Err(e) =
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut raw)
+            {
+                return Outcome::Rejected {
+                    status: "unreadable request".to_string(),
+                    body: e.to_string(),
+                };
+            }
+            raw
+        } else {
+            request = request.header(reqwest::header::CONTENT_ENCODING, "gzip");
+            body
+        };
         if let Some(b) = bearer {
             request = request.header(reqwest::header::AUTHORIZATION, b.http.clone());
         }

@@ -6,6 +6,7 @@
 pub mod exporter;
 pub mod grpc;
 pub mod http;
+pub mod options;
 pub mod otlp;
 pub mod prometheus;
 pub mod queue;
@@ -14,6 +15,7 @@ pub mod token;
 pub use exporter::Exporter;
 pub use grpc::{DEFAULT_GRPC_ENDPOINT, grpc_url};
 pub use http::metrics_url;
+pub use options::{Compression, ExportOptions};
 pub use otlp::encode;
 pub use queue::{Encoded, MemoryQueue, Spool};
 pub use token::TokenFile;

@@ -23,6 +23,22 @@ pub use direct::encode_collection_to;
 /// Instrumentation scope name on every request.
 pub const SCOPE_NAME: &str = "gpuwatch-agent";
 
+/// The OpenTelemetry semantic conventions the names follow (the scope's `schema_url`). The
+/// server reads `hw.gpu.memory.utilization` by it: with a schema URL it is used/limit (the
+/// conventions' meaning), without one an older agent's memory-controller busy time.
+pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
+
+/// When this process started (ns since the epoch): the `start_time_unix_nano` of its
+/// cumulative sums.
+pub fn start_time_unix_nano() -> u64 {
+    static START: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    });
+    *START
+}
+
 /// A metric value, as the column type of `gpu_metrics` wants it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Num {
@@ -49,6 +65,9 @@ pub struct MetricDef {
     pub kind: Kind,
     /// Short description.
     pub description: &'static str,
+    /// An attribute its points carry beside the GPU's (`error.type` of `hw.errors`); the
+    /// definitions of one name follow each other and make one metric.
+    pub attr: Option<(&'static str, &'static str)>,
     get: fn(&GpuSample) -> Option<Num>,
 }
 
@@ -73,6 +92,7 @@ const fn gauge(
         unit,
         kind: Kind::Gauge,
         description,
+        attr: None,
         get,
     }
 }
@@ -88,7 +108,32 @@ const fn sum(
         unit,
         kind: Kind::CumulativeSum,
         description,
+        attr: None,
         get,
+    }
+}
+
+/// `hw.errors` of one `error.type`.
+const fn errors(
+    error_type: &'static str,
+    description: &'static str,
+    get: fn(&GpuSample) -> Option<Num>,
+) -> MetricDef {
+    MetricDef {
+        name: "hw.errors",
+        unit: "{error}",
+        kind: Kind::CumulativeSum,
+        description,
+        attr: Some(("error.type", error_type)),
+        get,
+    }
+}
+
+/// `memory_used_bytes / memory_total_bytes`: the conventions' `hw.gpu.memory.utilization`.
+fn memory_used_ratio(s: &GpuSample) -> Option<Num> {
+    match (s.memory_used_bytes, s.memory_total_bytes) {
+        (Some(u), Some(t)) if t > 0 => Some(Num::Double(u as f64 / t as f64)),
+        _ => None,
     }
 }
 
@@ -101,10 +146,16 @@ pub const METRICS: &[MetricDef] = &[
         |s| s.gpu_utilization.map(Num::Double),
     ),
     gauge(
-        "hw.gpu.memory.utilization",
+        "gpu.memory_controller.utilization",
         "1",
         "fraction of time the memory controller was busy",
         |s| s.memory_utilization.map(Num::Double),
+    ),
+    gauge(
+        "hw.gpu.memory.utilization",
+        "1",
+        "fraction of the GPU memory in use (usage / limit)",
+        memory_used_ratio,
     ),
     gauge("gpu.sm.active", "1", "GPM SM activity", |s| {
         s.sm_active.map(Num::Double)
@@ -148,6 +199,12 @@ pub const METRICS: &[MetricDef] = &[
     gauge("hw.temperature", "Cel", "GPU core temperature", |s| {
         s.temperature_celsius.map(Num::Double)
     }),
+    gauge(
+        "gpu.graphics.active",
+        "1",
+        "ratio of time the graphics engine was active (GPM)",
+        |s| s.gr_engine_active.map(Num::Double),
+    ),
     gauge("gpu.memory.temperature", "Cel", "HBM temperature", |s| {
         s.memory_temperature_celsius.map(Num::Double)
     }),
@@ -187,18 +244,12 @@ pub const METRICS: &[MetricDef] = &[
         "NVLink bytes received per second",
         |s| s.nvlink_rx_bytes_per_second.map(Num::Double),
     ),
-    sum(
-        "gpu.ecc.sbe.volatile",
-        "{error}",
-        "corrected ECC errors since driver load",
-        |s| s.ecc_sbe_volatile_total.map(Num::Int),
-    ),
-    sum(
-        "gpu.ecc.dbe.volatile",
-        "{error}",
-        "uncorrected ECC errors since driver load",
-        |s| s.ecc_dbe_volatile_total.map(Num::Int),
-    ),
+    errors("corrected", "ECC errors since driver load", |s| {
+        s.ecc_sbe_volatile_total.map(Num::Int)
+    }),
+    errors("uncorrected", "ECC errors since driver load", |s| {
+        s.ecc_dbe_volatile_total.map(Num::Int)
+    }),
     gauge(
         "gpu.remapped_rows.uncorrectable",
         "{row}",
@@ -425,7 +476,8 @@ pub fn encode_collection(
 /// `host.name`; see [`crate::resource_attributes`]).
 pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMetricsServiceRequest {
     let attributes: Vec<Vec<KeyValue>> = samples.iter().map(point_attributes).collect();
-    let mut metrics = Vec::with_capacity(METRICS.len());
+    let mut metrics: Vec<Metric> = Vec::with_capacity(METRICS.len());
+    let start = start_time_unix_nano();
     for def in METRICS {
         let points: Vec<NumberDataPoint> = samples
             .iter()
@@ -436,8 +488,17 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
                     Num::Double(_) => return None,
                     Num::Int(i) => number_data_point::Value::AsInt(i),
                 };
+                let mut attributes = attrs.clone();
+                if let Some((k, v)) = def.attr {
+                    attributes.push(string_kv(k, v));
+                }
                 Some(NumberDataPoint {
-                    attributes: attrs.clone(),
+                    attributes,
+                    start_time_unix_nano: if def.kind == Kind::CumulativeSum {
+                        start
+                    } else {
+                        0
+                    },
                     time_unix_nano: s.time_unix_nano,
                     value: Some(value),
                     ..Default::default()
@@ -445,6 +506,13 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
             })
             .collect();
         if points.is_empty() {
+            continue;
+        }
+        // A second definition of the same name (another `error.type`) adds to its metric.
+        if let Some(last) = metrics.last_mut().filter(|m| m.name == def.name)
+            && let Some(metric::Data::Sum(sum)) = last.data.as_mut()
+        {
+            sum.data_points.extend(points);
             continue;
         }
         let data = match def.kind {
@@ -478,7 +546,7 @@ pub fn encode(samples: &[GpuSample], resource: &[(String, String)]) -> ExportMet
                     ..Default::default()
                 }),
                 metrics,
-                ..Default::default()
+                schema_url: SCHEMA_URL.to_string(),
             }],
             ..Default::default()
         }],

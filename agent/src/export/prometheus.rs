@@ -42,6 +42,23 @@ pub struct Exposition {
     pub host: String,
     /// The samples of the last collection.
     pub samples: Vec<GpuSample>,
+    /// The code of the last XID error seen on each GPU (by UUID), since the agent started.
+    pub last_xid: std::collections::HashMap<String, i64>,
+}
+
+impl Exposition {
+    /// Remembers the XID codes of a collection's events (the last one per GPU wins).
+    pub fn note_events(&mut self, events: &[crate::collect::GpuEvent]) {
+        for e in events.iter().filter(|e| e.kind == "xid") {
+            self.last_xid.insert(e.gpu_uuid.clone(), e.code);
+        }
+    }
+
+    /// dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS` of a GPU: the last XID error's code, 0 before
+    /// any.
+    fn xid(&self, s: &GpuSample) -> f64 {
+        self.last_xid.get(&s.gpu_uuid).copied().unwrap_or(0) as f64
+    }
 }
 
 /// Shared between the collection loop (writer) and the HTTP server (reader).
@@ -201,6 +218,12 @@ const FIELDS: &[Field] = &[
         |s| int(s.remapped_rows_failure),
     ),
     f(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active (ratio 0..1).",
+        |s| s.gr_engine_active,
+    ),
+    f(
         "DCGM_FI_PROF_SM_ACTIVE",
         "gauge",
         "The ratio of cycles an SM has at least 1 warp assigned (ratio 0..1).",
@@ -331,6 +354,18 @@ pub fn render(expo: &Exposition) -> String {
         w.family(field.name, field.kind, field.help);
         for (i, v) in values {
             w.sample_with(field.name, &labels[i], v);
+        }
+    }
+    // dcgm-exporter's meaning: the last XID error's code (a gauge), 0 before any.
+    if !expo.samples.is_empty() {
+        let mut w = TextWriter::new(&mut out);
+        w.family(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "gauge",
+            "Value of the last XID error encountered.",
+        );
+        for (i, s) in expo.samples.iter().enumerate() {
+            w.sample_with("DCGM_FI_DEV_XID_ERRORS", &labels[i], expo.xid(s));
         }
     }
     crate::metrics::render(&mut out);
@@ -485,9 +520,10 @@ mod tests {
 
     #[test]
     fn dcgm_names_units_and_labels() {
-        let expo = Exposition {
+        let mut expo = Exposition {
             host: "node-1".into(),
             samples: vec![sample()],
+            ..Default::default()
         };
         let text = render(&expo);
         let l = "gpu=\"3\",UUID=\"GPU-a\\\"b\",device=\"nvidia3\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\",hpc_job=\"123\"";
@@ -511,5 +547,28 @@ mod tests {
         // A value that could not be read has no series.
         assert!(!text.contains("DCGM_FI_DEV_POWER_USAGE"));
         assert!(text.contains("gpuwatch_agent_collections_total"));
+        // No XID yet: dcgm-exporter writes 0; then the code of the last one.
+        assert!(
+            text.contains(&format!("DCGM_FI_DEV_XID_ERRORS{{{l}}} 0\n")),
+            "{text}"
+        );
+        let xid = |code| crate::collect::GpuEvent {
+            time_unix_nano: 1,
+            gpu_uuid: "GPU-a\"b".into(),
+            gpu_index: 3,
+            kind: "xid".into(),
+            code,
+            detail: String::new(),
+        };
+        expo.note_events(&[xid(13), xid(79)]);
+        let text = render(&expo);
+        assert!(
+            text.contains(&format!("DCGM_FI_DEV_XID_ERRORS{{{l}}} 79\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"),
+            "{text}"
+        );
     }
 }

@@ -182,5 +182,4 @@ pub fn argmax(seconds: &std::collections::BTreeMap<String, f64>) -> Option<Strin
 }
 
 #[cfg(test)]
-#[path = "limiter_tests.rs"]
 mod tests;

@@ -27,7 +27,7 @@ impl Scripted {
 
 #[async_trait]
 impl RuleSource for Scripted {
-    async fn instances(&self, _: &str, _: &str, _: i64) -> Result<Vec<Instance>> {
+    async fn instances(&self, _: &str, _: &crate::rules::Query, _: i64) -> Result<Vec<Instance>> {
         Ok(self.0.lock().expect("lock").clone())
     }
 }

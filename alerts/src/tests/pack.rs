@@ -50,11 +50,16 @@ fn rows(s: &Series) -> Vec<GpuRow> {
         }
         let mut set = |name: &str, v: f64| {
             let i = value_index(name).unwrap_or_else(|| panic!("no column for {name}"));
-            r.values[i] = Some(if name.starts_with("hw.") || name.contains("active") {
-                Cell::F(v)
-            } else {
-                Cell::I(v as i64)
-            });
+            r.values[i] = Some(
+                if name.starts_with("hw.")
+                    || name.contains("active")
+                    || name.contains("utilization")
+                {
+                    Cell::F(v)
+                } else {
+                    Cell::I(v as i64)
+                },
+            );
         };
         for (n, v) in &s.values {
             set(n, *v);
@@ -71,7 +76,7 @@ fn rows(s: &Series) -> Vec<GpuRow> {
 fn busy() -> Vec<(&'static str, f64)> {
     vec![
         ("hw.gpu.utilization", 1.0),
-        ("hw.gpu.memory.utilization", 0.4),
+        ("gpu.memory_controller.utilization", 0.4),
         ("gpu.sm.active", 0.9),
     ]
 }
@@ -79,7 +84,7 @@ fn busy() -> Vec<(&'static str, f64)> {
 fn idle() -> Vec<(&'static str, f64)> {
     vec![
         ("hw.gpu.utilization", 0.0),
-        ("hw.gpu.memory.utilization", 0.0),
+        ("gpu.memory_controller.utilization", 0.0),
         ("gpu.sm.active", 0.0),
     ]
 }
@@ -211,7 +216,7 @@ fn scenario() -> Vec<Series> {
             to: end,
             values: vec![
                 ("hw.gpu.utilization", 0.5),
-                ("hw.gpu.memory.utilization", 0.1),
+                ("gpu.memory_controller.utilization", 0.1),
                 ("gpu.sm.active", 0.1),
             ],
             ..Default::default()
@@ -224,7 +229,7 @@ fn scenario() -> Vec<Series> {
             to: end,
             values: vec![
                 ("hw.gpu.utilization", 0.5),
-                ("hw.gpu.memory.utilization", 0.1),
+                ("gpu.memory_controller.utilization", 0.1),
                 ("gpu.sm.active", 0.1),
             ],
             ..Default::default()
@@ -237,7 +242,7 @@ fn scenario() -> Vec<Series> {
             to: end,
             values: vec![
                 ("hw.gpu.utilization", 0.5),
-                ("hw.gpu.memory.utilization", 0.1),
+                ("gpu.memory_controller.utilization", 0.1),
                 ("gpu.sm.active", 0.1),
             ],
             ..Default::default()
@@ -250,7 +255,7 @@ fn scenario() -> Vec<Series> {
             to: end,
             values: vec![
                 ("hw.gpu.utilization", 0.5),
-                ("hw.gpu.memory.utilization", 0.1),
+                ("gpu.memory_controller.utilization", 0.1),
                 ("gpu.sm.active", 0.1),
             ],
             ..Default::default()
@@ -263,7 +268,7 @@ fn scenario() -> Vec<Series> {
             to: end,
             values: vec![
                 ("hw.gpu.utilization", 0.5),
-                ("hw.gpu.memory.utilization", 0.1),
+                ("gpu.memory_controller.utilization", 0.1),
                 ("gpu.sm.active", 0.1),
             ],
             ..Default::default()

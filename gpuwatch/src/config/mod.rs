@@ -64,6 +64,8 @@ pub(crate) struct ServeConfig {
     pub auth_tokens: Option<Arc<auth::Tokens>>,
     /// Where queries run (the query runtime).
     pub executor: gpuwatch_query::executor::Executor,
+    /// How PromQL is evaluated (the query API; `expr:` rules get the same in `alerts`).
+    pub promql: gpuwatch_promql::Settings,
 }
 
 impl ServeConfig {
@@ -185,12 +187,16 @@ impl ServeSettings {
             None => gpuwatch_query::memory::default_limit(),
         };
         let tls = self.listeners.tls()?;
+        let promql = self.promql.settings()?;
         let auth_tokens = match &self.listeners.auth_tokens {
             Some(path) => Some(Arc::new(auth::Tokens::load(path)?)),
             None => None,
         };
         Ok(ServeConfig {
-            alerts: sections.alerts(self.alerts.rules.clone(), demo),
+            alerts: crate::alerts_wiring::AlertsConfig {
+                promql: promql.clone(),
+                ..sections.alerts(self.alerts.rules.clone(), demo)
+            },
             retention: sections.retention()?,
             settings: self,
             data_dir,
@@ -200,6 +206,7 @@ impl ServeSettings {
             tls,
             auth_tokens,
             executor: gpuwatch_query::executor::Executor::current(),
+            promql,
         })
     }
 }
@@ -217,6 +224,29 @@ impl settings::Listeners {
                 "--tls-key needs --tls-cert (the certificate chain, PEM)".into(),
             )),
         }
+    }
+}
+
+impl settings::PromQl {
+    /// The evaluation settings of `--promql-*`; each must be above zero.
+    fn settings(&self) -> Result<gpuwatch_promql::Settings> {
+        let ms = |flag: &str, d: Duration| match i64::try_from(d.as_millis()) {
+            Ok(ms) if ms > 0 => Ok(ms),
+            _ => Err(Error::Config(format!(
+                "{flag} must be at least 1ms and at most a few years, e.g. 5m"
+            ))),
+        };
+        if self.promql_max_samples == 0 {
+            return Err(Error::Config(
+                "--promql-max-samples must be above zero, e.g. 50000000".into(),
+            ));
+        }
+        Ok(gpuwatch_promql::Settings {
+            lookback: ms("--promql-lookback-delta", self.promql_lookback_delta.get())?,
+            subquery_step: ms("--promql-subquery-step", self.promql_subquery_step.get())?,
+            max_samples: self.promql_max_samples,
+            ..gpuwatch_promql::Settings::default()
+        })
     }
 }
 

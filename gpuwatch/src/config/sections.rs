@@ -60,6 +60,8 @@ impl Sections {
                 (None, false) => CostConfig::default(),
             },
             jobs: self.jobs.clone().unwrap_or_default(),
+            // The `--promql-*` settings, set by `ServeSettings::validate`.
+            promql: gpuwatch_promql::Settings::default(),
         }
     }
 }

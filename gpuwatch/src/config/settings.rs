@@ -38,6 +38,9 @@ pub(crate) struct ServeSettings {
     pub limits: Limits,
     #[command(flatten)]
     #[serde(flatten)]
+    pub promql: PromQl,
+    #[command(flatten)]
+    #[serde(flatten)]
     pub telemetry: Telemetry,
     #[command(flatten)]
     #[serde(flatten)]
@@ -178,6 +181,29 @@ pub(crate) struct Limits {
     /// the answer is cut with an error at its end; 0 for unbounded.
     #[arg(long, env = "GPUWATCH_MAX_ANSWER_BYTES", default_value_t = 1024 * 1024 * 1024)]
     pub max_answer_bytes: usize,
+}
+
+/// PromQL evaluation: the Prometheus query API on the HTTP port and `expr:` alert rules
+/// (docs/promql.md). The limits of SQL (--query-timeout, --max-concurrent-queries,
+/// --max-answer-bytes) apply too.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+pub(crate) struct PromQl {
+    /// How far back an instant selector looks for a sample: the latest one in `[t - delta, t]`
+    /// (Prometheus's --query.lookback-delta).
+    #[arg(long, env = "GPUWATCH_PROMQL_LOOKBACK_DELTA", default_value = "5m")]
+    pub promql_lookback_delta: HumanDuration,
+    /// Samples one PromQL query may load; past that it fails with `execution` (Prometheus's
+    /// --query.max-samples).
+    #[arg(
+        long,
+        env = "GPUWATCH_PROMQL_MAX_SAMPLES",
+        default_value_t = 50_000_000
+    )]
+    pub promql_max_samples: usize,
+    /// The step of a subquery that gives none (`expr[1h:]`), as Prometheus's global
+    /// evaluation_interval is.
+    #[arg(long, env = "GPUWATCH_PROMQL_SUBQUERY_STEP", default_value = "1m")]
+    pub promql_subquery_step: HumanDuration,
 }
 
 /// Logs and the server's own traces and metrics.

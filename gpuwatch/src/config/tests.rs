@@ -130,6 +130,49 @@ fn checks_across_settings() {
     assert!(c.maintenance);
 }
 
+#[test]
+fn promql_settings_reach_the_query_api_and_the_rules() {
+    let c = load(&[])
+        .expect("load")
+        .settings
+        .validate(Sections::default(), false)
+        .expect("defaults");
+    assert_eq!(c.promql.lookback, 5 * 60 * 1000);
+    assert_eq!(c.promql.subquery_step, 60 * 1000);
+    assert_eq!(c.promql.max_samples, 50_000_000);
+    let (_d, f) = file("promql_subquery_step = \"30s\"\n");
+    let l = load(&[
+        "--config",
+        &f,
+        "--promql-lookback-delta",
+        "90s",
+        "--promql-max-samples",
+        "1000",
+    ])
+    .expect("load");
+    let c = l
+        .settings
+        .validate(Sections::default(), false)
+        .expect("valid");
+    assert_eq!(c.promql.lookback, 90_000);
+    assert_eq!(c.promql.subquery_step, 30_000);
+    assert_eq!(c.promql.max_samples, 1000);
+    assert_eq!(c.alerts.promql.lookback, 90_000);
+    assert_eq!(c.alerts.promql.max_samples, 1000);
+    for (flag, value) in [
+        ("--promql-lookback-delta", "0s"),
+        ("--promql-subquery-step", "0s"),
+        ("--promql-max-samples", "0"),
+    ] {
+        let e = load(&[flag, value])
+            .expect("load")
+            .settings
+            .validate(Sections::default(), false)
+            .expect_err(flag);
+        assert!(e.to_string().contains(flag), "{e}");
+    }
+}
+
 /// The settings each command listed in `--help` before they were declared once (captured from
 /// the binaries' `--help`).
 const BEFORE: &[(&str, &[&str])] = &[
@@ -222,10 +265,19 @@ const BEFORE: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The ones added since: one client surface and one log format for both binaries; the offline
-/// `check` and `repair` commands (docs/operations.md).
+/// The ones added since: one client surface and one log format for both binaries; the PromQL
+/// evaluation settings of the Prometheus query API; the agent's headers; the offline `check` and
+/// `repair` commands (docs/operations.md).
 const ADDED: &[(&str, &[&str])] = &[
-    ("serve", &["--log-format"]),
+    (
+        "serve",
+        &[
+            "--log-format",
+            "--promql-lookback-delta",
+            "--promql-max-samples",
+            "--promql-subquery-step",
+        ],
+    ),
     ("demo", &[]),
     ("sql", &["--token", "--token-file"]),
     ("job", &["--token-file"]),
@@ -244,7 +296,7 @@ const ADDED: &[(&str, &[&str])] = &[
             "--apply",
         ],
     ),
-    ("agent", &["--log-format"]),
+    ("agent", &["--log-format", "--header"]),
 ];
 
 /// None of the settings of [`BEFORE`] may go missing, and only those of [`ADDED`] are new.

@@ -42,6 +42,11 @@ pub(super) fn routers(config: &ServeConfig, app: &App) -> (Router, Router) {
             sql::router(Arc::clone(&app.engine), app.metrics.query_seconds.clone())
                 .route_layer(guard(auth::Scope::Query)),
         )
+        // The Prometheus HTTP query API (PromQL over the same tables), with SQL's scope.
+        .merge(
+            gpuwatch_promql::router(Arc::clone(&app.engine), config.promql.clone())
+                .route_layer(guard(auth::Scope::Query)),
+        )
         .merge(
             crate::jobs::router(
                 Arc::clone(&app.engine),

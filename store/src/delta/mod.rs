@@ -31,7 +31,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
-use deltalake_core::kernel::{Action, Transaction};
+use deltalake_core::kernel::{Action, StructField, Transaction};
 use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
 use deltalake_core::operations::create::CreateBuilder;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
@@ -271,10 +271,10 @@ async fn load_or_create(
     let mut delta = DeltaTable::new(Arc::clone(&log_store));
     if log_store.is_delta_table_location().await? {
         delta.load().await?;
-        if create {
-            return add_new_columns(delta, table).await;
+        if !create {
+            return Ok(delta);
         }
-        return Ok(delta);
+        return add_missing_columns(delta, table).await;
     }
     if !create {
         return Ok(delta);
@@ -306,34 +306,41 @@ async fn load_or_create(
     }
 }
 
-/// Adds to `delta`'s schema the columns of `table` that a later release introduced (nullable
-/// columns appended at the end, Delta's `ADD COLUMNS`): the table's earlier files read them as
-/// null, here and in any other Delta reader. An ingest node does it when it opens the table;
-/// when two do it at once the second one's commit conflicts and it reloads the table, which
-/// then has them.
-async fn add_new_columns(
+/// Adds to a table made by an earlier release the columns it lacks (those of
+/// `gpu_metrics` listed after "Added after the first release" in schema.rs, `series_labels`), as
+/// nullable columns appended at the end in one metadata commit (Delta's `ADD COLUMNS`), so
+/// that other engines see them too. Files written
+/// before read them as null. A concurrent writer that added them first leaves nothing to do.
+async fn add_missing_columns(
     delta: DeltaTable,
     table: Table,
 ) -> std::result::Result<DeltaTable, DeltaTableError> {
-    let missing = |delta: &DeltaTable| -> std::result::Result<Vec<_>, DeltaTableError> {
-        let have = delta.snapshot()?.schema();
-        Ok(schema::delta_columns(table)
-            .map_err(|e| DeltaTableError::Generic(e.to_string()))?
-            .into_iter()
-            .filter(|c| !have.contains(c.name()))
-            .collect())
-    };
-    let fields = missing(&delta)?;
-    if fields.is_empty() {
+    let have: HashSet<String> = delta
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|f| f.name().clone())
+        .collect();
+    let missing: Vec<_> = schema::delta_columns(table)
+        .map_err(|e| DeltaTableError::Generic(e.to_string()))?
+        .into_iter()
+        .filter(|c| !have.contains(c.name()))
+        .map(|c| StructField::new(c.name().clone(), c.data_type().clone(), true))
+        .collect();
+    if missing.is_empty() {
         return Ok(delta);
     }
-    let mut reloaded = delta.clone();
-    match delta.add_columns().with_fields(fields.clone()).await {
+    let log_store = delta.log_store();
+    let names: Vec<String> = missing.iter().map(|f| f.name().clone()).collect();
+    match delta.add_columns().with_fields(missing).await {
         Ok(t) => Ok(t),
         Err(e) if is_conflict(&e) => {
-            reloaded.load().await?;
-            if missing(&reloaded)?.is_empty() {
-                Ok(reloaded)
+            // Another writer committed first: it added them, or the next open tries again.
+            let mut again = DeltaTable::new(log_store);
+            again.load().await?;
+            let schema = again.snapshot()?.schema();
+            if names.iter().all(|n| schema.contains(n)) {
+                Ok(again)
             } else {
                 Err(e)
             }
@@ -376,6 +383,9 @@ impl DeltaTables {
         };
         log.apply(table, inspection);
         let store = log.table.log_store();
+        // An ingest node gives a healthy table of an earlier release the columns added since; a
+        // damaged log is left as it is until it is repaired (docs/operations.md).
+        let evolve = create && !absent && log.health.bad.is_empty();
         let create = create && absent;
         if create {
             log.veil().open();
@@ -383,6 +393,17 @@ impl DeltaTables {
         log.table = storage
             .block(load_or_create(store, table, create, Vec::new(), None))?
             .map_err(|e| delta_error(storage, table, e))?;
+        if evolve {
+            // Every version is shown while committing, as for any commit; the inspection below
+            // sets what is read again.
+            log.veil().open();
+            let loaded = log.table.clone();
+            log.table = storage
+                .block(add_missing_columns(loaded, table))?
+                .map_err(|e| delta_error(storage, table, e))?;
+            let inspection = log.inspector.inspect(storage, table, false)?;
+            log.apply(table, inspection);
+        }
         if create {
             let inspection = log.inspector.inspect(storage, table, false)?;
             log.apply(table, inspection);
@@ -789,5 +810,4 @@ fn rebuild_files(table: Table, log: &mut TableLog) {
 }
 
 #[cfg(test)]
-#[path = "evolve_tests.rs"]
-mod evolve_tests;
+mod tests;

@@ -21,7 +21,8 @@ use prost::Message;
 
 use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
 use crate::schema::{
-    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, value_index,
+    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, VALUE_COLUMNS,
+    value_index,
 };
 use crate::{Error, Result};
 
@@ -86,6 +87,29 @@ impl DecodeStats {
 pub const MAX_FUTURE: i64 = super::remote_write::MAX_FUTURE;
 
 /// `gpu_metrics` columns that hold cumulative counters.
+/// The semantic conventions' name of ECC errors: `hw.errors`, told apart by `error.type`.
+const HW_ERRORS: &str = "hw.errors";
+/// `hw.gpu.memory.utilization`: used/limit from senders that follow the semantic conventions
+/// (a `schema_url` on their scope or resource), stored in `metrics` like any other metric
+/// (`memory_used_bytes` and `memory_total_bytes` hold it); the memory controller's busy time
+/// from agents of earlier releases (no `schema_url`), which fills `memory_utilization`.
+const LEGACY_MEMORY_UTILIZATION: &str = "hw.gpu.memory.utilization";
+
+/// Where a point of metric `name` goes in `gpu_metrics`, beside the name table.
+fn column_of(name: &str, semconv: bool, point: &[KeyValue]) -> Option<usize> {
+    let by_column = |c: &str| VALUE_COLUMNS.iter().position(|v| v.column == c);
+    match name {
+        HW_ERRORS => match find_attr(point, &[], &["error.type"]).as_deref() {
+            Some("corrected") => by_column("ecc_sbe_volatile_total"),
+            Some("uncorrected") => by_column("ecc_dbe_volatile_total"),
+            _ => None,
+        },
+        LEGACY_MEMORY_UTILIZATION if semconv => None,
+        LEGACY_MEMORY_UTILIZATION => by_column("memory_utilization"),
+        other => value_index(other),
+    }
+}
+
 const COUNTER_COLUMNS: &[&str] = &[
     "energy_joules",
     "ecc_sbe_volatile_total",
@@ -182,6 +206,7 @@ pub fn to_write_batch(
             .map(|r| r.attributes.as_slice())
             .unwrap_or(&[]);
         for sm in &rm.scope_metrics {
+            let semconv = !sm.schema_url.is_empty() || !rm.schema_url.is_empty();
             for metric in &sm.metrics {
                 let name = &metric.name;
                 let (points, is_delta): (&[NumberDataPoint], bool) = match &metric.data {
@@ -264,11 +289,10 @@ pub fn to_write_batch(
                     }
                     None => continue,
                 };
-                let column = value_index(name);
-                let counter_column = column.is_some_and(|c| {
-                    COUNTER_COLUMNS.contains(&crate::schema::VALUE_COLUMNS[c].column)
-                });
                 for p in points {
+                    let column = column_of(name, semconv, &p.attributes);
+                    let counter_column =
+                        column.is_some_and(|c| COUNTER_COLUMNS.contains(&VALUE_COLUMNS[c].column));
                     let Some(cell) = point_value(p) else {
                         stats.reject(|s| &mut s.non_finite);
                         continue;
@@ -806,5 +830,99 @@ mod tests {
         // A delta sum of a non-counter column (power) and of any other metric are kept.
         assert_eq!(wb.rows(), 2);
         assert_eq!(metric_rows(&wb)[0].0, "requests");
+    }
+
+    /// One GPU point of `name` with `value` and extra attributes `attrs` (JSON fragments).
+    fn semconv_request(schema_url: &str, metrics: &[(&str, f64, &str)]) -> String {
+        let ms: Vec<String> = metrics
+            .iter()
+            .map(|(name, v, attrs)| {
+                format!(
+                    r#"{{"name":"{name}","sum":{{"aggregationTemporality":2,"isMonotonic":true,"dataPoints":[
+                      {{"timeUnixNano":"1700000000000000000","asDouble":{v},"attributes":[
+                        {{"key":"hw.id","value":{{"stringValue":"GPU-a"}}}}{attrs}]}}]}}}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"resourceMetrics":[{{"resource":{{"attributes":[{{"key":"host.name","value":{{"stringValue":"n"}}}}]}},
+              "scopeMetrics":[{{"scope":{{"name":"gpuwatch-agent"}},"schemaUrl":"{schema_url}","metrics":[{}]}}]}}]}}"#,
+            ms.join(",")
+        )
+    }
+
+    fn cell(b: &RecordBatch, col: &str) -> Option<f64> {
+        let c = b.column_by_name(col).expect(col);
+        if c.is_null(0) {
+            return None;
+        }
+        Some(match c.data_type() {
+            arrow::datatypes::DataType::Int64 => c.as_primitive::<Int64Type>().value(0) as f64,
+            _ => c.as_primitive::<Float64Type>().value(0),
+        })
+    }
+
+    #[test]
+    fn semantic_convention_names_and_those_of_earlier_agents() {
+        let error = |t: &str| format!(r#",{{"key":"error.type","value":{{"stringValue":"{t}"}}}}"#);
+        // This release's agent: hw.errors by error.type, the controller under its own name,
+        // hw.gpu.memory.utilization (used/limit) a metric like any other.
+        let (c, u) = (error("corrected"), error("uncorrected"));
+        let body = semconv_request(
+            "https://opentelemetry.io/schemas/1.37.0",
+            &[
+                ("hw.errors", 3.0, &c),
+                ("hw.errors", 1.0, &u),
+                ("gpu.memory_controller.utilization", 0.25, ""),
+                ("hw.gpu.memory.utilization", 0.5, ""),
+            ],
+        );
+        let req = decode_json(body.as_bytes()).expect("json");
+        let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decode");
+        assert_eq!(stats.rejected, 0);
+        let g = wb
+            .batches
+            .iter()
+            .find(|(t, _)| *t == Table::GpuMetrics)
+            .expect("gpu")
+            .1
+            .clone();
+        assert_eq!(cell(&g, "ecc_sbe_volatile_total"), Some(3.0));
+        assert_eq!(cell(&g, "ecc_dbe_volatile_total"), Some(1.0));
+        assert_eq!(cell(&g, "memory_utilization"), Some(0.25));
+        let m = wb
+            .batches
+            .iter()
+            .find(|(t, _)| *t == Table::Metrics)
+            .expect("metrics")
+            .1
+            .clone();
+        assert_eq!(
+            m.column(1).as_string::<i32>().value(0),
+            "hw.gpu.memory.utilization"
+        );
+        // An earlier agent (no schema URL): hw.gpu.memory.utilization is the controller's busy
+        // time, the ECC counters have their own names.
+        let body = semconv_request(
+            "",
+            &[
+                ("hw.gpu.memory.utilization", 0.75, ""),
+                ("gpu.ecc.sbe.volatile", 4.0, ""),
+                ("gpu.ecc.dbe.volatile", 2.0, ""),
+            ],
+        );
+        let req = decode_json(body.as_bytes()).expect("json");
+        let (wb, _) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decode");
+        let g = wb
+            .batches
+            .iter()
+            .find(|(t, _)| *t == Table::GpuMetrics)
+            .expect("gpu")
+            .1
+            .clone();
+        assert_eq!(cell(&g, "memory_utilization"), Some(0.75));
+        assert_eq!(cell(&g, "ecc_sbe_volatile_total"), Some(4.0));
+        assert_eq!(cell(&g, "ecc_dbe_volatile_total"), Some(2.0));
+        assert!(wb.batches.iter().all(|(t, _)| *t != Table::Metrics));
     }
 }

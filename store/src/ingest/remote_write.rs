@@ -112,6 +112,7 @@ pub const DCGM_FIELDS: &[DcgmField] = &[
     d("DCGM_FI_DEV_GPU_UTIL", "gpu_utilization", 0.01),
     d("DCGM_FI_DEV_MEM_COPY_UTIL", "memory_utilization", 0.01),
     d("DCGM_FI_PROF_SM_ACTIVE", "sm_active", 1.0),
+    d("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active", 1.0),
     d("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", 1.0),
     d("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active", 1.0),
     d("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active", 1.0),
@@ -213,6 +214,78 @@ pub const DCGM_LABELS: &[(&str, &[&str])] = &[
         &["exported_container", "container", "container_name"],
     ),
 ];
+
+/// dcgm-exporter's labels of a `gpu_metrics` row, from its label columns (in [`LABEL_COLUMNS`]
+/// order, `gpu_index` as decimal text): `gpu`, `UUID`, `device` (`nvidia<gpu>`), `modelName`,
+/// `Hostname`, `GPU_I_ID` (the GPU instance of `mig_instance`), then `namespace`, `pod` and
+/// `container` when a pod holds the GPU, else `hpc_job` when a job does. Empty values are left
+/// out. This is the label set the agent's `/metrics` writes, so PromQL answers a row sent over
+/// OTLP with it; a row written by remote write keeps, in its `series_labels` column, how its series'
+/// labels differ from it ([`series_overrides`]).
+pub fn dcgm_label_set(cols: &[Option<&str>]) -> Vec<(&'static str, String)> {
+    let at = |name: &str| {
+        LABEL_COLUMNS
+            .iter()
+            .position(|(c, _)| *c == name)
+            .and_then(|i| cols.get(i).copied().flatten())
+            .filter(|v| !v.is_empty())
+    };
+    let mut out: Vec<(&'static str, String)> = Vec::with_capacity(9);
+    let mut push = |name: &'static str, v: Option<&str>| {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            out.push((name, v.to_string()));
+        }
+    };
+    let index = at("gpu_index");
+    push("gpu", index);
+    push("UUID", at("gpu_uuid"));
+    push("device", index.map(|i| format!("nvidia{i}")).as_deref());
+    push("modelName", at("gpu_model"));
+    push("Hostname", at("host"));
+    let gi = at("mig_instance").and_then(|m| m.split('.').next());
+    push(
+        "GPU_I_ID",
+        gi.filter(|g| g.bytes().all(|b| b.is_ascii_digit())),
+    );
+    if at("k8s_pod").is_some() {
+        push("namespace", at("k8s_namespace"));
+        push("pod", at("k8s_pod"));
+        push("container", at("k8s_container"));
+    } else {
+        push("hpc_job", at("job_id"));
+    }
+    out
+}
+
+/// How a series' labels (without `__name__`) differ from the [`dcgm_label_set`] of its row's
+/// columns, sorted by name: each label the set lacks or holds with another value, and each label
+/// of the set the series does not have, with an empty value. [`dcgm_label_set`] with these
+/// applied (and empty values dropped) is the series' label set again.
+pub fn series_overrides<'a>(
+    labels: &[(&'a str, &'a str)],
+    cols: &[Option<&str>],
+) -> Vec<(&'a str, &'a str)> {
+    let synth = dcgm_label_set(cols);
+    let mut own: Vec<(&'a str, &'a str)> = labels
+        .iter()
+        .copied()
+        .filter(|(n, v)| *n != "__name__" && !v.is_empty())
+        .collect();
+    own.sort_by_key(|l| l.0);
+    own.dedup_by(|later, first| later.0 == first.0);
+    let mut out: Vec<(&'a str, &'a str)> = own
+        .iter()
+        .copied()
+        .filter(|(n, v)| !synth.iter().any(|(sn, sv)| sn == n && sv == v))
+        .collect();
+    for (name, _) in &synth {
+        if !own.iter().any(|(n, _)| n == name) {
+            out.push((name, ""));
+        }
+    }
+    out.sort_by_key(|l| l.0);
+    out
+}
 
 /// What a decode kept and dropped, by reason.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -500,6 +573,9 @@ struct GpuTable<'a> {
     /// Per row, the label set of the series that made it.
     label_of: Vec<u32>,
     label_sets: Vec<GpuLabels<'a>>,
+    /// Per label set, its series' labels beside the columns ([`series_overrides`]) as the JSON
+    /// text of `series_labels`, `None` when there are none.
+    label_extra: Vec<Option<String>>,
     /// `NV` cells per row.
     values: Vec<Option<f64>>,
 }
@@ -513,6 +589,7 @@ impl<'a> GpuTable<'a> {
             times: Vec::new(),
             label_of: Vec::new(),
             label_sets: Vec::new(),
+            label_extra: Vec::new(),
             values: Vec::new(),
         }
     }
@@ -541,6 +618,7 @@ impl<'a> GpuTable<'a> {
         cursor: &mut usize,
         label_set: &mut Option<u32>,
         labels: &GpuLabels<'a>,
+        series: &[(&'a str, &'a str)],
     ) -> usize {
         let rows = &self.gpus[gpu as usize].rows;
         if let Some(&r) = rows.get(*cursor)
@@ -558,6 +636,9 @@ impl<'a> GpuTable<'a> {
         let row = self.times.len();
         let set = *label_set.get_or_insert_with(|| {
             self.label_sets.push(*labels);
+            let extra = series_overrides(series, labels);
+            self.label_extra
+                .push((!extra.is_empty()).then(|| rows::series_labels_json(extra.iter().copied())));
             (self.label_sets.len() - 1) as u32
         });
         self.times.push(time);
@@ -628,7 +709,7 @@ pub fn view_to_write_batch(
             };
             stats.samples += 1;
             if let Some(g) = gpu_id {
-                let row = gpu.row(g, time, &mut cursor, &mut label_set, &sl.gpu);
+                let row = gpu.row(g, time, &mut cursor, &mut label_set, &sl.gpu, ts.labels);
                 if let Some((scale, col)) = gpu_target {
                     stats.gpu_samples += 1;
                     let cell = gpu.cell(row, col);
@@ -689,6 +770,7 @@ pub fn view_to_write_batch(
             |i| gpu.times[kept[i]],
             |i, c| gpu.label_sets[gpu.label_of[kept[i]] as usize][c],
             |i, c| gpu.values[kept[i] * NV + c].map(Cell::F),
+            |i| gpu.label_extra[gpu.label_of[kept[i]] as usize].as_deref(),
         )?;
         batches.push((Table::GpuMetrics, rb));
     }

@@ -47,6 +47,9 @@ pub struct GpuRow {
     pub labels: Vec<Option<String>>,
     /// Value cells, in [`VALUE_COLUMNS`] order.
     pub values: Vec<Option<Cell>>,
+    /// The `series_labels` column: the series' labels beside the columns (remote write), as a
+    /// JSON object; `None` (null) for OTLP rows.
+    pub series_labels: Option<String>,
 }
 
 impl GpuRow {
@@ -56,6 +59,7 @@ impl GpuRow {
             time,
             labels: vec![None; LABEL_COLUMNS.len()],
             values: vec![None; VALUE_COLUMNS.len()],
+            series_labels: None,
         }
     }
 }
@@ -166,17 +170,31 @@ fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
         |r| rows[r].time,
         |r, c| rows[r].labels[c].as_deref(),
         |r, c| rows[r].values[c],
+        |r| rows[r].series_labels.as_deref(),
     )
+}
+
+/// (name, value) pairs as the JSON object of the `series_labels` column.
+pub(crate) fn series_labels_json<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
 }
 
 /// Builds a `gpu_metrics` batch of `n` rows, column by column: `time(row)`, `label(row, i)` for
 /// the label columns in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text), `value(row, i)`
-/// for the value columns in [`VALUE_COLUMNS`] order.
+/// for the value columns in [`VALUE_COLUMNS`] order, `series(row)` for the `labels` column (null
+/// when `None`).
 pub(crate) fn gpu_batch_with<'s>(
     n: usize,
     time: impl Fn(usize) -> i64,
     label: impl Fn(usize, usize) -> Option<&'s str>,
     value: impl Fn(usize, usize) -> Option<Cell>,
+    series: impl Fn(usize) -> Option<&'s str>,
 ) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> =
         Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
@@ -224,6 +242,11 @@ pub(crate) fn gpu_batch_with<'s>(
             }
         }
     }
+    let mut labels = StringBuilder::with_capacity(n, 0);
+    for r in 0..n {
+        labels.append_option(series(r));
+    }
+    columns.push(Arc::new(labels.finish()));
     Ok(RecordBatch::try_new(Table::GpuMetrics.schema(), columns)?)
 }
 
@@ -238,6 +261,13 @@ fn metrics_batch(rows: &[MetricRow]) -> Result<RecordBatch> {
         )?;
     }
     b.finish()
+}
+
+/// A builder of the tables' `labels` map column.
+fn labels_builder() -> MapBuilder<StringBuilder, StringBuilder> {
+    MapBuilder::new(None, StringBuilder::new(), StringBuilder::new()).with_values_field(Arc::new(
+        arrow::datatypes::Field::new("values", arrow::datatypes::DataType::Utf8, true),
+    ))
 }
 
 /// Builds a `metrics` batch row by row.
@@ -255,12 +285,7 @@ impl MetricsBatchBuilder {
             time: TimestampNanosecondBuilder::with_capacity(n).with_timezone("UTC"),
             metric: StringBuilder::with_capacity(n, n * 24),
             value: Float64Builder::with_capacity(n),
-            labels: MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
-                .with_values_field(Arc::new(arrow::datatypes::Field::new(
-                    "values",
-                    arrow::datatypes::DataType::Utf8,
-                    true,
-                ))),
+            labels: labels_builder(),
         }
     }
 

@@ -40,6 +40,7 @@ fn gpu_row() -> impl Strategy<Value = GpuRow> {
         ),
     )
         .prop_map(|(time, labels, values)| GpuRow {
+            series_labels: None,
             time,
             labels,
             values,

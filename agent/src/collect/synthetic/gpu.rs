@@ -209,6 +209,9 @@ impl Fleet {
         s.fp64_active = Some(activity(n, tg.fp64));
         s.fp32_active = Some(activity(n, tg.fp32));
         s.fp16_active = Some(activity(n, tg.fp16));
+        // The graphics engine is busy whenever a kernel runs: the simulated GPU gives it the
+        // utilisation (no extra noise draw, so the rest of the sample is unchanged).
+        s.gr_engine_active = s.gpu_utilization;
         s.memory_used_bytes = Some(tg.memory_used);
         s.memory_total_bytes = Some(MEMORY_TOTAL_BYTES);
         s.power_watts = Some(round_to(power, 1000.0));

@@ -4,7 +4,8 @@
 use opentelemetry_proto::tonic::metrics::v1::AggregationTemporality;
 
 use super::{
-    EVENT_METRIC, Kind, METRICS, Num, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, SCOPE_NAME,
+    EVENT_METRIC, Kind, METRICS, MetricDef, Num, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC,
+    SCHEMA_URL, SCOPE_NAME, start_time_unix_nano,
 };
 use crate::collect::{GpuEvent, GpuSample, ProcessSample};
 
@@ -51,13 +52,22 @@ pub fn encode_collection_to(
                 string(out, 1, SCOPE_NAME);
                 string(out, 2, env!("CARGO_PKG_VERSION"));
             });
-            for def in METRICS {
-                let value = |s: &GpuSample| match (def.get)(s)? {
+            let start = start_time_unix_nano();
+            // Definitions of one name (`hw.errors` of each `error.type`) make one metric.
+            let mut rest: &[MetricDef] = METRICS;
+            while let Some(def) = rest.first() {
+                let n = rest.iter().take_while(|d| d.name == def.name).count();
+                let (group, tail) = rest.split_at(n);
+                rest = tail;
+                let value = |d: &MetricDef, s: &GpuSample| match (d.get)(s)? {
                     Num::Double(x) if x.is_finite() => Some(Num::Double(x)),
                     Num::Double(_) => None,
                     Num::Int(i) => Some(Num::Int(i)),
                 };
-                if !samples.iter().any(|s| value(s).is_some()) {
+                if !group
+                    .iter()
+                    .any(|d| samples.iter().any(|s| value(d, s).is_some()))
+                {
                     continue;
                 }
                 // ScopeMetrics.metrics (2)
@@ -67,10 +77,17 @@ pub fn encode_collection_to(
                         Kind::Gauge => 5,
                         Kind::CumulativeSum => 7,
                     };
+                    let start = if def.kind == Kind::CumulativeSum {
+                        start
+                    } else {
+                        0
+                    };
                     message(out, data_field, |out| {
-                        for (i, s) in samples.iter().enumerate() {
-                            if let Some(v) = value(s) {
-                                point(out, gpu_attr(i), s.time_unix_nano, v);
+                        for d in group {
+                            for (i, s) in samples.iter().enumerate() {
+                                if let Some(v) = value(d, s) {
+                                    point(out, gpu_attr(i), d.attr, start, s.time_unix_nano, v);
+                                }
                             }
                         }
                         if def.kind == Kind::CumulativeSum {
@@ -83,6 +100,8 @@ pub fn encode_collection_to(
             }
             write_process_metrics(out, procs);
             write_event_metrics(out, events);
+            // ScopeMetrics.schema_url (3)
+            string(out, 3, SCHEMA_URL);
         });
     });
 }
@@ -160,7 +179,7 @@ fn write_process_metrics(out: &mut Vec<u8>, procs: &[ProcessSample]) {
                 for p in procs {
                     if let Some(m) = p.used_memory_bytes {
                         attributes(&mut attrs, p);
-                        point(out, &attrs, p.time_unix_nano, Num::Int(m));
+                        point(out, &attrs, None, 0, p.time_unix_nano, Num::Int(m));
                     }
                 }
             });
@@ -179,7 +198,7 @@ fn write_process_metrics(out: &mut Vec<u8>, procs: &[ProcessSample]) {
                 for p in procs {
                     if let Some(u) = sm(p) {
                         attributes(&mut attrs, p);
-                        point(out, &attrs, p.time_unix_nano, Num::Double(u));
+                        point(out, &attrs, None, 0, p.time_unix_nano, Num::Double(u));
                     }
                 }
             });
@@ -214,7 +233,7 @@ fn write_event_metrics(out: &mut Vec<u8>, events: &[GpuEvent]) {
                 message(&mut attrs, 7, |o| {
                     string_key_value(o, "gpu.event.detail", &e.detail)
                 });
-                point(out, &attrs, e.time_unix_nano, Num::Int(e.code));
+                point(out, &attrs, None, 0, e.time_unix_nano, Num::Int(e.code));
             }
         });
     });
@@ -282,9 +301,23 @@ mod wire {
     /// A data_points (1) field of a Gauge or Sum: NumberDataPoint with its attributes (already
     /// encoded as fields 7), time_unix_nano (3, fixed64) and as_double (4) or as_int (6,
     /// sfixed64).
-    pub(super) fn point(out: &mut Vec<u8>, attributes: &[u8], time_unix_nano: u64, value: Num) {
+    pub(super) fn point(
+        out: &mut Vec<u8>,
+        attributes: &[u8],
+        extra: Option<(&str, &str)>,
+        start_time_unix_nano: u64,
+        time_unix_nano: u64,
+        value: Num,
+    ) {
         message(out, 1, |out| {
             out.extend_from_slice(attributes);
+            if let Some((k, v)) = extra {
+                message(out, 7, |out| string_key_value(out, k, v));
+            }
+            if start_time_unix_nano != 0 {
+                encode_key(2, WireType::SixtyFourBit, out);
+                out.extend_from_slice(&start_time_unix_nano.to_le_bytes());
+            }
             encode_key(3, WireType::SixtyFourBit, out);
             out.extend_from_slice(&time_unix_nano.to_le_bytes());
             match value {

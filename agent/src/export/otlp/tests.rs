@@ -46,6 +46,7 @@ fn names_kinds_units_match_the_schema() {
     // The wire contract, spelled out once more so that a typo in METRICS fails a test.
     let expected: &[(&str, &str, Kind)] = &[
         ("hw.gpu.utilization", "1", Kind::Gauge),
+        ("gpu.memory_controller.utilization", "1", Kind::Gauge),
         ("hw.gpu.memory.utilization", "1", Kind::Gauge),
         ("gpu.sm.active", "1", Kind::Gauge),
         ("gpu.sm.occupancy", "1", Kind::Gauge),
@@ -59,6 +60,7 @@ fn names_kinds_units_match_the_schema() {
         ("hw.power", "W", Kind::Gauge),
         ("hw.energy", "J", Kind::CumulativeSum),
         ("hw.temperature", "Cel", Kind::Gauge),
+        ("gpu.graphics.active", "1", Kind::Gauge),
         ("gpu.memory.temperature", "Cel", Kind::Gauge),
         ("gpu.clock.sm", "MHz", Kind::Gauge),
         ("gpu.clock.memory", "MHz", Kind::Gauge),
@@ -67,8 +69,8 @@ fn names_kinds_units_match_the_schema() {
         ("gpu.pcie.receive.rate", "By/s", Kind::Gauge),
         ("gpu.nvlink.transmit.rate", "By/s", Kind::Gauge),
         ("gpu.nvlink.receive.rate", "By/s", Kind::Gauge),
-        ("gpu.ecc.sbe.volatile", "{error}", Kind::CumulativeSum),
-        ("gpu.ecc.dbe.volatile", "{error}", Kind::CumulativeSum),
+        ("hw.errors", "{error}", Kind::CumulativeSum),
+        ("hw.errors", "{error}", Kind::CumulativeSum),
         ("gpu.remapped_rows.uncorrectable", "{row}", Kind::Gauge),
         ("gpu.remapped_rows.failure", "1", Kind::Gauge),
         ("gpu.xid.errors", "{error}", Kind::CumulativeSum),
@@ -78,13 +80,16 @@ fn names_kinds_units_match_the_schema() {
     ];
     let got: Vec<(&str, &str, Kind)> = METRICS.iter().map(|m| (m.name, m.unit, m.kind)).collect();
     assert_eq!(got, expected);
+    // The two `hw.errors` definitions make one metric of two points per GPU.
+    let mut expected = expected.to_vec();
+    expected.dedup_by(|a, b| a.0 == b.0);
 
     // A full synthetic sample emits all of them, with the right OTLP shapes.
     let samples = Fleet::new(2, 1).collect(1_700_000_000_000_000_000).unwrap();
     let req = encode(&samples, &resource());
     let metrics = &req.resource_metrics[0].scope_metrics[0].metrics;
     assert_eq!(metrics.len(), expected.len());
-    for (m, (name, unit, kind)) in metrics.iter().zip(expected) {
+    for (m, (name, unit, kind)) in metrics.iter().zip(&expected) {
         assert_eq!((m.name.as_str(), m.unit.as_str()), (*name, *unit));
         match (m.data.as_ref().unwrap(), kind) {
             (metric::Data::Gauge(g), Kind::Gauge) => assert_eq!(g.data_points.len(), 2),
@@ -94,7 +99,13 @@ fn names_kinds_units_match_the_schema() {
                     s.aggregation_temporality,
                     AggregationTemporality::Cumulative as i32
                 );
-                assert_eq!(s.data_points.len(), 2);
+                let per_gpu = if *name == "hw.errors" { 4 } else { 2 };
+                assert_eq!(s.data_points.len(), per_gpu, "{name}");
+                // Cumulative sums say since when they count.
+                assert!(
+                    s.data_points.iter().all(|p| p.start_time_unix_nano > 0),
+                    "{name}"
+                );
             }
             (d, k) => panic!("{name}: {d:?} is not a {k:?}"),
         }
@@ -127,6 +138,7 @@ fn resource_and_scope() {
     let scope = rm.scope_metrics[0].scope.as_ref().unwrap();
     assert_eq!(scope.name, "gpuwatch-agent");
     assert_eq!(scope.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(rm.scope_metrics[0].schema_url, super::SCHEMA_URL);
 }
 
 #[test]
@@ -153,8 +165,14 @@ fn point_attributes_and_none_values() {
             "hw.gpu.utilization",
             "hw.gpu.memory.usage",
             "hw.energy",
-            "gpu.ecc.dbe.volatile"
+            "hw.errors"
         ]
+    );
+    // ECC errors are `hw.errors` of `error.type` uncorrected (and corrected).
+    let ecc = points(&metrics[3]);
+    assert!(
+        ecc.iter()
+            .all(|p| str_attr(&p.attributes, "error.type") == Some("uncorrected"))
     );
     let util = points(&metrics[0]);
     assert_eq!(util.len(), 1, "None emits no point");

@@ -705,6 +705,15 @@ mod reference {
                     let row = *gpu_index.entry(key).or_insert_with(|| {
                         let mut row = GpuRow::new(time);
                         row.labels.clone_from(labels);
+                        let pairs: Vec<(&str, &str)> = ts
+                            .labels
+                            .iter()
+                            .map(|l| (l.name.as_str(), l.value.as_str()))
+                            .collect();
+                        let cols: Vec<Option<&str>> = labels.iter().map(|l| l.as_deref()).collect();
+                        let extra = series_overrides(&pairs, &cols);
+                        row.series_labels = (!extra.is_empty())
+                            .then(|| rows::series_labels_json(extra.iter().copied()));
                         gpu_rows.push(row);
                         gpu_rows.len() - 1
                     });
@@ -776,5 +785,95 @@ mod reference {
         }
         gpu_rows.retain(|r| r.values.iter().any(Option::is_some));
         Ok((WriteBatch::from_rows(&gpu_rows, &metric_rows)?, stats))
+    }
+}
+
+/// The `series_labels` of `gpu_metrics` row `row`, as sorted pairs (`None` for null).
+fn gpu_labels(b: &RecordBatch, row: usize) -> Option<Vec<(String, String)>> {
+    let c = b
+        .column_by_name("series_labels")
+        .expect("series_labels")
+        .as_string::<i32>();
+    if c.is_null(row) {
+        return None;
+    }
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(c.value(row)).expect("json object");
+    Some(map.into_iter().collect())
+}
+
+#[test]
+fn gpu_rows_keep_the_labels_their_columns_do_not_give() {
+    let mut req = WriteRequest::default();
+    req.timeseries.push(series(
+        &dcgm("DCGM_FI_DEV_GPU_TEMP", "0", "GPU-a"),
+        &[(NOW_MS, 40.0)],
+    ));
+    // Without `Hostname` (the host comes from `instance`) and with a label of its own.
+    req.timeseries.push(series(
+        &[
+            ("__name__", "DCGM_FI_DEV_GPU_TEMP"),
+            ("UUID", "GPU-b"),
+            ("gpu", "1"),
+            ("instance", "node-8:9400"),
+            ("pci_bus_id", "00000000:1B:00.0"),
+        ],
+        &[(NOW_MS, 41.0)],
+    ));
+    let (wb, _) = to_write_batch(&req, NOW).expect("decode");
+    let b = table(&wb, Table::GpuMetrics).expect("gpu rows");
+    assert_eq!(
+        gpu_labels(b, 0),
+        Some(vec![
+            ("DCGM_FI_DRIVER_VERSION".into(), "550.54.15".into()),
+            ("instance".into(), "10.0.0.7:9400".into()),
+            ("job".into(), "dcgm".into()),
+        ])
+    );
+    assert_eq!(
+        gpu_labels(b, 1),
+        Some(vec![
+            ("Hostname".into(), String::new()),
+            ("device".into(), String::new()),
+            ("instance".into(), "node-8:9400".into()),
+            ("pci_bus_id".into(), "00000000:1B:00.0".into()),
+        ])
+    );
+}
+
+proptest! {
+    /// The dcgm-exporter labels of a row's columns with the row's overrides applied are the
+    /// series' labels again, whatever the series carried.
+    #[test]
+    fn overrides_give_the_series_labels_back(
+        labels in proptest::collection::vec(
+            (prop_oneof![
+                Just("Hostname"), Just("UUID"), Just("gpu"), Just("device"), Just("modelName"),
+                Just("GPU_I_ID"), Just("hpc_job"), Just("pod"), Just("namespace"),
+                Just("container"), Just("instance"), Just("job"), Just("exported_pod")
+            ], "[a-c0-2]{0,2}"),
+            0..10,
+        )
+    ) {
+        let mut pairs: Vec<(&str, &str)> = labels.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        pairs.push(("__name__", "DCGM_FI_DEV_GPU_TEMP"));
+        let sl = series_labels(tables(), &pairs);
+        let overrides = series_overrides(&pairs, &sl.gpu);
+        let mut back: Vec<(String, String)> = dcgm_label_set(&sl.gpu)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .filter(|(n, _)| !overrides.iter().any(|(o, _)| o == n))
+            .collect();
+        back.extend(overrides.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+        back.retain(|(_, v)| !v.is_empty());
+        back.sort();
+        let mut want: Vec<(String, String)> = Vec::new();
+        for (n, v) in &labels {
+            if !v.is_empty() && !want.iter().any(|(w, _)| w == n) {
+                want.push((n.to_string(), v.clone()));
+            }
+        }
+        want.sort();
+        prop_assert_eq!(back, want);
     }
 }
