@@ -306,8 +306,10 @@ async fn load_or_create(
     }
 }
 
-/// Adds to a table made by an earlier release the columns it lacks (`gpu_metrics.labels`), as
-/// nullable columns in one metadata commit, so that other engines see them too. Files written
+/// Adds to a table made by an earlier release the columns it lacks (those of
+/// `gpu_metrics` listed after "Added after the first release" in schema.rs, `series_labels`), as
+/// nullable columns appended at the end in one metadata commit (Delta's `ADD COLUMNS`), so
+/// that other engines see them too. Files written
 /// before read them as null. A concurrent writer that added them first leaves nothing to do.
 async fn add_missing_columns(
     delta: DeltaTable,
@@ -329,12 +331,19 @@ async fn add_missing_columns(
         return Ok(delta);
     }
     let log_store = delta.log_store();
+    let names: Vec<String> = missing.iter().map(|f| f.name().clone()).collect();
     match delta.add_columns().with_fields(missing).await {
         Ok(t) => Ok(t),
         Err(e) if is_conflict(&e) => {
+            // Another writer committed first: it added them, or the next open tries again.
             let mut again = DeltaTable::new(log_store);
             again.load().await?;
-            Ok(again)
+            let schema = again.snapshot()?.schema();
+            if names.iter().all(|n| schema.contains(n)) {
+                Ok(again)
+            } else {
+                Err(e)
+            }
         }
         Err(e) => Err(e),
     }
@@ -374,6 +383,9 @@ impl DeltaTables {
         };
         log.apply(table, inspection);
         let store = log.table.log_store();
+        // An ingest node gives a healthy table of an earlier release the columns added since; a
+        // damaged log is left as it is until it is repaired (docs/operations.md).
+        let evolve = create && !absent && log.health.bad.is_empty();
         let create = create && absent;
         if create {
             log.veil().open();
@@ -381,6 +393,17 @@ impl DeltaTables {
         log.table = storage
             .block(load_or_create(store, table, create, Vec::new(), None))?
             .map_err(|e| delta_error(storage, table, e))?;
+        if evolve {
+            // Every version is shown while committing, as for any commit; the inspection below
+            // sets what is read again.
+            log.veil().open();
+            let loaded = log.table.clone();
+            log.table = storage
+                .block(add_missing_columns(loaded, table))?
+                .map_err(|e| delta_error(storage, table, e))?;
+            let inspection = log.inspector.inspect(storage, table, false)?;
+            log.apply(table, inspection);
+        }
         if create {
             let inspection = log.inspector.inspect(storage, table, false)?;
             log.apply(table, inspection);
@@ -785,3 +808,6 @@ fn rebuild_files(table: Table, log: &mut TableLog) {
     log.known = known;
     log.files = Arc::new(files);
 }
+
+#[cfg(test)]
+mod tests;
