@@ -274,7 +274,8 @@ async fn load_or_create(
         if !create {
             return Ok(delta);
         }
-        return add_missing_columns(delta, table).await;
+        let missing = missing_columns(&delta, table)?;
+        return add_missing_columns(delta, missing).await;
     }
     if !create {
         return Ok(delta);
@@ -306,6 +307,25 @@ async fn load_or_create(
     }
 }
 
+/// The columns of `table` that `delta`'s schema lacks (added by a later release), nullable.
+fn missing_columns(
+    delta: &DeltaTable,
+    table: Table,
+) -> std::result::Result<Vec<StructField>, DeltaTableError> {
+    let have: HashSet<String> = delta
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|f| f.name().clone())
+        .collect();
+    Ok(schema::delta_columns(table)
+        .map_err(|e| DeltaTableError::Generic(e.to_string()))?
+        .into_iter()
+        .filter(|c| !have.contains(c.name()))
+        .map(|c| StructField::new(c.name().clone(), c.data_type().clone(), true))
+        .collect())
+}
+
 /// Adds to a table made by an earlier release the columns it lacks (those of
 /// `gpu_metrics` listed after "Added after the first release" in schema.rs, `series_labels`), as
 /// nullable columns appended at the end in one metadata commit (Delta's `ADD COLUMNS`), so
@@ -313,20 +333,8 @@ async fn load_or_create(
 /// before read them as null. A concurrent writer that added them first leaves nothing to do.
 async fn add_missing_columns(
     delta: DeltaTable,
-    table: Table,
+    missing: Vec<StructField>,
 ) -> std::result::Result<DeltaTable, DeltaTableError> {
-    let have: HashSet<String> = delta
-        .snapshot()?
-        .schema()
-        .fields()
-        .map(|f| f.name().clone())
-        .collect();
-    let missing: Vec<_> = schema::delta_columns(table)
-        .map_err(|e| DeltaTableError::Generic(e.to_string()))?
-        .into_iter()
-        .filter(|c| !have.contains(c.name()))
-        .map(|c| StructField::new(c.name().clone(), c.data_type().clone(), true))
-        .collect();
     if missing.is_empty() {
         return Ok(delta);
     }
@@ -393,16 +401,22 @@ impl DeltaTables {
         log.table = storage
             .block(load_or_create(store, table, create, Vec::new(), None))?
             .map_err(|e| delta_error(storage, table, e))?;
-        if evolve {
-            // Every version is shown while committing, as for any commit; the inspection below
-            // sets what is read again.
+        let lacking = if evolve {
+            missing_columns(&log.table, table).map_err(|e| delta_error(storage, table, e))?
+        } else {
+            Vec::new()
+        };
+        if !lacking.is_empty() {
+            // Every version is shown while committing, as for any commit; then the table is
+            // read at the version it reached.
             log.veil().open();
             let loaded = log.table.clone();
             log.table = storage
-                .block(add_missing_columns(loaded, table))?
+                .block(add_missing_columns(loaded, lacking))?
                 .map_err(|e| delta_error(storage, table, e))?;
-            let inspection = log.inspector.inspect(storage, table, false)?;
-            log.apply(table, inspection);
+            if let Some(v) = log.table.version() {
+                log.veil().set_ceiling(Ceiling::At(v as u64));
+            }
         }
         if create {
             let inspection = log.inspector.inspect(storage, table, false)?;
