@@ -196,14 +196,7 @@ pub async fn run_with_source(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let resource = resource_attributes(opts, source.simulated());
-    let spool: Box<dyn export::Spool> = match &opts.buffer_dir {
-        Some(dir) => Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
-        None => Box::new(export::MemoryQueue::default()),
-    };
-    let mut exporter = Exporter::with_options(opts.protocol, &opts.endpoint, spool, &opts.export)?;
-    if let Some(path) = &opts.auth_token_file {
-        exporter.set_token_file(export::TokenFile::load(path)?);
-    }
+    let mut exporter = build_exporter(opts)?;
     info!(
         source = source.name(),
         host = %opts.host,
@@ -219,16 +212,7 @@ pub async fn run_with_source(
             host: opts.host.clone(),
             ..Default::default()
         }));
-    let metrics_task = match opts.metrics_addr {
-        Some(addr) => match export::prometheus::serve(addr, expo.clone()).await {
-            Ok(task) => Some(task),
-            Err(e) => {
-                warn!(%addr, error = %e, "cannot serve /metrics: going on without it; free the address or set --metrics-addr");
-                None
-            }
-        },
-        None => None,
-    };
+    let metrics_task = serve_metrics(opts, &expo).await;
     let mut attributor = source.attributable().then(|| Attribution {
         attributor: attribute::Attributor::new(
             &opts.job_mapping_dir,
@@ -276,29 +260,7 @@ pub async fn run_with_source(
     if let Some(task) = metrics_task {
         task.abort();
     }
-    if !pending.is_empty() || exporter.queued() > 0 {
-        info!(
-            queued = exporter.queued(),
-            waiting_bytes = pending.len(),
-            "shutting down: sending what is queued"
-        );
-        let deadline = export::http::REQUEST_TIMEOUT + Duration::from_secs(1);
-        let last = async {
-            if !pending.is_empty() {
-                // Sent, or kept in the spool for the next start when the endpoint is down.
-                let _ = exporter.send_protobuf(&pending).await;
-            }
-            exporter.flush().await
-        };
-        match tokio::time::timeout(deadline, last).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "could not send everything before exiting"),
-            Err(_) => warn!(
-                queued = exporter.queued(),
-                "gave up sending the queue before exiting"
-            ),
-        }
-    }
+    send_before_exit(&mut exporter, &pending).await;
     info!(
         dropped = exporter.dropped(),
         rejected = exporter.rejected(),
@@ -306,6 +268,65 @@ pub async fn run_with_source(
         "agent stopped"
     );
     Ok(())
+}
+
+/// The exporter `opts` describes: its protocol and endpoint, the disk spool of `--buffer-dir`
+/// (or the in-memory queue), and the bearer token of `--auth-token-file`.
+fn build_exporter(opts: &AgentOptions) -> Result<Exporter> {
+    let spool: Box<dyn export::Spool> = match &opts.buffer_dir {
+        Some(dir) => Box::new(buffer::DiskSpool::open(dir, opts.buffer_max_bytes)?),
+        None => Box::new(export::MemoryQueue::default()),
+    };
+    let mut exporter = Exporter::with_options(opts.protocol, &opts.endpoint, spool, &opts.export)?;
+    if let Some(path) = &opts.auth_token_file {
+        exporter.set_token_file(export::TokenFile::load(path)?);
+    }
+    Ok(exporter)
+}
+
+/// Serves `/metrics` on `--metrics-addr`, when set; the agent goes on without it (logged) when
+/// the address cannot be bound.
+async fn serve_metrics(
+    opts: &AgentOptions,
+    expo: &export::prometheus::SharedExposition,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let addr = opts.metrics_addr?;
+    match export::prometheus::serve(addr, expo.clone()).await {
+        Ok(task) => Some(task),
+        Err(e) => {
+            warn!(%addr, error = %e, "cannot serve /metrics: going on without it; free the address or set --metrics-addr");
+            None
+        }
+    }
+}
+
+/// At shutdown, one last best-effort attempt, bounded in time, to send the collections still
+/// waiting (`pending`) and what is queued; what cannot go stays in the spool.
+async fn send_before_exit(exporter: &mut Exporter, pending: &[u8]) {
+    if pending.is_empty() && exporter.queued() == 0 {
+        return;
+    }
+    info!(
+        queued = exporter.queued(),
+        waiting_bytes = pending.len(),
+        "shutting down: sending what is queued"
+    );
+    let deadline = export::http::REQUEST_TIMEOUT + Duration::from_secs(1);
+    let last = async {
+        if !pending.is_empty() {
+            // Sent, or kept in the spool for the next start when the endpoint is down.
+            let _ = exporter.send_protobuf(pending).await;
+        }
+        exporter.flush().await
+    };
+    match tokio::time::timeout(deadline, last).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "could not send everything before exiting"),
+        Err(_) => warn!(
+            queued = exporter.queued(),
+            "gave up sending the queue before exiting"
+        ),
+    }
 }
 
 /// Job attribution: Slurm (mapping dir, `/proc`) and Kubernetes (the kubelet's pod resources).

@@ -12,6 +12,7 @@
 //! energy_joules    = Σ ΔE
 //! cost_usd         = Σ dt × price(gpu_model) / 3600 + Σ ΔE / 3.6e6 × kwh_usd × pue
 //! idle_cost_usd    = the same sums over idle samples only
+//! limiter          = the class with the most Σ dt (limiter.rs, docs/jobs.md)
 //! ```
 
 use std::collections::BTreeMap;
@@ -94,7 +95,7 @@ pub fn sql_str(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-fn glob_to_like(glob: &str) -> String {
+pub(crate) fn glob_to_like(glob: &str) -> String {
     let mut out = String::new();
     for c in glob.chars() {
         match c {
@@ -160,15 +161,18 @@ impl CostConfig {
     }
 
     /// The `jobs` view's query.
-    pub fn jobs_sql(&self) -> String {
-        self.jobs_sql_where("", "")
+    pub fn jobs_sql(&self, advice: &AdviceConfig) -> String {
+        self.jobs_sql_where(advice, "", "")
     }
 
     /// The `jobs` view's query over whole GPUs (`gpus`) and samples (`filter`) only, as
     /// [`Self::sample_ctes`] takes them: for one job it gives the view's rows of that job while
     /// running the window functions over that job's GPUs only.
-    pub(crate) fn jobs_sql_where(&self, gpus: &str, filter: &str) -> String {
+    pub(crate) fn jobs_sql_where(&self, advice: &AdviceConfig, gpus: &str, filter: &str) -> String {
         let energy_price = num(self.kwh_usd * self.pue / 3.6e6);
+        let limiter = limiter::argmax_sql(|c| {
+            format!("sum(CASE WHEN limiter = '{c}' THEN secs ELSE 0.0 END)")
+        });
         format!(
             r#"{ctes}
 SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
@@ -177,9 +181,10 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
-  sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd
+  sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
+  {limiter} AS limiter
 FROM d GROUP BY job_id, host"#,
-            ctes = self.sample_ctes("", gpus, filter),
+            ctes = self.sample_ctes(advice, "", gpus, filter),
         )
     }
 
@@ -189,11 +194,18 @@ FROM d GROUP BY job_id, host"#,
     }
 
     /// The `WITH s AS (..), d AS (..)` part shared by the `jobs` view and the job report: `d`
-    /// has one row per job sample with `secs`, `joules`, `idle` and `price` (formulas above).
+    /// has one row per job sample with `secs`, `joules`, `idle`, `price` (formulas above) and
+    /// `limiter`, the sample's class ([`limiter::sample_class_sql`]).
     /// `extra` adds `gpu_metrics` columns to both (", col1, col2"), `gpus` filters `s` by whole
     /// GPUs (a condition on `host`/`gpu_uuid` only, so the window sums are unchanged) and
     /// `filter` adds a condition on `d`'s rows.
-    pub(crate) fn sample_ctes(&self, extra: &str, gpus: &str, filter: &str) -> String {
+    pub(crate) fn sample_ctes(
+        &self,
+        advice: &AdviceConfig,
+        extra: &str,
+        gpus: &str,
+        filter: &str,
+    ) -> String {
         let gap = self.max_sample_gap().as_nanos();
         let idle = num(self.idle_utilization);
         let gpus = if gpus.is_empty() {
@@ -209,11 +221,12 @@ FROM d GROUP BY job_id, host"#,
         format!(
             r#"WITH s AS (
   SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules{extra},
+    {class} AS limiter,
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
   FROM gpu_metrics{gpus}
 ), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization{extra},
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization{extra}, limiter,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
     COALESCE(gpu_utilization < {idle}, false) AS idle,
@@ -221,16 +234,22 @@ FROM d GROUP BY job_id, host"#,
   FROM s WHERE job_id IS NOT NULL{filter}
 )"#,
             price = self.price_sql(),
+            class = limiter::sample_class_sql(advice, self.idle_utilization),
         )
     }
 
-    /// Registers the `jobs` view and the `budgets` table (`job_user`, `budget_usd`; a row with
+    /// Registers the `jobs` view (its `limiter` classified with `advice`) and the `budgets` table (`job_user`, `budget_usd`; a row with
     /// null `job_user` holds the default budget) in `ctx`. The view reads the returned ledger,
     /// which stays empty (the view then reads every raw sample) until [`JobLedger::run`] folds
     /// closed hours into it.
-    pub async fn register(&self, ctx: &SessionContext) -> Result<Arc<JobLedger>> {
+    pub async fn register(
+        &self,
+        ctx: &SessionContext,
+        advice: &AdviceConfig,
+    ) -> Result<Arc<JobLedger>> {
         self.validate()?;
-        let ledger = Arc::new(JobLedger::new(self.clone()));
+        advice.validate()?;
+        let ledger = Arc::new(JobLedger::new(self.clone(), advice.clone()));
         let table = JobsTable::new(Arc::clone(&ledger), &ctx.state())
             .await
             .map_err(|e| Error::Other(format!("cannot plan the jobs view: {e}")))?;
@@ -267,9 +286,13 @@ FROM d GROUP BY job_id, host"#,
     }
 }
 
+pub mod advice;
 pub mod ledger;
+pub mod limiter;
+pub mod peaks;
 pub mod report;
 
+pub use advice::{AdviceConfig, JobsConfig};
 pub use ledger::{JobLedger, JobsTable};
 
 #[cfg(test)]

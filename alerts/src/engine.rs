@@ -13,7 +13,7 @@
 //! each evaluation that changed them, to a JSON file replaced atomically, so a restart resumes
 //! the same states (and the notifier, which keeps its own log, sends nothing twice).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -114,63 +114,102 @@ pub fn step(
     instances: Vec<Instance>,
     now: i64,
 ) -> Vec<HistoryRow> {
-    let name = rule.alert.0.clone();
     let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     for inst in instances {
-        let mut labels = inst.labels;
-        for (k, v) in &rule.labels {
-            labels.insert(k.0.clone(), v.clone());
-        }
-        labels.insert("alertname".into(), name.clone());
+        let labels = alert_labels(rule, inst.labels);
         let fp = fingerprint(&labels);
         if !seen.insert(fp.clone()) {
             continue; // two rows with the same labels: the first wins, as in Prometheus
         }
-        let annotations: BTreeMap<String, String> = rule
-            .annotations
-            .iter()
-            .map(|(k, t)| (k.clone(), t.0.render(&labels, inst.value)))
-            .collect();
-        let restart = alerts.get(&fp).is_none_or(|a| a.state == State::Resolved);
-        if restart {
-            let state = if rule.for_.0.is_zero() {
-                State::Firing
-            } else {
-                State::Pending
-            };
-            let a = Alert {
-                rule: name.clone(),
-                fingerprint: fp.clone(),
-                labels,
-                annotations,
-                value: inst.value,
-                state,
-                active_at: now,
-                fired_at: (state == State::Firing).then_some(now),
-                resolved_at: None,
-                last_seen: now,
-            };
-            out.push(HistoryRow::of(&a, now));
-            alerts.insert(fp, a);
-            continue;
-        }
-        let Some(a) = alerts.get_mut(&fp) else {
-            continue;
-        };
-        a.value = inst.value;
-        a.annotations = annotations;
-        a.last_seen = now;
-        if a.state == State::Pending
-            && now - a.active_at + nanos(FOR_TOLERANCE) >= nanos(rule.for_.0)
-        {
-            a.state = State::Firing;
-            a.fired_at = Some(now);
-            out.push(HistoryRow::of(a, now));
-        }
+        let fresh = new_alert(rule, fp, labels, inst.value, now);
+        out.extend(returned(rule, alerts, fresh, now));
     }
+    out.extend(not_returned(rule, alerts, &seen, now));
+    out
+}
+
+/// An instance's labels with the rule's labels (they win) and `alertname` added.
+fn alert_labels(rule: &Rule, mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    for (k, v) in &rule.labels {
+        labels.insert(k.0.clone(), v.clone());
+    }
+    labels.insert("alertname".into(), rule.alert.0.clone());
+    labels
+}
+
+/// The alert an instance starts when its label set is new (or resolved): pending, or firing
+/// at once when the rule's `for` is zero; its annotations rendered.
+fn new_alert(
+    rule: &Rule,
+    fingerprint: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+    now: i64,
+) -> Alert {
+    let annotations: BTreeMap<String, String> = rule
+        .annotations
+        .iter()
+        .map(|(k, t)| (k.clone(), t.0.render(&labels, value)))
+        .collect();
+    let state = if rule.for_.0.is_zero() {
+        State::Firing
+    } else {
+        State::Pending
+    };
+    Alert {
+        rule: rule.alert.0.clone(),
+        fingerprint,
+        labels,
+        annotations,
+        value,
+        state,
+        active_at: now,
+        fired_at: (state == State::Firing).then_some(now),
+        resolved_at: None,
+        last_seen: now,
+    }
+}
+
+/// Applies an instance the query returned (as the alert it would start, `fresh`): starts it,
+/// or updates the active one and fires it once pending for `for`. The transition, if any.
+fn returned(
+    rule: &Rule,
+    alerts: &mut BTreeMap<String, Alert>,
+    fresh: Alert,
+    now: i64,
+) -> Option<HistoryRow> {
+    let Some(a) = alerts
+        .get_mut(&fresh.fingerprint)
+        .filter(|a| a.state != State::Resolved)
+    else {
+        let row = HistoryRow::of(&fresh, now);
+        alerts.insert(fresh.fingerprint.clone(), fresh);
+        return Some(row);
+    };
+    a.value = fresh.value;
+    a.annotations = fresh.annotations;
+    a.last_seen = now;
+    if a.state == State::Pending && now - a.active_at + nanos(FOR_TOLERANCE) >= nanos(rule.for_.0) {
+        a.state = State::Firing;
+        a.fired_at = Some(now);
+        return Some(HistoryRow::of(a, now));
+    }
+    None
+}
+
+/// Applies the query's silence to the alerts it did not return (`seen` holds those it did):
+/// pending ones are dropped, firing ones resolve after `keep_firing_for`, resolved ones are
+/// forgotten after their retention. The transitions.
+fn not_returned(
+    rule: &Rule,
+    alerts: &mut BTreeMap<String, Alert>,
+    seen: &HashSet<String>,
+    now: i64,
+) -> Vec<HistoryRow> {
     let keep = nanos(rule.keep_firing_for.0);
     let retention = nanos(RESOLVED_RETENTION);
+    let mut out = Vec::new();
     alerts.retain(|fp, a| {
         if seen.contains(fp) {
             return true;

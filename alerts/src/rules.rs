@@ -7,7 +7,7 @@
 //! offending value.
 //! Checks across rules (duplicate names) point at the line of the second `alert:`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -159,157 +159,11 @@ impl RuleFile {
 
     /// Parses and checks the text of a rules file; `path` names it in errors.
     pub fn parse(text: &str, path: &str) -> Result<Self> {
-        let text_lines: Vec<&str> = text.lines().collect();
-        // Errors found after decoding point at their key: column 1 becomes the key's column.
-        let err = |line: usize, column: usize, message: String| Error::Rules {
-            path: path.to_string(),
-            line,
-            column: if column == 1 {
-                key_column(text_lines.get(line.wrapping_sub(1)).copied().unwrap_or(""))
-            } else {
-                column
-            },
-            message,
-        };
-        let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-            // The decoder appends "at line L column C"; the prefix already says where.
-            let msg = e.to_string();
-            let msg = match msg.find(" at line ") {
-                Some(i) => msg[..i].to_string(),
-                None => msg,
-            };
-            err(line, column, msg)
-        })?;
-        let lines = Lines::new(text);
+        let mut check = Checker::new(text, path);
+        let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|e| check.decode_error(&e))?;
         let mut groups = Vec::new();
-        let mut group_names = std::collections::HashSet::new();
-        let mut alert_names = std::collections::HashSet::new();
-        let mut rule_no = 0usize;
         for (gi, g) in raw.groups.into_iter().enumerate() {
-            let gline = lines.nth_key("name", gi);
-            if !group_names.insert(g.name.clone()) {
-                return Err(err(
-                    gline,
-                    1,
-                    format!(
-                        "duplicate group name {:?}: give each group its own name",
-                        g.name
-                    ),
-                ));
-            }
-            let interval = match &g.interval {
-                None => Dur(Duration::from_secs(60)),
-                Some(t) => {
-                    let d = parse_duration(t).map_err(|m| {
-                        err(
-                            lines.key_after(gline, "interval"),
-                            1,
-                            format!("interval: {m}"),
-                        )
-                    })?;
-                    if d.is_zero() {
-                        return Err(err(
-                            lines.key_after(gline, "interval"),
-                            1,
-                            "interval: must be above zero".into(),
-                        ));
-                    }
-                    Dur(d)
-                }
-            };
-            let mut rules = Vec::new();
-            for r in g.rules {
-                let rline = lines.nth_key("alert", rule_no);
-                rule_no += 1;
-                let at = |key: &str| lines.key_after(rline, key);
-                check_name(&r.alert, "alert name")
-                    .map_err(|m| err(rline, 1, format!("alert: {m}")))?;
-                if !alert_names.insert(r.alert.clone()) {
-                    return Err(err(
-                        rline,
-                        1,
-                        format!(
-                            "duplicate alert name {:?}: alert names must be unique in a file",
-                            r.alert
-                        ),
-                    ));
-                }
-                let query = match (r.sql, r.expr) {
-                    (Some(sql), None) => {
-                        gpuwatch_query::gate::check(&sql)
-                            .map_err(|e| err(at("sql"), 1, format!("sql: {e}")))?;
-                        Query::Sql(Sql(sql))
-                    }
-                    (None, Some(expr)) => {
-                        check_expr(&expr).map_err(|m| err(at("expr"), 1, format!("expr: {m}")))?;
-                        Query::PromQL(expr)
-                    }
-                    (Some(_), Some(_)) => {
-                        return Err(err(
-                            rline,
-                            1,
-                            "a rule has sql: or expr:, not both: keep one".into(),
-                        ));
-                    }
-                    (None, None) => {
-                        return Err(err(
-                            rline,
-                            1,
-                            "a rule needs sql: (a SQL query) or expr: (a PromQL expression)".into(),
-                        ));
-                    }
-                };
-                let dur = |key: &str, v: &Option<String>| -> Result<Dur> {
-                    match v {
-                        None => Ok(Dur::default()),
-                        Some(t) => parse_duration(t)
-                            .map(Dur)
-                            .map_err(|m| err(at(key), 1, format!("{key}: {m}"))),
-                    }
-                };
-                let for_ = dur("for", &r.for_)?;
-                let keep_firing_for = dur("keep_firing_for", &r.keep_firing_for)?;
-                let mut labels = BTreeMap::new();
-                for (k, v) in r.labels {
-                    check_name(&k, "label name")
-                        .map_err(|m| err(at("labels"), 1, format!("labels: {m}")))?;
-                    if k == "alertname" {
-                        return Err(err(
-                            at("labels"),
-                            1,
-                            "labels: alertname is set from alert: remove it from labels".into(),
-                        ));
-                    }
-                    labels.insert(LabelName(k), v);
-                }
-                let mut annotations = BTreeMap::new();
-                for (k, v) in r.annotations {
-                    let t = Template::parse(&v).map_err(|m| {
-                        let line = lines.key_after(rline, &k);
-                        let line = if line == rline {
-                            at("annotations")
-                        } else {
-                            line
-                        };
-                        err(line, 1, format!("annotation {k}: {m}"))
-                    })?;
-                    annotations.insert(k, Tmpl(t));
-                }
-                rules.push(Rule {
-                    alert: AlertName(r.alert),
-                    query,
-                    for_,
-                    keep_firing_for,
-                    labels,
-                    annotations,
-                });
-            }
-            groups.push(Group {
-                name: g.name,
-                interval,
-                rules,
-            });
+            groups.push(check.group(gi, g)?);
         }
         Ok(RuleFile { groups })
     }
@@ -362,6 +216,215 @@ fn check_expr(expr: &str) -> std::result::Result<(), String> {
     }
 }
 
+/// Checks the decoded groups and rules of one file, and points its errors at the file's lines.
+struct Checker<'a> {
+    path: &'a str,
+    lines: Lines<'a>,
+    group_names: HashSet<String>,
+    alert_names: HashSet<String>,
+    /// How many rules were checked before (the next one is at the next `alert:` key).
+    rule_no: usize,
+}
+
+impl<'a> Checker<'a> {
+    /// A checker of the file `path` whose text is `text`.
+    fn new(text: &'a str, path: &'a str) -> Self {
+        Self {
+            path,
+            lines: Lines::new(text),
+            group_names: HashSet::new(),
+            alert_names: HashSet::new(),
+            rule_no: 0,
+        }
+    }
+
+    /// An error at `line`; column 1 (an error found after decoding) becomes the column of the
+    /// line's key.
+    fn err(&self, line: usize, column: usize, message: String) -> Error {
+        let column = if column == 1 {
+            key_column(
+                self.lines
+                    .lines
+                    .get(line.wrapping_sub(1))
+                    .copied()
+                    .unwrap_or(""),
+            )
+        } else {
+            column
+        };
+        Error::Rules {
+            path: self.path.to_string(),
+            line,
+            column,
+            message,
+        }
+    }
+
+    /// The YAML decoder's error at its position.
+    fn decode_error(&self, e: &serde_yaml_ng::Error) -> Error {
+        let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+        // The decoder appends "at line L column C"; the prefix already says where.
+        let msg = e.to_string();
+        let msg = match msg.find(" at line ") {
+            Some(i) => msg[..i].to_string(),
+            None => msg,
+        };
+        self.err(line, column, msg)
+    }
+
+    /// Checks the `gi`th group: a name unique in the file, its interval, then its rules.
+    fn group(&mut self, gi: usize, g: RawGroup) -> Result<Group> {
+        let gline = self.lines.nth_key("name", gi);
+        if !self.group_names.insert(g.name.clone()) {
+            return Err(self.err(
+                gline,
+                1,
+                format!(
+                    "duplicate group name {:?}: give each group its own name",
+                    g.name
+                ),
+            ));
+        }
+        let interval = self.interval(gline, g.interval.as_deref())?;
+        let mut rules = Vec::new();
+        for r in g.rules {
+            rules.push(self.rule(r)?);
+        }
+        Ok(Group {
+            name: g.name,
+            interval,
+            rules,
+        })
+    }
+
+    /// The `interval:` of the group at `gline` (1m when absent); it must be above zero.
+    fn interval(&self, gline: usize, interval: Option<&str>) -> Result<Dur> {
+        let Some(t) = interval else {
+            return Ok(Dur(Duration::from_secs(60)));
+        };
+        let line = self.lines.key_after(gline, "interval");
+        let d = parse_duration(t).map_err(|m| self.err(line, 1, format!("interval: {m}")))?;
+        if d.is_zero() {
+            return Err(self.err(line, 1, "interval: must be above zero".into()));
+        }
+        Ok(Dur(d))
+    }
+
+    /// Checks the next rule: a valid name unique in the file, its query, durations, labels and
+    /// annotations.
+    fn rule(&mut self, r: RawRule) -> Result<Rule> {
+        let rline = self.lines.nth_key("alert", self.rule_no);
+        self.rule_no += 1;
+        check_name(&r.alert, "alert name")
+            .map_err(|m| self.err(rline, 1, format!("alert: {m}")))?;
+        if !self.alert_names.insert(r.alert.clone()) {
+            return Err(self.err(
+                rline,
+                1,
+                format!(
+                    "duplicate alert name {:?}: alert names must be unique in a file",
+                    r.alert
+                ),
+            ));
+        }
+        let query = self.query(rline, r.sql, r.expr)?;
+        let for_ = self.duration(rline, "for", r.for_.as_deref())?;
+        let keep_firing_for =
+            self.duration(rline, "keep_firing_for", r.keep_firing_for.as_deref())?;
+        let labels = self.labels(rline, r.labels)?;
+        let annotations = self.annotations(rline, r.annotations)?;
+        Ok(Rule {
+            alert: AlertName(r.alert),
+            query,
+            for_,
+            keep_firing_for,
+            labels,
+            annotations,
+        })
+    }
+
+    /// The query of the rule at `rline`: exactly one of a read-only `sql:` and an alerting
+    /// `expr:`.
+    fn query(&self, rline: usize, sql: Option<String>, expr: Option<String>) -> Result<Query> {
+        let at = |key: &str| self.lines.key_after(rline, key);
+        match (sql, expr) {
+            (Some(sql), None) => {
+                gpuwatch_query::gate::check(&sql)
+                    .map_err(|e| self.err(at("sql"), 1, format!("sql: {e}")))?;
+                Ok(Query::Sql(Sql(sql)))
+            }
+            (None, Some(expr)) => {
+                check_expr(&expr).map_err(|m| self.err(at("expr"), 1, format!("expr: {m}")))?;
+                Ok(Query::PromQL(expr))
+            }
+            (Some(_), Some(_)) => Err(self.err(
+                rline,
+                1,
+                "a rule has sql: or expr:, not both: keep one".into(),
+            )),
+            (None, None) => Err(self.err(
+                rline,
+                1,
+                "a rule needs sql: (a SQL query) or expr: (a PromQL expression)".into(),
+            )),
+        }
+    }
+
+    /// The duration `key` of the rule at `rline` (zero when absent).
+    fn duration(&self, rline: usize, key: &str, v: Option<&str>) -> Result<Dur> {
+        match v {
+            None => Ok(Dur::default()),
+            Some(t) => parse_duration(t)
+                .map(Dur)
+                .map_err(|m| self.err(self.lines.key_after(rline, key), 1, format!("{key}: {m}"))),
+        }
+    }
+
+    /// The `labels:` of the rule at `rline`: valid names, `alertname` not among them.
+    fn labels(
+        &self,
+        rline: usize,
+        raw: BTreeMap<String, String>,
+    ) -> Result<BTreeMap<LabelName, String>> {
+        let line = self.lines.key_after(rline, "labels");
+        let mut labels = BTreeMap::new();
+        for (k, v) in raw {
+            check_name(&k, "label name").map_err(|m| self.err(line, 1, format!("labels: {m}")))?;
+            if k == "alertname" {
+                return Err(self.err(
+                    line,
+                    1,
+                    "labels: alertname is set from alert: remove it from labels".into(),
+                ));
+            }
+            labels.insert(LabelName(k), v);
+        }
+        Ok(labels)
+    }
+
+    /// The `annotations:` of the rule at `rline`, each a template that parses.
+    fn annotations(
+        &self,
+        rline: usize,
+        raw: BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, Tmpl>> {
+        let mut annotations = BTreeMap::new();
+        for (k, v) in raw {
+            let t = Template::parse(&v).map_err(|m| {
+                let line = self.lines.key_after(rline, &k);
+                let line = if line == rline {
+                    self.lines.key_after(rline, "annotations")
+                } else {
+                    line
+                };
+                self.err(line, 1, format!("annotation {k}: {m}"))
+            })?;
+            annotations.insert(k, Tmpl(t));
+        }
+        Ok(annotations)
+    }
+}
+
 /// The 1-based column of a line's key (after indentation and a list dash).
 fn key_column(line: &str) -> usize {
     let indent = line.len() - line.trim_start().len();
@@ -372,22 +435,37 @@ fn key_column(line: &str) -> usize {
     indent + dash + 1
 }
 
+/// What opens a YAML flow mapping (`labels: {severity: warning}`).
+const FLOW_MAP_OPEN: char = '{';
+
+/// Whether `line` has the key `key` inside a flow mapping (`annotations: {summary: "..."}`):
+/// right after the mapping's opening or after a comma.
+fn in_flow_mapping(line: &str, key: &str) -> bool {
+    let needle = format!("{key}:");
+    line.match_indices(&needle).any(|(i, _)| {
+        let before = &line[..i];
+        before.ends_with(FLOW_MAP_OPEN) || before.ends_with(", ")
+    })
+}
+
 /// Finds keys in the text, for error positions of values the decoder accepted.
 struct Lines<'a> {
     lines: Vec<&'a str>,
 }
 
 impl<'a> Lines<'a> {
+    /// The lines of `text`.
     fn new(text: &'a str) -> Self {
         Self {
             lines: text.lines().collect(),
         }
     }
 
+    /// The key of a line (after indentation, a list dash and a flow mapping's opening).
     fn key_of(line: &str) -> Option<&str> {
         let t = line.trim_start();
         let t = t.strip_prefix("- ").unwrap_or(t).trim_start();
-        let t = t.strip_prefix('{').unwrap_or(t).trim_start();
+        let t = t.strip_prefix(FLOW_MAP_OPEN).unwrap_or(t).trim_start();
         let colon = t.find(':')?;
         Some(t[..colon].trim().trim_matches(|c| c == '"' || c == '\''))
     }
@@ -412,8 +490,7 @@ impl<'a> Lines<'a> {
             if Self::key_of(l) == Some(key) {
                 return i + 1;
             }
-            // Flow mappings: `annotations: {summary: "..."}`
-            if l.contains(&format!("{{{key}:")) || l.contains(&format!(", {key}:")) {
+            if in_flow_mapping(l, key) {
                 return i + 1;
             }
         }

@@ -12,6 +12,7 @@
 //! the Job dashboard on a job that has alerts, prints the panels slowest first, and fails when a
 //! panel answers no rows.
 
+pub(crate) mod job_report;
 mod load;
 
 use std::path::{Path, PathBuf};
@@ -68,6 +69,10 @@ pub(crate) struct DashboardsArgs {
     /// Dashboard time ranges to time every panel over (ending at the end of the data).
     #[arg(long = "range", default_values_t = vec!["24h".to_string(), "30d".to_string()])]
     pub ranges: Vec<String>,
+    /// The first this many hosts run one job on all their GPUs for the whole history (8 hosts
+    /// of 8 GPUs: the 64-GPU, 24-hour job `job-report` times).
+    #[arg(long, default_value_t = 8)]
+    pub job_hosts: usize,
     /// Longest wait for the load to be persisted and rolled up.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
@@ -365,15 +370,10 @@ fn time_panels(args: &DashboardsArgs, pg_port: u16, to: &str, job: &str) -> Resu
         .map_err(|e| format!("script output is not the expected JSON: {e}"))
 }
 
-/// Runs the benchmark.
-pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
-    if !args.script.is_file() {
-        return Err(format!(
-            "{}: not found; run from the repository root or pass --script",
-            args.script.display()
-        ));
-    }
-    let wanted = load::wanted(&args)?;
+/// The loaded fleet (loaded now, or reused from an earlier run) and a timing server on it that
+/// has caught up: data persisted, hours rolled up, the jobs ledger folded.
+pub(crate) async fn prepare(args: &DashboardsArgs) -> Result<(load::Started, Load)> {
+    let wanted = load::wanted(args)?;
     let parent = peers::parent_dir(&args.data_dir)?;
     let config = parent.join("dashboards-gpuwatch.toml");
     std::fs::write(&config, load::CONFIG).map_err(|e| format!("{}: {e}", config.display()))?;
@@ -387,17 +387,29 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
             );
             m
         }
-        None => load::load(&args, &wanted, &config, &parent).await?,
+        None => load::load(args, &wanted, &config, &parent).await?,
     };
 
     let log = parent.join("dashboards-gpuwatch.log");
-    let timing = load::start_server(&args, "gpuwatch", log.clone(), &config, &[])?;
+    let timing = load::start_server(args, "gpuwatch", log.clone(), &config, &[])?;
     println!(
         "timing server: pid {}, the prices of {}, no rules",
         timing.server.pid(),
         config.display()
     );
-    settle(&args, &timing.server, &loaded, &log).await?;
+    settle(args, &timing.server, &loaded, &log).await?;
+    Ok((timing, loaded))
+}
+
+/// Runs the benchmark.
+pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
+    if !args.script.is_file() {
+        return Err(format!(
+            "{}: not found; run from the repository root or pass --script",
+            args.script.display()
+        ));
+    }
+    let (timing, loaded) = prepare(&args).await?;
     let end_ms = loaded.end_ms();
     check_tables(&timing.server, &loaded, &args.ranges).await?;
     let job = alerted_job(&timing.server, end_ms).await?;

@@ -415,7 +415,14 @@ pub(crate) struct FleetConfig {
     pub start_ms: i64,
     /// Seed of everything random.
     pub seed: u64,
+    /// The first this many hosts run one training job on all their GPUs for the whole run
+    /// ([`BIG_JOB_ID`]): a multi-node job (8 hosts of 8 GPUs: 64 GPUs) for the job report's
+    /// benchmark. 0 for none.
+    pub job_hosts: usize,
 }
+
+/// The job id of the multi-host job of [`FleetConfig::job_hosts`].
+pub(crate) const BIG_JOB_ID: u64 = 4_100_000;
 
 /// The simulated fleet.
 #[derive(Debug, Clone)]
@@ -497,8 +504,24 @@ impl Fleet {
             config,
             hosts,
         };
+        // The multi-host job: one group of all the GPUs, for good.
+        let job_hosts = fleet.config.job_hosts.min(fleet.hosts.len());
+        for host in &mut fleet.hosts[..job_hosts] {
+            let gpus = host.gpus.len();
+            host.groups = vec![Group {
+                first_gpu: 0,
+                gpus,
+                job: Some(Job {
+                    id: BIG_JOB_ID,
+                    kind: JobKind::Training,
+                    fb_mib: 71_000.0,
+                }),
+                remaining: u64::MAX,
+                phase: JobKind::Training.first_phase(),
+            }];
+        }
         // Steady state: most groups are in the middle of a job.
-        for h in 0..fleet.hosts.len() {
+        for h in job_hosts..fleet.hosts.len() {
             for g in 0..fleet.hosts[h].groups.len() {
                 let busy = fleet.hosts[h].rng.chance(0.85);
                 if busy {
@@ -733,6 +756,7 @@ mod tests {
             interval_ms: 10_000,
             start_ms: 1_790_000_000_000,
             seed,
+            job_hosts: 0,
         })
     }
 
@@ -746,6 +770,22 @@ mod tests {
             }
         }
         all
+    }
+
+    #[test]
+    fn the_multi_host_job_holds_every_gpu_of_its_hosts_all_the_time() {
+        let mut f = Fleet::new(FleetConfig {
+            job_hosts: 2,
+            ..fleet(3).config
+        });
+        // A day at 10 s: the job never ends, the other hosts' jobs come and go.
+        let all = run(&mut f, 8640);
+        for per_host in &all[..2] {
+            assert!(per_host.iter().flatten().all(|s| s.job == Some(BIG_JOB_ID)));
+        }
+        let others: std::collections::HashSet<Option<u64>> =
+            all[2..].iter().flatten().flatten().map(|s| s.job).collect();
+        assert!(others.len() > 2 && !others.contains(&Some(BIG_JOB_ID)));
     }
 
     #[test]

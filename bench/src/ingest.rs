@@ -93,6 +93,7 @@ fn generate(args: &FleetArgs, start_ms: i64, rounds: u64) -> Vec<Arc<Body>> {
         interval_ms: args.interval.as_millis() as i64,
         start_ms,
         seed: args.seed,
+        job_hosts: 0,
     });
     let per = args.rounds_per_request.max(1);
     let mut bodies = Vec::new();

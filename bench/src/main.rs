@@ -10,6 +10,9 @@
 //! - `dashboards`: every panel query of `dashboards/*.json`, expanded as Grafana expands it, timed
 //!   over the Postgres wire protocol on the same day of the fleet with its processes, XID and ECC
 //!   events, prices and alert history, slowest first.
+//! - `job-report`: `gpuwatch job` on a 64-GPU, 24-hour job of the dashboards fleet, timed.
+//! - `replay`: recorded GPU traces (tests/fixtures/gpu-traces/) sent to a server as scheduler
+//!   jobs with the agent's OTLP encoder, time-shifted to end now, stretched on request.
 //! - `promql`: the same day of the fleet remote-written into gpuwatch and Prometheus; a PromQL
 //!   range query (`sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)` over 24 h at a 60 s step) timed on
 //!   both, side by side, the answers compared.
@@ -24,6 +27,7 @@ mod peers;
 mod promql;
 mod query;
 mod remote_write;
+mod replay;
 mod send;
 mod workload;
 
@@ -50,6 +54,10 @@ enum Command {
     Query(query::QueryArgs),
     /// Grafana dashboards: every panel's SQL over 24 h and 30 d of the fleet, slowest first.
     Dashboards(dashboards::DashboardsArgs),
+    /// Recorded GPU traces sent to a server as scheduler jobs, ending now (docs/jobs.md).
+    Replay(replay::ReplayArgs),
+    /// The job report of a 64-GPU, 24-hour job on the dashboards fleet, timed.
+    JobReport(dashboards::DashboardsArgs),
     /// The same day of the fleet in gpuwatch and in Prometheus; one PromQL range query timed on
     /// both and the answers compared.
     Promql(promql::PromqlArgs),
@@ -124,6 +132,8 @@ fn main() -> ExitCode {
             Command::Ingest(a) => ingest::run(a).await,
             Command::Query(a) => query::run(a).await,
             Command::Dashboards(a) => dashboards::run(a).await,
+            Command::Replay(a) => replay::run(a).await,
+            Command::JobReport(a) => dashboards::job_report::run(a).await,
             Command::Promql(a) => promql::run(a).await,
         }
     });

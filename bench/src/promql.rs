@@ -109,6 +109,7 @@ async fn load(args: &PromqlArgs, gw: &Server, prom: &Server) -> Result<(i64, i64
             interval_ms,
             start_ms,
             seed: fleet_args.seed,
+            job_hosts: 0,
         });
         let per = fleet_args.rounds_per_request.max(1);
         let mut last_jobs = vec![None; fleet.hosts()];

@@ -152,6 +152,7 @@ pub(crate) async fn load(args: &QueryArgs, server: &Server) -> Result<LoadMarker
             interval_ms,
             start_ms,
             seed: fleet_args.seed,
+            job_hosts: 0,
         });
         let per = fleet_args.rounds_per_request.max(1);
         let mut first = 0;

@@ -215,6 +215,7 @@ mod tests {
             interval_ms: 10_000,
             start_ms: 1_790_000_000_000,
             seed: 1,
+            job_hosts: 0,
         });
         let body = host_request(&mut fleet, 1, 0, 10);
         assert_eq!(body.samples, 8 * 26 * 10);

@@ -399,6 +399,7 @@ mod tests {
             interval_ms: interval,
             start_ms: 1_790_000_000_000,
             seed,
+            job_hosts: 0,
         });
         let mut work: Vec<HostWorkload> = (0..hosts)
             .map(|h| HostWorkload::new(seed, h, 8, interval, AGENT_SLOW_INTERVAL_MS))

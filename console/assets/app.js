@@ -270,6 +270,7 @@
     { key: "cost_usd", label: "cost", num: true, fmt: usd },
     { key: "idle_cost_usd", label: "idle cost", num: true, fmt: usd },
     { key: "last_seen", label: "last seen" },
+    { key: "limiter", label: "limiter" },
   ];
 
   async function pageJobs() {
@@ -334,16 +335,23 @@
       card("cost", '<span id="job-cost" data-usd="' + esc(r.cost_usd) + '">' + usd(r.cost_usd) + "</span>") +
       card("idle cost", '<span id="job-idle-cost" data-usd="' + esc(r.idle_cost_usd) + '">' + usd(r.idle_cost_usd) + "</span>") +
       card("mean utilisation", pct(r.mean_utilization)) +
+      card("limiter", '<span id="job-limiter">' + esc(r.limiter || "-") + "</span>",
+        ' title="' + esc(limiterWeights(r.limiter_seconds)) + '"') +
       "</div>";
     h += "<h2>Notes</h2>" + (r.advice.length
       ? '<ul class="advice">' + r.advice.map(function (a) {
-        return '<li><span class="rule">' + esc(a.rule) + "</span> <b>" + esc(a.figure) + "</b>: " + esc(a.advice) + "</li>";
+        const info = a.informational ? ' <span class="muted">(informational)</span>' : "";
+        const limit = (a.value !== null && a.value !== undefined && a.threshold !== null && a.threshold !== undefined)
+          ? ' <span class="muted">[' + esc(a.unit === "ratio" ? pct(a.value) + " vs " + pct(a.threshold) : a.value + " vs " + a.threshold) + "]</span>"
+          : "";
+        return '<li><span class="rule">' + esc(a.rule) + "</span>" + info + " <b>" + esc(a.figure) + "</b>" + limit + ": " + esc(a.advice) + "</li>";
       }).join("") + "</ul>"
       : '<p class="muted">No rule of docs/jobs.md matched.</p>');
     const gcols = [
       { key: "host", label: "host" },
       { key: "gpu_index", label: "GPU", num: true },
       { key: "gpu_model", label: "model" },
+      { key: "limiter", label: "limiter" },
       { key: "mean_utilization", label: "util. mean", num: true, fmt: pct },
       { key: "max_utilization", label: "util. max", num: true, fmt: pct },
       { key: "mean_sm_active", label: "SM", num: true, fmt: pct },
@@ -352,6 +360,7 @@
       { key: "peak_memory_used_bytes", label: "peak memory", num: true, fmt: function (v, g) { return gib(v) + " / " + gib(g.memory_total_bytes); } },
       { key: "idle_minutes", label: "idle min", num: true, fmt: function (v) { return num(v, 1); } },
       { key: "throttled_share", label: "throttled", num: true, fmt: pct },
+      { key: "power_capped_share", label: "power capped", num: true, fmt: pct },
       { key: "xid_events", label: "XID", num: true },
       { key: "ecc_events", label: "ECC", num: true },
       { key: "cost_usd", label: "cost", num: true, fmt: usd },
@@ -363,10 +372,80 @@
         { key: "kind", label: "kind" }, { key: "code", label: "code", num: true }, { key: "detail", label: "detail" },
       ], r.events);
     }
+    h += '<h2>Roofline</h2><p class="muted">Each GPU over the job: the busiest pipe\'s share of its peak ' +
+      "against arithmetic intensity in units of the ridge point (pipe share / DRAM share); the roof is min(1, x). " +
+      "Left of 1 a GPU can at best be memory-bound, right of it compute-bound (docs/jobs.md).</p>" +
+      '<div id="job-roofline"></div>' + rooflineTable(r.per_gpu);
     h += '<h2>Activity</h2><div id="job-charts"></div>';
     el.innerHTML = h;
+    roofline(r, document.getElementById("job-roofline"));
     await jobCharts(r, document.getElementById("job-charts"));
     loaded("job");
+  }
+
+  function limiterWeights(seconds) {
+    const s = seconds || {};
+    const total = Object.keys(s).reduce(function (a, k) { return a + (s[k] || 0); }, 0);
+    if (!total) return "no GPU time";
+    return Object.keys(s).filter(function (k) { return s[k] > 0; })
+      .sort(function (a, b) { return s[b] - s[a]; })
+      .map(function (k) { return k + " " + pct(s[k] / total); }).join(", ");
+  }
+
+  const ROOF_UNITS = ["tensor", "fp16", "fp32", "fp64", "dram", "pcie", "nvlink"];
+
+  function rooflineTable(perGpu) {
+    const cols = [{ key: "gpu", label: "GPU" }, { key: "model", label: "peaks" }].concat(ROOF_UNITS.map(function (u) {
+      return { key: u, label: u, num: true, fmt: pct };
+    }));
+    const rowsOut = perGpu.map(function (g) {
+      const row = { gpu: g.host + " GPU " + (g.gpu_index === null ? g.gpu_uuid : g.gpu_index), model: (g.roofline && g.roofline.model) || "unknown model: shares only" };
+      ((g.roofline && g.roofline.units) || []).forEach(function (u) { row[u.unit] = u.share; });
+      return row;
+    });
+    return table(cols, rowsOut);
+  }
+
+  // The normalised roofline: x = compute share / DRAM share (log), y = compute share (log).
+  function roofline(r, el) {
+    const floor = 1e-3;
+    const pts = r.per_gpu.map(function (g) {
+      const rf = g.roofline || {};
+      return { label: g.host + " GPU " + (g.gpu_index === null ? g.gpu_uuid : g.gpu_index) + " (" + (g.limiter || "-") + ")",
+        x: rf.intensity, y: rf.compute_share };
+    }).filter(function (p) { return p.x > 0 && p.y > 0; });
+    el.dataset.points = String(pts.length);
+    if (!pts.length) {
+      el.innerHTML = '<p class="muted">No GPU of this job has both pipe and DRAM activity counters (GPM or DCGM profiling): no roofline.</p>';
+      return;
+    }
+    const grid = [];
+    for (let e = -3; e <= 3.0001; e += 0.1) grid.push(Math.pow(10, e));
+    const xs = grid.concat(pts.map(function (p) { return Math.min(1000, Math.max(floor, p.x)); }))
+      .sort(function (a, b) { return a - b; })
+      .filter(function (x, i, a) { return i === 0 || x !== a[i - 1]; });
+    const roof = xs.map(function (x) { return Math.min(1, x); });
+    const palette = ["#2e6fd8", "#2e9d5b", "#d64545", "#e0a12b", "#8b5cf6", "#0ea5a4", "#db2777", "#6b7280"];
+    const series = [{}, { label: "roof", stroke: "#1d2330", width: 2 }];
+    const data = [xs, roof];
+    pts.forEach(function (p, i) {
+      const px = Math.min(1000, Math.max(floor, p.x));
+      data.push(xs.map(function (x) { return x === px ? Math.max(floor, p.y) : null; }));
+      series.push({ label: p.label, stroke: palette[i % palette.length], fill: palette[i % palette.length],
+        paths: function () { return null; }, points: { show: true, size: 10, fill: palette[i % palette.length], stroke: palette[i % palette.length] } });
+    });
+    const opts = {
+      title: "roofline (normalised): compute share vs intensity / ridge",
+      width: Math.min(900, Math.max(400, el.clientWidth || 900)),
+      height: 320,
+      scales: { x: { time: false, distr: 3 }, y: { distr: 3, range: [floor, 1.5] } },
+      axes: [{ label: "arithmetic intensity / ridge point" }, { label: "share of peak" }],
+      series: series,
+    };
+    const div = document.createElement("div");
+    div.className = "chart";
+    el.appendChild(div);
+    charts.push(new uPlot(opts, data, div));
   }
 
   async function jobCharts(r, el) {

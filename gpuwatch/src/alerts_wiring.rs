@@ -12,7 +12,7 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
-use gpuwatch_alerts::cost::CostConfig;
+use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_alerts::notify::format::rfc3339;
 use gpuwatch_alerts::notify::{AlertingConfig, Matcher, Silence};
 use gpuwatch_alerts::{Alerting, EngineSource, RuleFile};
@@ -37,6 +37,8 @@ pub(crate) struct AlertsConfig {
     pub alerting: AlertingConfig,
     /// `[cost]`: prices and budgets.
     pub cost: CostConfig,
+    /// `[jobs]`: the thresholds of the job limiter and notes.
+    pub jobs: JobsConfig,
     /// How `expr:` (PromQL) rules are evaluated (`--promql-*`).
     pub promql: gpuwatch_promql::Settings,
 }
@@ -58,6 +60,11 @@ pub(crate) fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     config
         .cost
+        .validate()
+        .map_err(|e| Error::Config(format!("config file: {e}")))?;
+    config
+        .jobs
+        .advice
         .validate()
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     Ok(all)
@@ -97,7 +104,10 @@ pub(crate) async fn start(
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(Arc<Alerting>, Vec<tokio::task::JoinHandle<()>>)> {
-    let ledger = config.cost.register(engine.context()).await?;
+    let ledger = config
+        .cost
+        .register(engine.context(), &config.jobs.advice)
+        .await?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
         engine.context().clone(),
         Arc::clone(&clock),

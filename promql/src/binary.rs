@@ -11,7 +11,7 @@ use promql_parser::parser::{BinModifier, BinaryExpr, LabelModifier, VectorMatchC
 
 use crate::error::{Result, bad, exec};
 use crate::eval::{Evaluator, Grid, Series, Value, merge_same_labels};
-use crate::labels::{Labels, NAME};
+use crate::labels::Labels;
 
 fn is_comparison(op: u16) -> bool {
     matches!(op, T_EQLC | T_NEQ | T_GTR | T_LSS | T_GTE | T_LTE)
@@ -240,6 +240,128 @@ fn result_labels(
     l
 }
 
+/// The `group_x` labels to copy from the "one" side, and whether the "many" side is the right
+/// one (`group_right`); an error for many-to-many, which only the set operators allow.
+fn grouping(m: &BinModifier) -> Result<(Vec<String>, bool)> {
+    match &m.card {
+        VectorMatchCardinality::ManyToOne(ls) => Ok((ls.labels.clone(), false)),
+        VectorMatchCardinality::OneToMany(ls) => Ok((ls.labels.clone(), true)),
+        VectorMatchCardinality::OneToOne => Ok((Vec::new(), false)),
+        VectorMatchCardinality::ManyToMany => {
+            Err(bad("many-to-many matching is only for and, or and unless"))
+        }
+    }
+}
+
+/// Indexes the "one" side's series present at step `i` by signature into `ones`; an error when
+/// two of them share a signature.
+fn index_one_side<'a>(
+    one: &[Series],
+    osig: &'a [Labels],
+    i: usize,
+    swap: bool,
+    ones: &mut HashMap<&'a Labels, usize>,
+) -> Result<()> {
+    ones.clear();
+    for (n, s) in one.iter().enumerate() {
+        if s.vals[i].is_none() {
+            continue;
+        }
+        if let Some(&prev) = ones.get(&osig[n]) {
+            let side = if swap { "left" } else { "right" };
+            return Err(exec(format!(
+                "found duplicate series for the match group {} on the {side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
+                osig[n], s.labels, one[prev].labels
+            )));
+        }
+        ones.insert(&osig[n], n);
+    }
+    Ok(())
+}
+
+/// The value of one matched pair (`mv` from the "many" side, `ov` from the "one" side), or
+/// `None` when a comparison without `bool` filters it out.
+fn combine(op: u16, mv: f64, ov: f64, swap: bool, ret_bool: bool) -> Option<f64> {
+    let (vl, vr) = if swap { (ov, mv) } else { (mv, ov) };
+    let (value, keep) = apply(op, vl, vr);
+    if ret_bool {
+        return Some(if keep { 1.0 } else { 0.0 });
+    }
+    keep.then_some(value)
+}
+
+/// Records that a "many" series' signature matched into output `slot` at this step; an error
+/// when one-to-one matching meets a second match, or two matches land in the same output.
+fn record_match(seen: &mut Vec<usize>, slot: usize, one_to_one: bool) -> Result<()> {
+    if one_to_one && !seen.is_empty() {
+        return Err(exec(
+            "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)",
+        ));
+    }
+    if seen.contains(&slot) {
+        return Err(exec(
+            "multiple matches for labels: grouping labels must ensure unique matches",
+        ));
+    }
+    seen.push(slot);
+    Ok(())
+}
+
+/// The result series of a vector-vector operation, found by labels and by matched pair.
+struct Outputs {
+    series: Vec<Series>,
+    by_labels: HashMap<Labels, usize>,
+    by_pair: HashMap<(usize, usize), usize>,
+    steps: usize,
+}
+
+impl Outputs {
+    /// No result series yet, on a grid of `steps` steps.
+    fn new(steps: usize) -> Self {
+        Self {
+            series: Vec::new(),
+            by_labels: HashMap::new(),
+            by_pair: HashMap::new(),
+            steps,
+        }
+    }
+
+    /// The result series of `pair` (many-side index, one-side index), created with the labels
+    /// `labels()` gives (or joined to the series that already has them) on first use.
+    fn slot(&mut self, pair: (usize, usize), labels: impl FnOnce() -> Labels) -> usize {
+        if let Some(&slot) = self.by_pair.get(&pair) {
+            return slot;
+        }
+        let labels = labels();
+        let next = self.series.len();
+        let (series, steps) = (&mut self.series, self.steps);
+        let slot = *self.by_labels.entry(labels.clone()).or_insert_with(|| {
+            series.push(Series {
+                labels,
+                vals: vec![None; steps],
+            });
+            next
+        });
+        self.by_pair.insert(pair, slot);
+        slot
+    }
+
+    /// Writes `value` at step `i` of `slot`; an error when two pairs gave that series a value
+    /// at the same step.
+    fn set(&mut self, slot: usize, i: usize, value: f64) -> Result<()> {
+        let series = &mut self.series[slot];
+        if series.vals[i].is_some() {
+            return Err(exec(format!(
+                "vector cannot contain metrics with the same labelset: {}",
+                series.labels
+            )));
+        }
+        series.vals[i] = Some(value);
+        Ok(())
+    }
+}
+
+/// Arithmetic and comparison between two vectors, step by step, with vector matching.
 fn vector_vector(
     op: u16,
     l: Vec<Series>,
@@ -248,14 +370,7 @@ fn vector_vector(
     ret_bool: bool,
     g: Grid,
 ) -> Result<Value> {
-    let (include, swap) = match &m.card {
-        VectorMatchCardinality::ManyToOne(ls) => (ls.labels.clone(), false),
-        VectorMatchCardinality::OneToMany(ls) => (ls.labels.clone(), true),
-        VectorMatchCardinality::OneToOne => (Vec::new(), false),
-        VectorMatchCardinality::ManyToMany => {
-            return Err(bad("many-to-many matching is only for and, or and unless"));
-        }
-    };
+    let (include, swap) = grouping(m)?;
     let one_to_one = matches!(m.card, VectorMatchCardinality::OneToOne);
     // `many` is the side whose series are kept; `one` the side matched against.
     let (many, one) = if swap { (r, l) } else { (l, r) };
@@ -267,83 +382,35 @@ fn vector_vector(
         .iter()
         .map(|s| signature(&s.labels, &m.matching))
         .collect();
-    let mut out: Vec<Series> = Vec::new();
-    let mut out_index: HashMap<Labels, usize> = HashMap::new();
-    let mut pair_out: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut out = Outputs::new(g.len());
     let mut ones: HashMap<&Labels, usize> = HashMap::new();
     let mut matched: HashMap<&Labels, Vec<usize>> = HashMap::new();
     for i in 0..g.len() {
-        ones.clear();
-        matched.clear();
-        for (n, s) in one.iter().enumerate() {
-            if s.vals[i].is_none() {
-                continue;
-            }
-            if let Some(&prev) = ones.get(&osig[n]) {
-                let side = if swap { "left" } else { "right" };
-                return Err(exec(format!(
-                    "found duplicate series for the match group {} on the {side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
-                    osig[n], s.labels, one[prev].labels
-                )));
-            }
-            ones.insert(&osig[n], n);
-        }
+        index_one_side(&one, &osig, i, swap, &mut ones)?;
         if ones.is_empty() {
             continue;
         }
+        matched.clear();
         for (n, s) in many.iter().enumerate() {
             let Some(mv) = s.vals[i] else { continue };
             let Some(&o) = ones.get(&msig[n]) else {
                 continue;
             };
             let ov = one[o].vals[i].unwrap_or(f64::NAN);
-            let (vl, vr) = if swap { (ov, mv) } else { (mv, ov) };
-            let (mut value, keep) = apply(op, vl, vr);
-            if ret_bool {
-                value = if keep { 1.0 } else { 0.0 };
-            } else if !keep {
+            let Some(value) = combine(op, mv, ov, swap, ret_bool) else {
                 continue;
-            }
-            let slot = match pair_out.get(&(n, o)) {
-                Some(&slot) => slot,
-                None => {
-                    let mut labels = result_labels(&s.labels, &one[o].labels, op, m, &include);
-                    if ret_bool {
-                        labels = labels.without_name();
-                    }
-                    let next = out.len();
-                    let slot = *out_index.entry(labels.clone()).or_insert_with(|| {
-                        out.push(Series {
-                            labels,
-                            vals: vec![None; g.len()],
-                        });
-                        next
-                    });
-                    pair_out.insert((n, o), slot);
-                    slot
-                }
             };
-            let seen = matched.entry(&msig[n]).or_default();
-            if one_to_one && !seen.is_empty() {
-                return Err(exec(
-                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)",
-                ));
-            }
-            if seen.contains(&slot) {
-                return Err(exec(
-                    "multiple matches for labels: grouping labels must ensure unique matches",
-                ));
-            }
-            seen.push(slot);
-            if out[slot].vals[i].is_some() {
-                return Err(exec(format!(
-                    "vector cannot contain metrics with the same labelset: {}",
-                    out[slot].labels
-                )));
-            }
-            out[slot].vals[i] = Some(value);
+            let slot = out.slot((n, o), || {
+                let labels = result_labels(&s.labels, &one[o].labels, op, m, &include);
+                if ret_bool {
+                    labels.without_name()
+                } else {
+                    labels
+                }
+            });
+            record_match(matched.entry(&msig[n]).or_default(), slot, one_to_one)?;
+            out.set(slot, i, value)?;
         }
     }
-    let _ = NAME;
-    Ok(Value::Vector(out))
+    Ok(Value::Vector(out.series))
 }

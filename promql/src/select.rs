@@ -560,6 +560,125 @@ fn row_cells<'a>(
     cells
 }
 
+/// The label columns of one `gpu_metrics` batch.
+struct GpuLabels {
+    /// Every label column but `gpu_index`, as text, in `LABEL_COLUMNS` order.
+    text: Vec<Text>,
+    /// `gpu_index`.
+    index: Int32Array,
+    /// Where `gpu_index` sits in `LABEL_COLUMNS`.
+    index_pos: usize,
+    /// `series_labels` (a row's label overrides), when the scan has it.
+    extra: Option<Text>,
+}
+
+impl GpuLabels {
+    /// Reads the label columns of `batch`; an error when one is missing.
+    fn read(batch: &RecordBatch) -> Result<Self> {
+        let index_pos = LABEL_COLUMNS
+            .iter()
+            .position(|(c, _)| *c == "gpu_index")
+            .ok_or_else(|| exec("gpu_metrics has no gpu_index column"))?;
+        let mut text: Vec<Text> = Vec::with_capacity(LABEL_COLUMNS.len());
+        let mut index: Option<Int32Array> = None;
+        for (c, _) in LABEL_COLUMNS {
+            let a = batch
+                .column_by_name(c)
+                .ok_or_else(|| exec(format!("gpu_metrics scan lacks {c}")))?;
+            if *c == "gpu_index" {
+                index = Some(
+                    arrow::compute::cast(a, &DataType::Int32)?
+                        .as_primitive::<Int32Type>()
+                        .clone(),
+                );
+            } else {
+                text.push(Text::of(a)?);
+            }
+        }
+        let index = index.ok_or_else(|| exec("gpu_metrics scan lacks gpu_index"))?;
+        let extra = match batch.column_by_name("series_labels") {
+            Some(a) => Some(Text::of(a)?),
+            None => None,
+        };
+        Ok(Self {
+            text,
+            index,
+            index_pos,
+            extra,
+        })
+    }
+
+    /// Whether rows `i` and `j` have the same label cells, and so the same series.
+    fn same(&self, i: usize, j: usize) -> bool {
+        self.index.is_null(i) == self.index.is_null(j)
+            && self.index.value(i) == self.index.value(j)
+            && self.text.iter().all(|c| c.same(i, j))
+            && self.extra.as_ref().is_none_or(|m| m.same(i, j))
+    }
+
+    /// Row `i`'s labels without the metric name, and the key of the scrape it belongs to.
+    fn row(&self, i: usize, idx_text: &mut String) -> Result<(Labels, String)> {
+        let cells = row_cells(&self.text, &self.index, idx_text, i, self.index_pos);
+        let extra = match self.extra.as_ref().and_then(|c| c.get(i)) {
+            Some(text) => parse_series_labels(text)?,
+            None => Vec::new(),
+        };
+        let base = series_labels(&cells, &extra);
+        let key = gpu_target_key(&cells, &base);
+        Ok((base, key))
+    }
+}
+
+/// Per selected name, its value column of `batch` read as doubles.
+fn name_values(
+    batch: &RecordBatch,
+    names: &[GpuName],
+    columns: &[&str],
+) -> Result<Vec<Float64Array>> {
+    let values: Vec<Float64Array> = columns
+        .iter()
+        .map(|c| {
+            batch
+                .column_by_name(c)
+                .ok_or_else(|| exec(format!("gpu_metrics scan lacks {c}")))
+                .and_then(values_f64)
+        })
+        .collect::<Result<_>>()?;
+    Ok(names
+        .iter()
+        .map(|g| {
+            let at = columns.iter().position(|c| *c == g.column).unwrap_or(0);
+            values[at].clone()
+        })
+        .collect())
+}
+
+/// Adds row `i`'s values (taken at `t`) to the series in `slots`, one per selected name.
+fn push_row(
+    out: &mut Collector,
+    names: &[GpuName],
+    slots: &[Option<usize>],
+    values: &[Float64Array],
+    i: usize,
+    t: i64,
+) {
+    for (j, g) in names.iter().enumerate() {
+        let Some(slot) = slots[j] else { continue };
+        let col = &values[j];
+        if col.is_null(i) {
+            continue;
+        }
+        let s = &mut out.series[slot];
+        if out.labels_only && !s.t.is_empty() {
+            continue;
+        }
+        s.t.push(t);
+        s.v.push(unscale(col.value(i), g.scale));
+    }
+}
+
+/// Turns one batch of a `gpu_metrics` scan into samples of the series the matchers select,
+/// and records the times its targets were scraped.
 fn gpu_batch(
     batch: &RecordBatch,
     matchers: &[Matcher],
@@ -570,70 +689,20 @@ fn gpu_batch(
 ) -> Result<()> {
     let n = batch.num_rows();
     let t = times_ms(batch)?;
-    let gpu_index_col = LABEL_COLUMNS
-        .iter()
-        .position(|(c, _)| *c == "gpu_index")
-        .ok_or_else(|| exec("gpu_metrics has no gpu_index column"))?;
-    let mut text_cols: Vec<Text> = Vec::with_capacity(LABEL_COLUMNS.len());
-    let mut index: Option<Int32Array> = None;
-    for (c, _) in LABEL_COLUMNS {
-        let a = batch
-            .column_by_name(c)
-            .ok_or_else(|| exec(format!("gpu_metrics scan lacks {c}")))?;
-        if *c == "gpu_index" {
-            index = Some(
-                arrow::compute::cast(a, &DataType::Int32)?
-                    .as_primitive::<Int32Type>()
-                    .clone(),
-            );
-        } else {
-            text_cols.push(Text::of(a)?);
-        }
-    }
-    let index = index.ok_or_else(|| exec("gpu_metrics scan lacks gpu_index"))?;
-    let extra_col = match batch.column_by_name("series_labels") {
-        Some(a) => Some(Text::of(a)?),
-        None => None,
-    };
-    let values: Vec<Float64Array> = columns
-        .iter()
-        .map(|c| {
-            batch
-                .column_by_name(c)
-                .ok_or_else(|| exec(format!("gpu_metrics scan lacks {c}")))
-                .and_then(values_f64)
-        })
-        .collect::<Result<_>>()?;
-    let value_of: Vec<usize> = names
-        .iter()
-        .map(|g| columns.iter().position(|c| *c == g.column).unwrap_or(0))
-        .collect();
+    let cols = GpuLabels::read(batch)?;
+    let values = name_values(batch, names, columns)?;
     if !out.labels_only {
         budget.take(n * names.len().min(2))?;
     }
     // Rows of one GPU come in runs (files are sorted by host, GPU, time): a row's series are
     // looked up again only when its label cells differ from the previous row's.
-    let same_as = |i: usize, j: usize| {
-        index.is_null(i) == index.is_null(j)
-            && index.value(i) == index.value(j)
-            && text_cols.iter().all(|c| c.same(i, j))
-            && extra_col.as_ref().is_none_or(|m| m.same(i, j))
-    };
     let mut prev_slots: Vec<Option<usize>> = vec![None; names.len()];
     let mut prev_target = 0usize;
     let mut idx_text = String::new();
     for i in 0..n {
-        if i == 0 || !same_as(i, i - 1) {
-            let cells = row_cells(&text_cols, &index, &mut idx_text, i, gpu_index_col);
-            let extra = match extra_col.as_ref().and_then(|c| c.get(i)) {
-                Some(text) => parse_series_labels(text)?,
-                None => Vec::new(),
-            };
-            let base = series_labels(&cells, &extra);
-            prev_target = out.target(
-                &gpu_target_key(&cells, &base),
-                Some((base.get("instance"), base.get("job"))),
-            );
+        if i == 0 || !cols.same(i, i - 1) {
+            let (base, key) = cols.row(i, &mut idx_text)?;
+            prev_target = out.target(&key, Some((base.get("instance"), base.get("job"))));
             for (j, g) in names.iter().enumerate() {
                 let labels = base.with(NAME, g.name);
                 prev_slots[j] =
@@ -643,19 +712,7 @@ fn gpu_batch(
         if !out.labels_only {
             out.target_times[prev_target].push(t[i]);
         }
-        for (j, g) in names.iter().enumerate() {
-            let Some(slot) = prev_slots[j] else { continue };
-            let col = &values[value_of[j]];
-            if col.is_null(i) {
-                continue;
-            }
-            let s = &mut out.series[slot];
-            if out.labels_only && !s.t.is_empty() {
-                continue;
-            }
-            s.t.push(t[i]);
-            s.v.push(unscale(col.value(i), g.scale));
-        }
+        push_row(out, names, &prev_slots, &values, i, t[i]);
     }
     Ok(())
 }

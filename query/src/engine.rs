@@ -767,6 +767,4 @@ impl QueryEngine {
 }
 
 #[cfg(test)]
-mod store_tests;
-#[cfg(test)]
 mod tests;

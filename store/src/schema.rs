@@ -93,7 +93,11 @@ pub const VALUE_COLUMNS: &[ValueColumn] = &[
     ),
     i("remapped_rows_failure", "gpu.remapped_rows.failure", "1"),
     i("xid_errors_total", "gpu.xid.errors", "{error}"),
+    // Added after the first release: tables created earlier gain them on open (delta/mod.rs).
     f("gr_engine_active", "gpu.graphics.active", "1"),
+    i("sm_clock_max_mhz", "gpu.clock.sm.max", "MHz"),
+    i("pcie_link_gen", "gpu.pcie.link.generation", "1"),
+    i("pcie_link_width", "gpu.pcie.link.width", "{lane}"),
 ];
 
 /// The label columns of `gpu_metrics` after `time`, in schema order, with the OTLP attribute
@@ -409,12 +413,15 @@ mod tests {
             "remapped_rows_uncorrectable",
             "remapped_rows_failure",
             "xid_errors_total",
+            "sm_clock_max_mhz",
+            "pcie_link_gen",
+            "pcie_link_width",
             "gr_engine_active",
             "series_labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 42);
+        assert_eq!(names.len(), 45);
     }
 
     #[test]

@@ -747,7 +747,7 @@ impl Store {
             let now = now_millis(self.clock.as_ref());
             retire_segments(
                 &self.config.data_dir,
-                report.wal_persisted_through,
+                0..=report.wal_persisted_through,
                 &mut lock(&self.wal_damage),
                 now,
                 &self.stats,

@@ -219,8 +219,16 @@ async def pages(b, args):
     canvases = await b.eval("document.querySelectorAll('#job-charts canvas').length")
     if not series or int(series) < 1 or canvases < 3:
         raise Failure(f"job page: charts missing (series={series}, canvases={canvases})")
+    # The limiter and the roofline: the simulated GPUs have GPM, so each is a point.
+    limiter = await b.eval("document.getElementById('job-limiter')?.textContent || ''")
+    if limiter not in ("tensor", "fp16", "fp32", "fp64", "memory", "host_transfer", "input", "latency", "idle", "unknown"):
+        raise Failure(f"job page: limiter {limiter!r} is not a limiter word")
+    points = await b.eval("document.getElementById('job-roofline').dataset.points")
+    roof = await b.eval("document.querySelectorAll('#job-roofline canvas').length")
+    if not points or int(points) < 1 or roof < 1:
+        raise Failure(f"job page: roofline missing (points={points}, canvases={roof})")
     await b.screenshot(os.path.join(args.out, "job.png"))
-    print(f"job {first}: {series} GPU series charted")
+    print(f"job {first}: {series} GPU series charted; limiter {limiter}; {points} GPUs on the roofline")
 
     await b.goto(url + "/#/alerts")
     await loaded(b, "alerts")

@@ -126,38 +126,7 @@ async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
         assert!(text.contains(&format!("# TYPE {own} ")), "no {own}");
     }
 
-    // promtool parses it; its only complaints are dcgm-exporter's own naming, kept on purpose.
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool");
-    promtool
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = promtool.wait_with_output().expect("promtool");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // 0: clean; 3: lint problems only; 1: the text does not parse.
-    assert!(
-        matches!(out.status.code(), Some(0 | 3)),
-        "promtool could not parse /metrics ({:?}): {report}",
-        out.status
-    );
-    for line in report.lines().filter(|l| !l.trim().is_empty()) {
-        let known = line.starts_with("DCGM_FI_")
-            && (line.ends_with("label names should be written in 'snake_case' not 'camelCase'")
-                || line.ends_with("counter metrics should have \"_total\" suffix"));
-        assert!(known, "promtool: {line}");
-    }
+    promtool_accepts(&text);
 
     // A real Prometheus scrapes it.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -215,4 +184,74 @@ async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
     assert_eq!(up[0]["value"][1], "1", "scrape target is down: {up:?}");
     let failures = query("gpuwatch_agent_export_failures_total");
     assert_eq!(failures.len(), 1, "{failures:?}");
+}
+
+/// `promtool check metrics` parses `text`; its only complaints are dcgm-exporter's own naming,
+/// kept on purpose.
+fn promtool_accepts(text: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = promtool.wait_with_output().expect("promtool");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 0: clean; 3: lint problems only; 1: the text does not parse.
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "promtool could not parse /metrics ({:?}): {report}",
+        out.status
+    );
+    for line in report.lines().filter(|l| !l.trim().is_empty()) {
+        let known = line.starts_with("DCGM_FI_")
+            && (line.ends_with("label names should be written in 'snake_case' not 'camelCase'")
+                || line.ends_with("counter metrics should have \"_total\" suffix"));
+        assert!(known, "promtool: {line}");
+    }
+}
+
+/// `/metrics` of the agent on a real H200 (NVML, recorded with `device`: tests/fixtures/agent/)
+/// passes promtool, and its maximum SM clock and PCIe link are what `nvidia-smi` read on the
+/// same machine at the same time.
+#[test]
+fn a_real_h200s_metrics_pass_promtool_and_agree_with_nvidia_smi() {
+    need("promtool");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent");
+    let text = std::fs::read_to_string(dir.join("h200-nvml-metrics.txt")).expect("capture");
+    promtool_accepts(&text);
+    let smi = std::fs::read_to_string(dir.join("h200-nvidia-smi.csv")).expect("nvidia-smi");
+    let row: Vec<String> = smi
+        .lines()
+        .nth(1)
+        .expect("a GPU row")
+        .split(", ")
+        .map(|f| f.trim_end_matches(" MHz").to_string())
+        .collect();
+    let value = |name: &str| -> String {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .unwrap_or_else(|| panic!("no {name}"));
+        line.rsplit(' ').next().expect("value").to_string()
+    };
+    assert_eq!(value("DCGM_FI_DEV_MAX_SM_CLOCK"), row[1], "max SM clock");
+    assert_eq!(
+        value("DCGM_FI_DEV_PCIE_LINK_GEN"),
+        row[3],
+        "PCIe generation"
+    );
+    assert_eq!(value("DCGM_FI_DEV_PCIE_LINK_WIDTH"), row[4], "PCIe width");
+    assert!(text.contains("modelName=\"NVIDIA H200\""));
 }

@@ -1,5 +1,5 @@
 //! Job reports against crafted data sent over OTLP/HTTP: a 4-GPU job with an idle GPU, a
-//! throttled GPU, a GPU with tiny kernels and an XID during the job. The report (HTTP and
+//! power-capped GPU (informational, never blamed), a GPU with tiny kernels and an XID during the job. The report (HTTP and
 //! `gpuwatch job`) equals the `jobs` table and a hand computation; unknown and hostile job ids
 //! get 404 / exit 1; the routes need a query token when tokens are configured.
 
@@ -235,7 +235,13 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
     let gf = |i: usize, k: &str| g[i][k].as_f64().unwrap_or_else(|| panic!("{k}: {}", g[i]));
     assert_eq!(g[2]["gpu_index"], 2);
     assert!(close(gf(2, "idle_minutes"), 10.0));
-    assert!(close(gf(1, "throttled_share"), 31.0 / 61.0));
+    // The SW power cap (0x4) is no throttling: power_capped_share, and an informational note.
+    assert_eq!(gf(1, "throttled_share"), 0.0);
+    assert!(close(gf(1, "power_capped_share"), 31.0 / 61.0));
+    assert_eq!(g[0]["limiter"], "tensor");
+    assert_eq!(g[2]["limiter"], "idle");
+    assert_eq!(g[3]["limiter"], "latency");
+    assert_eq!(r["limiter"], "tensor");
     assert_eq!(
         gf(2, "throttled_share"),
         0.0,
@@ -255,7 +261,7 @@ async fn job_report_equals_the_jobs_table_and_a_hand_computation() {
         rules,
         [
             "idle_gpus",
-            "throttled",
+            "power_capped",
             "tiny_kernels",
             "low_memory",
             "xid"

@@ -159,6 +159,9 @@ impl Source for FakeNvml {
             s.energy_joules = Some(*energy);
             s.temperature_celsius = Some(if busy { 60.0 } else { 40.0 });
             s.sm_clock_mhz = Some(if busy { 1980 } else { 345 });
+            s.sm_clock_max_mhz = Some(1980);
+            s.pcie_link_gen = Some(if busy { 5 } else { 1 });
+            s.pcie_link_width = Some(16);
             s.memory_clock_mhz = Some(2619);
             s.clock_event_reasons = Some(if busy { 0 } else { 1 });
             s.ecc_sbe_volatile_total = Some(0);

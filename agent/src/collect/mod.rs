@@ -117,6 +117,13 @@ pub struct GpuSample {
     pub remapped_rows_failure: Option<i64>,
     /// XID errors since agent start (`gpu.xid.errors`).
     pub xid_errors_total: Option<i64>,
+    /// The GPU's maximum SM clock, MHz (`gpu.clock.sm.max`): the clock the activity ratios'
+    /// peaks are quoted at.
+    pub sm_clock_max_mhz: Option<i64>,
+    /// Current PCIe link generation, 1–6 (`gpu.pcie.link.generation`).
+    pub pcie_link_gen: Option<i64>,
+    /// Current PCIe link width, lanes (`gpu.pcie.link.width`).
+    pub pcie_link_width: Option<i64>,
 }
 
 impl GpuSample {
@@ -157,6 +164,9 @@ impl GpuSample {
             remapped_rows_uncorrectable: None,
             remapped_rows_failure: None,
             xid_errors_total: None,
+            sm_clock_max_mhz: None,
+            pcie_link_gen: None,
+            pcie_link_width: None,
         }
     }
 }

@@ -118,6 +118,8 @@ struct Gpu {
     mig_on: bool,
     /// When the MIG mode was read (Unix ns).
     mig_read: u64,
+    /// The maximum SM clock (it never changes: read once with the handle).
+    sm_clock_max_mhz: Option<i64>,
 }
 
 /// Whether something last read at `last` is due again at `now` (also when the clock went back).
@@ -401,12 +403,15 @@ impl NvmlSource {
         };
         let model = field(index, "name", device.name()).unwrap_or_else(|| "unknown".to_string());
         let mig_on = mig_on(&device);
+        let sm_clock_max_mhz =
+            field(index, "max sm clock", device.max_clock_info(Clock::SM)).map(i64::from);
         Some(Gpu {
             device,
             uuid,
             model,
             mig_on,
             mig_read: now,
+            sm_clock_max_mhz,
         })
     }
 
@@ -437,6 +442,13 @@ impl NvmlSource {
         s.sm_clock_mhz = field(index, "sm clock", device.clock_info(Clock::SM)).map(i64::from);
         s.memory_clock_mhz =
             field(index, "memory clock", device.clock_info(Clock::Memory)).map(i64::from);
+        s.sm_clock_max_mhz = gpu.sm_clock_max_mhz;
+        // The link's current generation and width (it trains down when idle on some boards):
+        // what PCIe rates are measured against (docs/jobs.md).
+        s.pcie_link_gen =
+            field(index, "pcie link gen", device.current_pcie_link_gen()).map(i64::from);
+        s.pcie_link_width =
+            field(index, "pcie link width", device.current_pcie_link_width()).map(i64::from);
         s.clock_event_reasons = field(
             index,
             "clock event reasons",

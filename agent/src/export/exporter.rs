@@ -443,9 +443,7 @@ impl Exporter {
                 self.refused = false;
                 crate::metrics::exported();
                 if rejected_points > 0 {
-                    let points = u64::try_from(rejected_points).unwrap_or(0);
-                    self.rejected_points += points;
-                    crate::metrics::export_rejected_points(points);
+                    self.count_rejected_points(rejected_points);
                     warn!(
                         request = seq,
                         url = %url,
@@ -473,15 +471,8 @@ impl Exporter {
                 Err(self.token_refused(url, status, body, 1))
             }
             Outcome::Retry(reason) => {
-                crate::metrics::export_failed();
-                self.backoff.failed(Instant::now());
-                self.refused = false;
                 self.push(item);
-                Err(Error::ExportRetry {
-                    url,
-                    reason,
-                    queued: self.spool.len(),
-                })
+                Err(self.retry_later(url, reason))
             }
         };
         crate::metrics::spool_state(self.spool.len(), self.spool.bytes(), self.spool.dropped());
@@ -494,18 +485,12 @@ impl Exporter {
         result
     }
 
+    /// Sends the spool oldest-first, batch after batch, until it is empty or a send fails; an
+    /// error too when the endpoint rejected `mine` (the request the caller just queued).
     async fn drain_inner(&mut self, mine: Option<u64>) -> Result<()> {
         let mut mine_rejected = None;
         loop {
-            let solo = match (self.solo_through, self.spool.front()) {
-                (Some(last), Some(front)) if front.seq <= last => true,
-                _ => {
-                    self.solo_through = None;
-                    false
-                }
-            };
-            let max_items = if solo { 1 } else { MAX_BATCH_REQUESTS };
-            let batch = self.spool.peek(max_items, MAX_BATCH_BYTES);
+            let batch = self.next_batch();
             let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
                 break;
             };
@@ -518,22 +503,9 @@ impl Exporter {
                     message,
                 } => {
                     debug!(first, last, requests = n, url = %url, "exported");
-                    self.backoff.succeeded();
-                    self.refused = false;
-                    for _ in 0..n {
-                        self.spool.pop_front();
-                        crate::metrics::exported();
-                    }
-                    // While a long backlog drains, /metrics follows it batch by batch.
-                    crate::metrics::spool_state(
-                        self.spool.len(),
-                        self.spool.bytes(),
-                        self.spool.dropped(),
-                    );
+                    self.batch_sent(n);
                     if rejected_points > 0 {
-                        let points = u64::try_from(rejected_points).unwrap_or(0);
-                        self.rejected_points += points;
-                        crate::metrics::export_rejected_points(points);
+                        self.count_rejected_points(rejected_points);
                         warn!(
                             first,
                             last,
@@ -556,36 +528,86 @@ impl Exporter {
                     self.solo_through = Some(last);
                 }
                 Outcome::Rejected { status, body } => {
-                    error!(
-                        request = first,
-                        url = %url,
-                        status = %status,
-                        body = %body,
-                        "endpoint rejected the request; dropping it, it will never succeed"
-                    );
-                    self.spool.pop_front();
-                    self.rejected += 1;
-                    crate::metrics::export_rejected();
+                    let e = self.drop_rejected_front(first, url, status, body);
                     if Some(first) == mine {
-                        mine_rejected = Some(Error::ExportRejected { url, status, body });
+                        mine_rejected = Some(e);
                     }
                 }
                 Outcome::Refused { status, body } => {
                     return Err(self.token_refused(url, status, body, n));
                 }
-                Outcome::Retry(reason) => {
-                    crate::metrics::export_failed();
-                    self.backoff.failed(Instant::now());
-                    self.refused = false;
-                    return Err(Error::ExportRetry {
-                        url,
-                        reason,
-                        queued: self.spool.len(),
-                    });
-                }
+                Outcome::Retry(reason) => return Err(self.retry_later(url, reason)),
             }
         }
         mine_rejected.map_or(Ok(()), Err)
+    }
+
+    /// The next batch to send: the oldest requests, or the front alone while a rejected batch
+    /// is being sent one by one.
+    fn next_batch(&mut self) -> Vec<Encoded> {
+        let solo = match (self.solo_through, self.spool.front()) {
+            (Some(last), Some(front)) if front.seq <= last => true,
+            _ => {
+                self.solo_through = None;
+                false
+            }
+        };
+        let max_items = if solo { 1 } else { MAX_BATCH_REQUESTS };
+        self.spool.peek(max_items, MAX_BATCH_BYTES)
+    }
+
+    /// The endpoint took the `n` oldest requests: they leave the spool, the backoff resets.
+    fn batch_sent(&mut self, n: usize) {
+        self.backoff.succeeded();
+        self.refused = false;
+        for _ in 0..n {
+            self.spool.pop_front();
+            crate::metrics::exported();
+        }
+        // While a long backlog drains, /metrics follows it batch by batch.
+        crate::metrics::spool_state(self.spool.len(), self.spool.bytes(), self.spool.dropped());
+    }
+
+    /// Counts the points a partial-success answer refused.
+    fn count_rejected_points(&mut self, rejected_points: i64) {
+        let points = u64::try_from(rejected_points).unwrap_or(0);
+        self.rejected_points += points;
+        crate::metrics::export_rejected_points(points);
+    }
+
+    /// Logs, counts and drops the front request (`request`), rejected for good; the error that
+    /// reports it.
+    fn drop_rejected_front(
+        &mut self,
+        request: u64,
+        url: String,
+        status: String,
+        body: String,
+    ) -> Error {
+        error!(
+            request,
+            url = %url,
+            status = %status,
+            body = %body,
+            "endpoint rejected the request; dropping it, it will never succeed"
+        );
+        self.spool.pop_front();
+        self.rejected += 1;
+        crate::metrics::export_rejected();
+        Error::ExportRejected { url, status, body }
+    }
+
+    /// Counts a send that may pass later and starts (or lengthens) the backoff; the error that
+    /// reports it, with what stays queued.
+    fn retry_later(&mut self, url: String, reason: String) -> Error {
+        crate::metrics::export_failed();
+        self.backoff.failed(Instant::now());
+        self.refused = false;
+        Error::ExportRetry {
+            url,
+            reason,
+            queued: self.spool.len(),
+        }
     }
 }
 

@@ -268,6 +268,21 @@ pub const METRICS: &[MetricDef] = &[
         "XID errors since agent start",
         |s| s.xid_errors_total.map(Num::Int),
     ),
+    gauge("gpu.clock.sm.max", "MHz", "maximum SM clock", |s| {
+        s.sm_clock_max_mhz.map(Num::Int)
+    }),
+    gauge(
+        "gpu.pcie.link.generation",
+        "1",
+        "current PCIe link generation",
+        |s| s.pcie_link_gen.map(Num::Int),
+    ),
+    gauge(
+        "gpu.pcie.link.width",
+        "{lane}",
+        "current PCIe link width",
+        |s| s.pcie_link_width.map(Num::Int),
+    ),
 ];
 
 fn string_kv(key: &str, value: &str) -> KeyValue {

@@ -176,6 +176,24 @@ const FIELDS: &[Field] = &[
         |s| int(s.clock_event_reasons),
     ),
     f(
+        "DCGM_FI_DEV_MAX_SM_CLOCK",
+        "gauge",
+        "Maximum supported SM clock (in MHz).",
+        |s| int(s.sm_clock_max_mhz),
+    ),
+    f(
+        "DCGM_FI_DEV_PCIE_LINK_GEN",
+        "gauge",
+        "PCIe current link generation.",
+        |s| int(s.pcie_link_gen),
+    ),
+    f(
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        "gauge",
+        "PCIe current link width (lanes).",
+        |s| int(s.pcie_link_width),
+    ),
+    f(
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "counter",
         "Total number of single-bit volatile ECC errors.",

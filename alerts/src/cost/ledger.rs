@@ -51,7 +51,8 @@ use futures::StreamExt;
 use gpuwatch_store::clock::Clock;
 use tokio::sync::watch;
 
-use super::{CostConfig, num};
+use super::limiter::{self, LIMITERS};
+use super::{AdviceConfig, CostConfig, num};
 
 /// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
 pub const SETTLE: Duration = Duration::from_secs(15 * 60);
@@ -85,6 +86,8 @@ struct Usage {
     idle_secs: f64,
     joules: f64,
     idle_joules: f64,
+    /// Seconds per limiter class, in [`LIMITERS`] order.
+    class_secs: [f64; LIMITERS.len()],
 }
 
 /// `(job_id, host, gpu_uuid, gpu_model)`.
@@ -123,7 +126,7 @@ pub struct Snapshot {
 
 fn usage_schema() -> SchemaRef {
     let s = |n: &str, null: bool| Field::new(n, DataType::Utf8View, null);
-    Arc::new(Schema::new(vec![
+    let mut fields = vec![
         s("job_id", false),
         s("host", true),
         s("gpu_uuid", true),
@@ -137,7 +140,13 @@ fn usage_schema() -> SchemaRef {
         Field::new("idle_gpu_seconds", DataType::Float64, false),
         Field::new("energy_joules", DataType::Float64, false),
         Field::new("idle_energy_joules", DataType::Float64, false),
-    ]))
+    ];
+    fields.extend(
+        LIMITERS
+            .iter()
+            .map(|c| Field::new(limiter::seconds_column(c), DataType::Float64, false)),
+    );
+    Arc::new(Schema::new(fields))
 }
 
 /// The raw columns of the seed: the same names and types as `gpu_metrics`' columns.
@@ -188,24 +197,29 @@ impl Snapshot {
                     .with_timezone("UTC"),
             )
         };
-        let usage = RecordBatch::try_new(
-            usage_schema(),
-            vec![
-                views(rows.iter().map(|(k, _)| Some(k.0.as_str()))),
-                views(rows.iter().map(|(k, _)| k.1.as_deref())),
-                views(rows.iter().map(|(k, _)| k.2.as_deref())),
-                views(rows.iter().map(|(k, _)| k.3.as_deref())),
-                views(rows.iter().map(|(_, u)| u.scheduler.as_deref())),
-                views(rows.iter().map(|(_, u)| u.job_user.as_deref())),
-                views(rows.iter().map(|(_, u)| u.job_name.as_deref())),
-                times(|u| u.first_seen),
-                times(|u| u.last_seen),
-                f64s(|u| u.secs),
-                f64s(|u| u.idle_secs),
-                f64s(|u| u.joules),
-                f64s(|u| u.idle_joules),
-            ],
-        )?;
+        let mut columns: Vec<ArrayRef> = vec![
+            views(rows.iter().map(|(k, _)| Some(k.0.as_str()))),
+            views(rows.iter().map(|(k, _)| k.1.as_deref())),
+            views(rows.iter().map(|(k, _)| k.2.as_deref())),
+            views(rows.iter().map(|(k, _)| k.3.as_deref())),
+            views(rows.iter().map(|(_, u)| u.scheduler.as_deref())),
+            views(rows.iter().map(|(_, u)| u.job_user.as_deref())),
+            views(rows.iter().map(|(_, u)| u.job_name.as_deref())),
+            times(|u| u.first_seen),
+            times(|u| u.last_seen),
+            f64s(|u| u.secs),
+            f64s(|u| u.idle_secs),
+            f64s(|u| u.joules),
+            f64s(|u| u.idle_joules),
+        ];
+        for k in 0..LIMITERS.len() {
+            columns.push(Arc::new(
+                rows.iter()
+                    .map(|(_, u)| u.class_secs[k])
+                    .collect::<Float64Array>(),
+            ));
+        }
+        let usage = RecordBatch::try_new(usage_schema(), columns)?;
         let last = seed_before(folds, last_hour + HOUR);
         let n = last.len();
         let mut energy = Float64Builder::with_capacity(n);
@@ -257,6 +271,7 @@ fn seed_before(folds: &BTreeMap<i64, HourFold>, before: i64) -> Vec<(GpuKey, Las
 #[derive(Debug)]
 pub struct JobLedger {
     cost: CostConfig,
+    advice: AdviceConfig,
     snapshot: RwLock<Arc<Snapshot>>,
     folds: Mutex<BTreeMap<i64, HourFold>>,
 }
@@ -283,9 +298,10 @@ fn opt(a: &StringArray, i: usize) -> Option<&str> {
 
 impl JobLedger {
     /// An empty ledger: until [`Self::run`] folds hours, the `jobs` view reads every sample.
-    pub fn new(cost: CostConfig) -> Self {
+    pub fn new(cost: CostConfig, advice: AdviceConfig) -> Self {
         Self {
             cost,
+            advice,
             snapshot: RwLock::new(Arc::new(Snapshot::empty())),
             folds: Mutex::new(BTreeMap::new()),
         }
@@ -321,9 +337,10 @@ impl JobLedger {
         seed: HashMap<GpuKey, Last>,
     ) -> DfResult<HourFold> {
         let sql = format!(
-            "SELECT {RAW_COLUMNS} FROM gpu_metrics WHERE time >= to_timestamp_nanos({hour}) \
+            "SELECT {RAW_COLUMNS}, {class} AS limiter FROM gpu_metrics WHERE time >= to_timestamp_nanos({hour}) \
              AND time < to_timestamp_nanos({end}) ORDER BY host, gpu_uuid, time",
-            end = hour + HOUR
+            end = hour + HOUR,
+            class = self.class_sql(),
         );
         let mut stream = ctx.sql(&sql).await?.execute_stream().await?;
         let gap = i64::try_from(self.cost.max_sample_gap().as_nanos()).unwrap_or(i64::MAX);
@@ -347,6 +364,7 @@ impl JobLedger {
             );
             let util = f64_column(&batch, 8)?;
             let energy = f64_column(&batch, 9)?;
+            let class = strings(&batch, 10)?;
             for i in 0..batch.num_rows() {
                 fold.samples += 1;
                 let t = time.value(i);
@@ -398,6 +416,11 @@ impl JobLedger {
                     u.last_seen = u.last_seen.max(t);
                     u.secs += secs;
                     u.joules += joules;
+                    if let Some(k) =
+                        opt(&class, i).and_then(|c| LIMITERS.iter().position(|l| *l == c))
+                    {
+                        u.class_secs[k] += secs;
+                    }
                     if is_idle {
                         u.idle_secs += secs;
                         u.idle_joules += joules;
@@ -539,8 +562,19 @@ impl JobLedger {
 
     /// The `jobs` view's SQL over the snapshot's tables (`job_usage`, `job_seed`) and the raw
     /// samples at or after the watermark.
+    /// The class of a raw sample (`limiter::sample_class_sql` with this ledger's thresholds).
+    fn class_sql(&self) -> String {
+        limiter::sample_class_sql(&self.advice, self.cost.idle_utilization)
+    }
+
     fn sql(&self, watermark: Option<i64>) -> String {
         let cost = &self.cost;
+        let class = self.class_sql();
+        let class_columns: String = LIMITERS
+            .iter()
+            .map(|c| format!(", {}", limiter::seconds_column(c)))
+            .collect();
+        let limiter = limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c)));
         let gap = cost.max_sample_gap().as_nanos();
         let idle = num(cost.idle_utilization);
         let energy_price = cost.energy_price_sql();
@@ -549,23 +583,24 @@ impl JobLedger {
         });
         format!(
             r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules,
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter,
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
-  FROM (SELECT {RAW_COLUMNS} FROM gpu_metrics WHERE {after}
-        UNION ALL SELECT {RAW_COLUMNS} FROM job_seed) r
+  FROM (SELECT {RAW_COLUMNS}, {class} AS limiter FROM gpu_metrics WHERE {after}
+        UNION ALL SELECT {RAW_COLUMNS}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
 ), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time,
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
     COALESCE(gpu_utilization < {idle}, false) AS idle
   FROM s WHERE job_id IS NOT NULL AND {after}
 ), u AS (
   SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules FROM job_usage
+    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns} FROM job_usage
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
-    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END)
+    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
+    {class_sums}
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model
 ), p AS (
   SELECT u.*, {price} AS price FROM u
@@ -576,9 +611,11 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(idle_gpu_seconds) AS idle_gpu_seconds,
   sum(energy_joules) AS energy_joules,
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
-  sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd
+  sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd,
+  {limiter} AS limiter
 FROM p GROUP BY job_id, host"#,
             price = cost.price_sql(),
+            class_sums = limiter::class_sums_sql(),
         )
     }
 

@@ -1,54 +1,33 @@
-//! Job reports: how a job used its GPUs and what it cost, in the manner of Princeton's
-//! `jobstats` (rules in docs/jobs.md).
+//! Job reports: how a job used its GPUs, what limited them, and what it cost, in the manner of
+//! Princeton's `jobstats` (rules in docs/jobs.md).
 //!
-//! Data flow: the job's totals are the `jobs` view's rows of the job (its own query, run over the
-//! job's GPUs only; one row per host, summed here), so the report's GPU-hours, idle GPU-hours,
-//! energy, cost and idle cost are the `jobs` table's.
-//! The per-GPU figures come from the same per-sample CTE the view is built on
-//! ([`CostConfig::sample_ctes`]), grouped by GPU instead of by host, so the per-GPU seconds add up
-//! to the totals. Events come from `gpu_events` inside each GPU's time in the job. [`advise`]
-//! turns the figures into notes. The job id is always a quoted SQL literal ([`super::sql_str`]).
+//! Data flow ([`sql`] has the three queries): the job's GPUs and, for each, the span of samples
+//! from the one before the job's first to the job's last; then one row per GPU from the
+//! per-sample CTE the `jobs` view is built on ([`CostConfig::sample_ctes`]), grouped by GPU
+//! instead of by host. Each sample's interval, energy delta, price and class are the view's, so
+//! the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle GPU-hours,
+//! energy, cost, idle cost and limiter; with them each GPU's seconds per limiter class
+//! ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
+//! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds. The job id is
+//! always a quoted SQL literal ([`super::sql_str`]).
+
+mod advise;
+mod render;
+pub mod roofline;
+pub mod sql;
+
+use std::collections::BTreeMap;
 
 use arrow::array::RecordBatch;
 use gpuwatch_query::{Error as QueryError, QueryEngine, Result as QueryResult};
 use serde::{Deserialize, Serialize};
 
-use super::{CostConfig, sql_str};
-
-/// NVML clock-event-reason bits counted as throttling: SW power cap (0x4), HW slowdown (0x8),
-/// SW thermal slowdown (0x20), HW thermal slowdown (0x40), HW power brake (0x80).
-pub const THROTTLE_BITS: i64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
-
-/// The thresholds of the advice rules (docs/jobs.md).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Thresholds {
-    /// A GPU idle for at least this share of its time in the job is "idle for most of the job".
-    pub idle_gpu_share: f64,
-    /// Mean utilisation at or above this ...
-    pub busy_utilization: f64,
-    /// ... with mean SM activity below this means tiny kernels.
-    pub low_sm_active: f64,
-    /// Peak memory used below this share of the GPU's memory (on a GPU not idle) is far below
-    /// what was held.
-    pub low_memory_share: f64,
-    /// Throttled in at least this share of the samples.
-    pub throttled_share: f64,
-    /// Rules about how a job ran need at least this much GPU time (seconds) to speak.
-    pub min_gpu_seconds: f64,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            idle_gpu_share: 0.8,
-            busy_utilization: 0.5,
-            low_sm_active: 0.25,
-            low_memory_share: 0.2,
-            throttled_share: 0.1,
-            min_gpu_seconds: 300.0,
-        }
-    }
-}
+use super::limiter::{self, LIMITERS};
+use super::{AdviceConfig, CostConfig, sql_str};
+pub use advise::advise;
+pub use render::{render_list, render_text};
+pub use roofline::{RoofUnit, Roofline};
+pub use sql::per_gpu_sql;
 
 /// One GPU of a job.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -77,6 +56,9 @@ pub struct GpuReport {
     pub energy_joules: f64,
     /// Cost, USD.
     pub cost_usd: f64,
+    /// The part of the cost spent idle, USD.
+    #[serde(default)]
+    pub idle_cost_usd: f64,
     /// Mean `gpu_utilization` (0..1).
     pub mean_utilization: Option<f64>,
     /// Max `gpu_utilization`.
@@ -93,14 +75,71 @@ pub struct GpuReport {
     pub memory_total_bytes: Option<i64>,
     /// Peak memory used / total.
     pub peak_memory_share: Option<f64>,
-    /// Share of samples with a throttling bit set in `clock_event_reasons`.
+    /// Share of samples slowed for a reason the job cannot control (HW slowdown 0x8, SW
+    /// thermal 0x20, HW thermal 0x40, HW power brake 0x80); the SW power cap is not counted.
     pub throttled_share: Option<f64>,
+    /// Share of samples per throttling reason, by name (those seen only).
+    #[serde(default)]
+    pub throttle_reasons: BTreeMap<String, f64>,
+    /// Share of samples at the SW power cap (0x4): the normal state of a GPU working flat out.
+    #[serde(default)]
+    pub power_capped_share: Option<f64>,
+    /// Mean SM clock of those samples, MHz.
+    #[serde(default)]
+    pub power_capped_sm_clock_mhz: Option<f64>,
+    /// The GPU's maximum SM clock, MHz (the agent's reading, else the peaks table's).
+    #[serde(default)]
+    pub sm_clock_max_mhz: Option<f64>,
     /// Median seconds between samples.
     pub sample_interval_s: Option<f64>,
     /// XID events during the job.
     pub xid_events: i64,
     /// ECC events (single- and double-bit) during the job.
     pub ecc_events: i64,
+    /// What limited the GPU: the class with the most GPU-seconds (docs/jobs.md).
+    #[serde(default)]
+    pub limiter: Option<String>,
+    /// GPU-seconds per limiter class (every class, zeros included).
+    #[serde(default)]
+    pub limiter_seconds: BTreeMap<String, f64>,
+    /// Per class, the time-weighted mean of the figure it is judged by during that class's
+    /// seconds: the unit's activity (tensor beyond FP16, FP16, FP32, FP64, DRAM), the busier
+    /// PCIe direction in bytes/s (`host_transfer`), the share of time kernels ran (`input`,
+    /// `idle`, `unknown`) or how full they kept the SMs (`latency`).
+    #[serde(default)]
+    pub limiter_figures: BTreeMap<String, f64>,
+    /// Time-weighted mean SM activity over the GPU's non-idle samples.
+    #[serde(default)]
+    pub busy_sm_active: Option<f64>,
+    /// Time-weighted mean utilisation over the GPU's non-idle samples.
+    #[serde(default)]
+    pub busy_utilization: Option<f64>,
+    /// Counters no sample of the job on this GPU carries (e.g. `sm_active` on a GPU without
+    /// GPM or DCGM profiling: its limiter is then `unknown` or only `idle`/`host_transfer`).
+    #[serde(default)]
+    pub missing_counters: Vec<String>,
+    /// Achieved share of each unit's peak over the job (docs/jobs.md, "Roofline").
+    #[serde(default)]
+    pub roofline: Roofline,
+}
+
+impl GpuReport {
+    /// Seconds in classes other than `idle`.
+    pub fn busy_seconds(&self) -> f64 {
+        self.limiter_seconds
+            .iter()
+            .filter(|(c, _)| c.as_str() != "idle")
+            .map(|(_, s)| s)
+            .sum()
+    }
+
+    /// The share of the non-idle seconds spent in `class`.
+    pub fn busy_share(&self, class: &str) -> f64 {
+        share(
+            self.limiter_seconds.get(class).copied().unwrap_or(0.0),
+            self.busy_seconds(),
+        )
+    }
 }
 
 /// A GPU event during the job.
@@ -121,14 +160,35 @@ pub struct JobEvent {
 }
 
 /// A note on how the job used its GPUs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Advice {
-    /// The rule's name (docs/jobs.md).
+    /// The rule's id (docs/jobs.md): scripts and alert rules match on it.
     pub rule: String,
-    /// The figure that triggered it, e.g. `GPU 3 on n1 idle 97% of its time`.
+    /// The figure that triggered it, in words, e.g. `GPU 3 on n1 idle 97% of its time`.
     pub figure: String,
-    /// What to do.
+    /// The cause and what to do.
     pub advice: String,
+    /// The GPU the note is about; null for a note about several GPUs (`idle_gpus`).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Its UUID.
+    #[serde(default)]
+    pub gpu_uuid: Option<String>,
+    /// Its index.
+    #[serde(default)]
+    pub gpu_index: Option<i64>,
+    /// The figure that triggered the rule, in `unit`.
+    #[serde(default)]
+    pub value: Option<f64>,
+    /// The threshold it reached (`[jobs.advice]`), in `unit`.
+    #[serde(default)]
+    pub threshold: Option<f64>,
+    /// `ratio` (0..1) or `events`.
+    #[serde(default)]
+    pub unit: String,
+    /// True for a note that asks nothing of the job (`power_capped`).
+    #[serde(default)]
+    pub informational: bool,
 }
 
 /// A job's report.
@@ -178,6 +238,12 @@ pub struct JobReport {
     pub idle_cost_usd: f64,
     /// Mean utilisation over all the job's samples.
     pub mean_utilization: Option<f64>,
+    /// What limited the job: the class with the most GPU-seconds over its GPUs.
+    #[serde(default)]
+    pub limiter: Option<String>,
+    /// GPU-seconds per limiter class over the job's GPUs.
+    #[serde(default)]
+    pub limiter_seconds: BTreeMap<String, f64>,
     /// Per GPU, by host and index.
     pub per_gpu: Vec<GpuReport>,
     /// XID and ECC events during the job.
@@ -223,6 +289,9 @@ pub struct JobSummary {
     pub cost_usd: f64,
     /// Idle cost, USD (`jobs`).
     pub idle_cost_usd: f64,
+    /// The `jobs` limiter of the job's host with the most GPU-seconds.
+    #[serde(default)]
+    pub limiter: Option<String>,
 }
 
 /// Which jobs to list.
@@ -264,7 +333,9 @@ async fn rows(engine: &QueryEngine, sql: &str) -> QueryResult<Vec<Row>> {
 }
 
 fn f(r: &Row, k: &str) -> Option<f64> {
-    r.get(k).and_then(serde_json::Value::as_f64)
+    r.get(k)
+        .and_then(serde_json::Value::as_f64)
+        .filter(|v| v.is_finite())
 }
 fn i(r: &Row, k: &str) -> Option<i64> {
     r.get(k).and_then(serde_json::Value::as_i64)
@@ -294,174 +365,225 @@ fn share(part: f64, whole: f64) -> f64 {
     if whole > 0.0 { part / whole } else { 0.0 }
 }
 
-/// The per-GPU query of a job (same sample CTE as the `jobs` view).
-pub fn per_gpu_sql(cost: &CostConfig, job_id: &str) -> String {
-    let id = sql_str(job_id);
-    let ctes = cost.sample_ctes(
-        ", gpu_index, sm_active, tensor_active, dram_active, memory_used_bytes, memory_total_bytes, clock_event_reasons",
-        &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
-        &format!("job_id = {id}"),
+/// The roofline's measured shares of a per-GPU row.
+fn measured(r: &Row) -> roofline::Measured {
+    roofline::Measured {
+        tensor: f(r, "roof_tensor"),
+        fp16: f(r, "roof_fp16"),
+        fp32: f(r, "roof_fp32"),
+        fp64: f(r, "roof_fp64"),
+        dram: f(r, "roof_dram"),
+        pcie_share: f(r, "roof_pcie"),
+        pcie_bytes: f(r, "roof_pcie_bytes"),
+        nvlink_bytes: f(r, "roof_nvlink_bytes"),
+    }
+}
+
+/// One GPU of the report from its row of [`sql::per_gpu_sql`].
+fn gpu_from_row(r: &Row) -> GpuReport {
+    let used = i(r, "peak_memory_used_bytes");
+    let total = i(r, "memory_total_bytes");
+    let idle = f(r, "idle_gpu_seconds").unwrap_or_default();
+    let model = s(r, "gpu_model");
+    let limiter_seconds: BTreeMap<String, f64> = LIMITERS
+        .iter()
+        .map(|c| {
+            let v = f(r, &limiter::seconds_column(c)).unwrap_or_default();
+            (c.to_string(), v)
+        })
+        .collect();
+    let limiter_figures = LIMITERS
+        .iter()
+        .filter_map(|c| f(r, &format!("limiter_{c}_figure")).map(|v| (c.to_string(), v)))
+        .collect();
+    let throttle_reasons = sql::THROTTLE_BITS
+        .iter()
+        .filter_map(|(b, name)| {
+            f(r, &format!("reason_{b}_share"))
+                .filter(|v| *v > 0.0)
+                .map(|v| (name.to_string(), v))
+        })
+        .collect();
+    let missing_counters = sql::COUNTERS
+        .iter()
+        .filter(|(name, _)| i(r, &format!("counted_{name}")).unwrap_or(0) == 0)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    GpuReport {
+        host: s(r, "host").unwrap_or_default(),
+        gpu_uuid: s(r, "gpu_uuid").unwrap_or_default(),
+        gpu_index: i(r, "gpu_index"),
+        samples: i(r, "samples").unwrap_or_default(),
+        first_seen_ns: i(r, "first_seen_ns").unwrap_or_default(),
+        last_seen_ns: i(r, "last_seen_ns").unwrap_or_default(),
+        gpu_seconds: f(r, "gpu_seconds").unwrap_or_default(),
+        idle_gpu_seconds: idle,
+        idle_minutes: idle / 60.0,
+        energy_joules: f(r, "energy_joules").unwrap_or_default(),
+        cost_usd: f(r, "cost_usd").unwrap_or_default(),
+        idle_cost_usd: f(r, "idle_cost_usd").unwrap_or_default(),
+        mean_utilization: f(r, "mean_utilization"),
+        max_utilization: f(r, "max_utilization"),
+        mean_sm_active: f(r, "mean_sm_active"),
+        mean_tensor_active: f(r, "mean_tensor_active"),
+        mean_dram_active: f(r, "mean_dram_active"),
+        peak_memory_used_bytes: used,
+        memory_total_bytes: total,
+        peak_memory_share: match (used, total) {
+            (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+            _ => None,
+        },
+        throttled_share: f(r, "throttled_share"),
+        throttle_reasons,
+        power_capped_share: f(r, "power_capped_share"),
+        power_capped_sm_clock_mhz: f(r, "power_capped_sm_clock_mhz"),
+        sm_clock_max_mhz: f(r, "sm_clock_max_mhz"),
+        sample_interval_s: f(r, "sample_interval_s"),
+        xid_events: 0,
+        ecc_events: 0,
+        limiter: limiter::argmax(&limiter_seconds),
+        limiter_seconds,
+        limiter_figures,
+        busy_sm_active: f(r, "busy_sm_active"),
+        busy_utilization: f(r, "busy_utilization"),
+        missing_counters,
+        roofline: roofline::build(model.as_deref(), &measured(r)),
+        gpu_model: model,
+    }
+}
+
+/// Counts the XID and ECC events of each GPU inside its time in the job (from its first sample
+/// to `slack` ns after its last) and returns them.
+async fn job_events(
+    engine: &QueryEngine,
+    per_gpu: &mut [GpuReport],
+    first_seen_ns: i64,
+    last_seen_ns: i64,
+    slack: i64,
+) -> QueryResult<Vec<JobEvent>> {
+    let mut events = Vec::new();
+    if per_gpu.is_empty() {
+        return Ok(events);
+    }
+    let uuids: Vec<String> = per_gpu.iter().map(|g| sql_str(&g.gpu_uuid)).collect();
+    let sql = format!(
+        "SELECT CAST(time AS BIGINT) AS t, host, gpu_uuid, kind, code, detail FROM gpu_events \
+         WHERE gpu_uuid IN ({}) AND time >= to_timestamp_nanos({}) AND time <= to_timestamp_nanos({}) ORDER BY time",
+        uuids.join(", "),
+        first_seen_ns,
+        last_seen_ns.saturating_add(slack)
     );
-    let energy_price = cost.energy_price_sql();
-    format!(
-        r#"{ctes}
-SELECT host, gpu_uuid, max(gpu_index) AS gpu_index, max(gpu_model) AS gpu_model,
-  max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name,
-  count(*) AS samples, CAST(min(time) AS BIGINT) AS first_seen_ns, CAST(max(time) AS BIGINT) AS last_seen_ns,
-  sum(secs) AS gpu_seconds, sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
-  sum(joules) AS energy_joules,
-  sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
-  avg(gpu_utilization) AS mean_utilization, max(gpu_utilization) AS max_utilization,
-  avg(sm_active) AS mean_sm_active, avg(tensor_active) AS mean_tensor_active, avg(dram_active) AS mean_dram_active,
-  max(memory_used_bytes) AS peak_memory_used_bytes, max(memory_total_bytes) AS memory_total_bytes,
-  avg(CASE WHEN clock_event_reasons IS NULL THEN NULL WHEN (clock_event_reasons & {THROTTLE_BITS}) <> 0 THEN 1.0 ELSE 0.0 END) AS throttled_share,
-  median(CASE WHEN secs > 0 THEN secs END) AS sample_interval_s
-FROM d GROUP BY host, gpu_uuid"#
-    )
+    for r in rows(engine, &sql).await? {
+        let t = i(&r, "t").unwrap_or_default();
+        let host = s(&r, "host").unwrap_or_default();
+        let uuid = s(&r, "gpu_uuid").unwrap_or_default();
+        let kind = s(&r, "kind").unwrap_or_default();
+        let Some(g) = per_gpu.iter_mut().find(|g| {
+            g.host == host
+                && g.gpu_uuid == uuid
+                && t >= g.first_seen_ns
+                && t <= g.last_seen_ns.saturating_add(slack)
+        }) else {
+            continue;
+        };
+        match kind.as_str() {
+            "xid" => g.xid_events += 1,
+            k if k.starts_with("ecc") => g.ecc_events += 1,
+            _ => {}
+        }
+        events.push(JobEvent {
+            time: rfc3339(t),
+            host,
+            gpu_uuid: uuid,
+            kind,
+            code: i(&r, "code"),
+            detail: s(&r, "detail"),
+        });
+    }
+    Ok(events)
 }
 
-/// The job's rows of the `jobs` view, one per host: the view's own query, with its window
-/// functions run over the job's GPUs only (whole GPUs, so every figure is the view's; the tests
-/// compare with `SELECT ... FROM jobs WHERE job_id = ...`).
-pub fn totals_sql(cost: &CostConfig, job_id: &str) -> String {
-    let id = sql_str(job_id);
-    format!(
-        "SELECT job_id, scheduler, job_user, job_name, host, gpus, CAST(first_seen AS BIGINT) AS first_seen_ns, \
-         CAST(last_seen AS BIGINT) AS last_seen_ns, gpu_seconds, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd \
-         FROM ({}) AS j ORDER BY host",
-        cost.jobs_sql_where(
-            &format!("gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM gpu_metrics WHERE job_id = {id})"),
-            &format!("job_id = {id}"),
-        )
-    )
+/// The samples-weighted mean utilisation of the GPUs.
+fn mean_utilization(per_gpu: &[GpuReport]) -> Option<f64> {
+    let (mut w, mut n) = (0.0, 0i64);
+    for g in per_gpu {
+        if let Some(u) = g.mean_utilization {
+            w += u * g.samples as f64;
+            n += g.samples;
+        }
+    }
+    (n > 0).then(|| w / n as f64)
 }
 
-/// The report of `job_id` as of `now_ns`, or `None` for a job with no samples.
+/// How far back [`job_spans`] first looks for each GPU's sample before the job's first.
+const PREVIOUS_LOOKBACK_NS: i64 = 3_600_000_000_000;
+
+/// Steps 1 and 2 of [`sql`]: the job's GPUs and the span of samples to read for each.
+async fn job_spans(engine: &QueryEngine, job_id: &str) -> QueryResult<Vec<sql::GpuSpan>> {
+    let mut spans: Vec<sql::GpuSpan> = rows(engine, &sql::job_gpus_sql(job_id))
+        .await?
+        .iter()
+        .filter_map(|r| {
+            Some(sql::GpuSpan {
+                host: s(r, "host")?,
+                gpu_uuid: s(r, "gpu_uuid")?,
+                first_ns: i(r, "first_ns")?,
+                last_ns: i(r, "last_ns")?,
+                previous_ns: None,
+            })
+        })
+        .collect();
+    // The hour before first; then, for the GPUs without a sample there, anything earlier.
+    for lookback in [Some(PREVIOUS_LOOKBACK_NS), None] {
+        let missing: Vec<sql::GpuSpan> = spans
+            .iter()
+            .filter(|s| s.previous_ns.is_none())
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        for r in rows(engine, &sql::previous_sample_sql(&missing, lookback)).await? {
+            let (Some(host), Some(uuid)) = (s(&r, "host"), s(&r, "gpu_uuid")) else {
+                continue;
+            };
+            if let Some(span) = spans
+                .iter_mut()
+                .find(|x| x.host == host && x.gpu_uuid == uuid)
+            {
+                span.previous_ns = i(&r, "previous_ns");
+            }
+        }
+    }
+    Ok(spans)
+}
+
+/// GPU-seconds per class summed over the GPUs (every class present).
+fn sum_limiter_seconds(per_gpu: &[GpuReport]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = LIMITERS.iter().map(|c| (c.to_string(), 0.0)).collect();
+    for g in per_gpu {
+        for (c, v) in &g.limiter_seconds {
+            *out.entry(c.clone()).or_default() += v;
+        }
+    }
+    out
+}
+
+/// The report of `job_id` as of `now_ns`, or `None` for a job with no samples. The totals are
+/// the sums of the per-GPU figures, which are the `jobs` view's per sample (docs/jobs.md).
 pub async fn job_report(
     engine: &QueryEngine,
     cost: &CostConfig,
+    advice: &AdviceConfig,
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
-    let totals = rows(engine, &totals_sql(cost, job_id)).await?;
-    if totals.is_empty() {
+    let spans = job_spans(engine, job_id).await?;
+    if spans.is_empty() {
         return Ok(None);
     }
-    let per_gpu_rows = rows(engine, &per_gpu_sql(cost, job_id)).await?;
-
-    let mut hosts: Vec<String> = totals.iter().filter_map(|r| s(r, "host")).collect();
-    hosts.dedup();
-    let sum = |k: &str| totals.iter().filter_map(|r| f(r, k)).sum::<f64>();
-    let gpu_seconds = sum("gpu_seconds");
-    let idle_gpu_seconds = sum("idle_gpu_seconds");
-    let energy_joules = sum("energy_joules");
-    let first_seen_ns = totals
-        .iter()
-        .filter_map(|r| i(r, "first_seen_ns"))
-        .min()
-        .unwrap_or_default();
-    let last_seen_ns = totals
-        .iter()
-        .filter_map(|r| i(r, "last_seen_ns"))
-        .max()
-        .unwrap_or_default();
-
-    let mut per_gpu: Vec<GpuReport> = per_gpu_rows
-        .iter()
-        .map(|r| {
-            let used = i(r, "peak_memory_used_bytes");
-            let total = i(r, "memory_total_bytes");
-            let idle = f(r, "idle_gpu_seconds").unwrap_or_default();
-            GpuReport {
-                host: s(r, "host").unwrap_or_default(),
-                gpu_uuid: s(r, "gpu_uuid").unwrap_or_default(),
-                gpu_index: i(r, "gpu_index"),
-                gpu_model: s(r, "gpu_model"),
-                samples: i(r, "samples").unwrap_or_default(),
-                first_seen_ns: i(r, "first_seen_ns").unwrap_or_default(),
-                last_seen_ns: i(r, "last_seen_ns").unwrap_or_default(),
-                gpu_seconds: f(r, "gpu_seconds").unwrap_or_default(),
-                idle_gpu_seconds: idle,
-                idle_minutes: idle / 60.0,
-                energy_joules: f(r, "energy_joules").unwrap_or_default(),
-                cost_usd: f(r, "cost_usd").unwrap_or_default(),
-                mean_utilization: f(r, "mean_utilization"),
-                max_utilization: f(r, "max_utilization"),
-                mean_sm_active: f(r, "mean_sm_active"),
-                mean_tensor_active: f(r, "mean_tensor_active"),
-                mean_dram_active: f(r, "mean_dram_active"),
-                peak_memory_used_bytes: used,
-                memory_total_bytes: total,
-                peak_memory_share: match (used, total) {
-                    (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
-                    _ => None,
-                },
-                throttled_share: f(r, "throttled_share"),
-                sample_interval_s: f(r, "sample_interval_s"),
-                xid_events: 0,
-                ecc_events: 0,
-            }
-        })
-        .collect();
-    let interval = per_gpu
-        .iter()
-        .filter_map(|g| g.sample_interval_s)
-        .fold(None, |acc: Option<f64>, v| {
-            Some(acc.map_or(v, |a| a.max(v)))
-        });
-
-    // Events of the job's GPUs from its first sample to one interval after its last.
-    let mut events = Vec::new();
-    if !per_gpu.is_empty() {
-        let slack = (interval.unwrap_or(60.0) * 1e9) as i64;
-        let uuids: Vec<String> = per_gpu.iter().map(|g| sql_str(&g.gpu_uuid)).collect();
-        let sql = format!(
-            "SELECT CAST(time AS BIGINT) AS t, host, gpu_uuid, kind, code, detail FROM gpu_events \
-             WHERE gpu_uuid IN ({}) AND time >= to_timestamp_nanos({}) AND time <= to_timestamp_nanos({}) ORDER BY time",
-            uuids.join(", "),
-            first_seen_ns,
-            last_seen_ns.saturating_add(slack)
-        );
-        for r in rows(engine, &sql).await? {
-            let t = i(&r, "t").unwrap_or_default();
-            let host = s(&r, "host").unwrap_or_default();
-            let uuid = s(&r, "gpu_uuid").unwrap_or_default();
-            let kind = s(&r, "kind").unwrap_or_default();
-            let Some(g) = per_gpu.iter_mut().find(|g| {
-                g.host == host
-                    && g.gpu_uuid == uuid
-                    && t >= g.first_seen_ns
-                    && t <= g.last_seen_ns.saturating_add(slack)
-            }) else {
-                continue;
-            };
-            match kind.as_str() {
-                "xid" => g.xid_events += 1,
-                k if k.starts_with("ecc") => g.ecc_events += 1,
-                _ => {}
-            }
-            events.push(JobEvent {
-                time: rfc3339(t),
-                host,
-                gpu_uuid: uuid,
-                kind,
-                code: i(&r, "code"),
-                detail: s(&r, "detail"),
-            });
-        }
-    }
-
-    let samples: i64 = per_gpu.iter().map(|g| g.samples).sum();
-    let mean_utilization = {
-        let (mut w, mut n) = (0.0, 0i64);
-        for g in &per_gpu {
-            if let Some(u) = g.mean_utilization {
-                w += u * g.samples as f64;
-                n += g.samples;
-            }
-        }
-        (n > 0 && samples > 0).then(|| w / n as f64)
-    };
+    let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id, &spans)).await?;
+    let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
     per_gpu.sort_by(|a, b| {
         (a.host.as_str(), a.gpu_index, a.gpu_uuid.as_str()).cmp(&(
             b.host.as_str(),
@@ -469,13 +591,39 @@ pub async fn job_report(
             b.gpu_uuid.as_str(),
         ))
     });
+    let first_seen_ns = per_gpu
+        .iter()
+        .map(|g| g.first_seen_ns)
+        .min()
+        .unwrap_or_default();
+    let last_seen_ns = per_gpu
+        .iter()
+        .map(|g| g.last_seen_ns)
+        .max()
+        .unwrap_or_default();
+    let interval = per_gpu
+        .iter()
+        .filter_map(|g| g.sample_interval_s)
+        .fold(None, |acc: Option<f64>, v| {
+            Some(acc.map_or(v, |a| a.max(v)))
+        });
+    let slack = (interval.unwrap_or(60.0) * 1e9) as i64;
+    let events = job_events(engine, &mut per_gpu, first_seen_ns, last_seen_ns, slack).await?;
+    let mut hosts: Vec<String> = per_gpu.iter().map(|g| g.host.clone()).collect();
+    hosts.dedup();
+    let sum = |f: fn(&GpuReport) -> f64| per_gpu.iter().map(f).sum::<f64>();
+    let gpu_seconds = sum(|g| g.gpu_seconds);
+    let idle_gpu_seconds = sum(|g| g.idle_gpu_seconds);
+    let energy_joules = sum(|g| g.energy_joules);
+    let labels = |k: &str| per_gpu_rows.iter().filter_map(|r| s(r, k)).max();
+    let limiter_seconds = sum_limiter_seconds(&per_gpu);
     let mut report = JobReport {
         job_id: job_id.to_string(),
-        scheduler: totals.iter().find_map(|r| s(r, "scheduler")),
-        user: totals.iter().find_map(|r| s(r, "job_user")),
-        name: totals.iter().find_map(|r| s(r, "job_name")),
+        scheduler: labels("scheduler"),
+        user: labels("job_user"),
+        name: labels("job_name"),
         hosts,
-        gpus: totals.iter().filter_map(|r| i(r, "gpus")).sum(),
+        gpus: per_gpu.len() as i64,
         first_seen: rfc3339(first_seen_ns),
         last_seen: rfc3339(last_seen_ns),
         first_seen_ns,
@@ -489,163 +637,17 @@ pub async fn job_report(
         idle_share: share(idle_gpu_seconds, gpu_seconds),
         energy_joules,
         energy_kwh: energy_joules / 3.6e6,
-        cost_usd: sum("cost_usd"),
-        idle_cost_usd: sum("idle_cost_usd"),
-        mean_utilization,
+        cost_usd: sum(|g| g.cost_usd),
+        idle_cost_usd: sum(|g| g.idle_cost_usd),
+        mean_utilization: mean_utilization(&per_gpu),
+        limiter: limiter::argmax(&limiter_seconds),
+        limiter_seconds,
         per_gpu,
         events,
         advice: Vec::new(),
     };
-    report.advice = advise(&report, &Thresholds::default());
+    report.advice = advise(&report, advice);
     Ok(Some(report))
-}
-
-fn pct(v: f64) -> String {
-    format!("{:.0}%", v * 100.0)
-}
-
-fn gpu_name(g: &GpuReport) -> String {
-    match g.gpu_index {
-        Some(i) => format!("GPU {i} on {}", g.host),
-        None => format!("GPU {} on {}", g.gpu_uuid, g.host),
-    }
-}
-
-fn gib(b: i64) -> String {
-    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-/// The advice rules of docs/jobs.md, applied to a report's figures.
-pub fn advise(r: &JobReport, t: &Thresholds) -> Vec<Advice> {
-    let mut out = Vec::new();
-    let long_enough = |g: &GpuReport| g.gpu_seconds >= t.min_gpu_seconds;
-
-    // idle_gpus: GPUs idle for most of their time in the job.
-    let idle: Vec<&GpuReport> = r
-        .per_gpu
-        .iter()
-        .filter(|g| long_enough(g) && share(g.idle_gpu_seconds, g.gpu_seconds) >= t.idle_gpu_share)
-        .collect();
-    if !idle.is_empty() {
-        let names: Vec<String> = idle
-            .iter()
-            .map(|g| {
-                format!(
-                    "{} idle {}",
-                    gpu_name(g),
-                    pct(share(g.idle_gpu_seconds, g.gpu_seconds))
-                )
-            })
-            .collect();
-        let advice = if idle.len() == r.per_gpu.len() {
-            "the GPUs sat idle most of the job: check that the code runs on the GPU (e.g. the framework sees CUDA), or run it without a GPU".to_string()
-        } else {
-            format!(
-                "request {} GPU{} instead of {}, or make the code use every GPU it asks for",
-                r.per_gpu.len() - idle.len(),
-                if r.per_gpu.len() - idle.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-                r.per_gpu.len()
-            )
-        };
-        out.push(Advice {
-            rule: "idle_gpus".into(),
-            figure: format!(
-                "{} of {} GPUs idle for most of the job ({})",
-                idle.len(),
-                r.per_gpu.len(),
-                names.join(", ")
-            ),
-            advice,
-        });
-    }
-
-    for g in r.per_gpu.iter().filter(|g| long_enough(g)) {
-        let idle_gpu = share(g.idle_gpu_seconds, g.gpu_seconds) >= t.idle_gpu_share;
-        // tiny_kernels: busy by utilisation, but the SMs mostly wait.
-        if let (Some(u), Some(sm)) = (g.mean_utilization, g.mean_sm_active)
-            && u >= t.busy_utilization
-            && sm < t.low_sm_active
-        {
-            out.push(Advice {
-                rule: "tiny_kernels".into(),
-                figure: format!(
-                    "{}: utilisation {} but SM activity {}",
-                    gpu_name(g),
-                    pct(u),
-                    pct(sm)
-                ),
-                advice: "utilisation over-reports (it counts time with any kernel running): batch more work per kernel (larger batches, fused kernels, CUDA graphs)".into(),
-            });
-        }
-        // low_memory: far less memory used than the GPU holds.
-        if let (Some(m), Some(used), Some(total)) = (
-            g.peak_memory_share,
-            g.peak_memory_used_bytes,
-            g.memory_total_bytes,
-        ) && !idle_gpu
-            && m < t.low_memory_share
-        {
-            out.push(Advice {
-                rule: "low_memory".into(),
-                figure: format!(
-                    "{}: peak memory {} of {} ({})",
-                    gpu_name(g),
-                    gib(used),
-                    gib(total),
-                    pct(m)
-                ),
-                advice: "the job used a small part of the GPU's memory: a smaller GPU or a MIG slice would do, or raise the batch size".into(),
-            });
-        }
-        // throttled: clocks lowered for power or heat.
-        if let Some(th) = g.throttled_share
-            && th >= t.throttled_share
-        {
-            out.push(Advice {
-                rule: "throttled".into(),
-                figure: format!(
-                    "{}: throttled (power cap, power brake or thermal) in {} of samples",
-                    gpu_name(g),
-                    pct(th)
-                ),
-                advice: "the GPU ran below its clocks for power or heat: tell the administrators (cooling, power limits); the job ran slower than it could".into(),
-            });
-        }
-    }
-    // xid / ecc: hardware or driver errors during the job (no minimum duration).
-    for g in &r.per_gpu {
-        if g.xid_events > 0 {
-            let codes: Vec<String> = r
-                .events
-                .iter()
-                .filter(|e| e.kind == "xid" && e.host == g.host && e.gpu_uuid == g.gpu_uuid)
-                .filter_map(|e| e.code.map(|c| c.to_string()))
-                .collect();
-            out.push(Advice {
-                rule: "xid".into(),
-                figure: format!(
-                    "{}: {} XID event{} (XID {})",
-                    gpu_name(g),
-                    g.xid_events,
-                    if g.xid_events == 1 { "" } else { "s" },
-                    codes.join(", ")
-                ),
-                advice: "a GPU error happened during the job: if it failed or ran slowly, resubmit it and tell the administrators the host and GPU".into(),
-            });
-        }
-        if g.ecc_events > 0 {
-            out.push(Advice {
-                rule: "ecc".into(),
-                figure: format!("{}: {} ECC event{}", gpu_name(g), g.ecc_events, if g.ecc_events == 1 { "" } else { "s" }),
-                advice: "memory errors on the GPU during the job: check the job's results and tell the administrators".into(),
-            });
-        }
-    }
-    out
 }
 
 /// The jobs last seen after `filter.since_ns`, most recent first, with the `jobs` view's figures
@@ -667,7 +669,7 @@ pub async fn list_jobs(
            count(DISTINCT host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
            CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
            sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
-           sum(idle_cost_usd) AS idle_cost_usd \
+           sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
          FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id), \
          m AS (SELECT job_id, avg(gpu_utilization) AS mean_utilization, avg(sm_active) AS mean_sm_active, \
            count(*) AS samples, count(DISTINCT host || ' ' || gpu_uuid) AS gpu_count, \
@@ -710,125 +712,10 @@ pub async fn list_jobs(
             energy_kwh: f(&r, "energy_joules").unwrap_or_default() / 3.6e6,
             cost_usd: f(&r, "cost_usd").unwrap_or_default(),
             idle_cost_usd: f(&r, "idle_cost_usd").unwrap_or_default(),
+            limiter: s(&r, "limiter"),
         });
     }
     Ok(out)
-}
-
-/// The report as text, the way `gpuwatch job` prints it.
-pub fn render_text(r: &JobReport) -> String {
-    let mut o = String::new();
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    let p = |v: Option<f64>| v.map_or_else(|| "-".to_string(), pct);
-    o.push_str(&format!(
-        "Job {}  ({})\n  user {}  name {}  scheduler {}\n  hosts {}  GPUs {}\n  first seen {}  last seen {}\n\n",
-        r.job_id,
-        r.state,
-        opt(&r.user),
-        opt(&r.name),
-        opt(&r.scheduler),
-        r.hosts.join(","),
-        r.gpus,
-        r.first_seen,
-        r.last_seen
-    ));
-    o.push_str(&format!(
-        "  GPU-hours {:.3}   idle GPU-hours {:.3} ({})   energy {:.3} kWh\n  cost USD {:.2}   idle cost USD {:.2}   mean utilisation {}\n\n",
-        r.gpu_hours,
-        r.idle_gpu_hours,
-        pct(r.idle_share),
-        r.energy_kwh,
-        r.cost_usd,
-        r.idle_cost_usd,
-        p(r.mean_utilization)
-    ));
-    o.push_str(
-        "  host            gpu  util(mean/max)  SM    tensor  DRAM  memory peak/total       idle min  throttled  XID  ECC\n",
-    );
-    for g in &r.per_gpu {
-        let mem = match (g.peak_memory_used_bytes, g.memory_total_bytes) {
-            (Some(u), Some(t)) => format!("{} / {}", gib(u), gib(t)),
-            (Some(u), None) => gib(u),
-            _ => "-".into(),
-        };
-        o.push_str(&format!(
-            "  {:<15} {:>3}  {:>5} / {:<5}   {:>5} {:>6}  {:>5} {:<22} {:>8.1}  {:>9}  {:>3}  {:>3}\n",
-            g.host,
-            g.gpu_index.map_or_else(|| "-".into(), |i| i.to_string()),
-            p(g.mean_utilization),
-            p(g.max_utilization),
-            p(g.mean_sm_active),
-            p(g.mean_tensor_active),
-            p(g.mean_dram_active),
-            mem,
-            g.idle_minutes,
-            p(g.throttled_share),
-            g.xid_events,
-            g.ecc_events
-        ));
-    }
-    if !r.events.is_empty() {
-        o.push_str("\n  events:\n");
-        for e in &r.events {
-            o.push_str(&format!(
-                "    {} {} {} {} {}\n",
-                e.time,
-                e.host,
-                e.gpu_uuid,
-                e.kind,
-                e.detail
-                    .clone()
-                    .or_else(|| e.code.map(|c| c.to_string()))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    o.push('\n');
-    if r.advice.is_empty() {
-        o.push_str("  notes: none (no rule of docs/jobs.md matched)\n");
-    } else {
-        o.push_str("  notes:\n");
-        for a in &r.advice {
-            o.push_str(&format!("  * [{}] {}: {}\n", a.rule, a.figure, a.advice));
-        }
-    }
-    o
-}
-
-/// The job list as an aligned table, the way `gpuwatch jobs` prints it.
-pub fn render_list(jobs: &[JobSummary]) -> String {
-    let mut o = String::from(
-        "job_id           user         name                 state    gpus  GPU-h     idle   util  SM     kWh       USD       idle USD  last seen\n",
-    );
-    let p = |v: Option<f64>| v.map_or_else(|| "-".to_string(), pct);
-    let cut = |s: &Option<String>, n: usize| -> String {
-        let t = s.clone().unwrap_or_else(|| "-".into());
-        t.chars().take(n).collect()
-    };
-    for j in jobs {
-        o.push_str(&format!(
-            "{:<16} {:<12} {:<20} {:<8} {:>4}  {:>8.3} {:>5}  {:>5} {:>5}  {:>8.3}  {:>8.2}  {:>8.2}  {}\n",
-            j.job_id.chars().take(16).collect::<String>(),
-            cut(&j.user, 12),
-            cut(&j.name, 20),
-            j.state,
-            j.gpus,
-            j.gpu_hours,
-            pct(j.idle_share),
-            p(j.mean_utilization),
-            p(j.mean_sm_active),
-            j.energy_kwh,
-            j.cost_usd,
-            j.idle_cost_usd,
-            j.last_seen
-        ));
-    }
-    o.push_str(&format!(
-        "({} job{})\n",
-        jobs.len(),
-        if jobs.len() == 1 { "" } else { "s" }
-    ));
-    o
 }
 
 #[cfg(test)]

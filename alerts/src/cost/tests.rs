@@ -49,7 +49,9 @@ async fn engine(dir: &Path, rows: &[GpuRow], cost: &CostConfig) -> QueryEngine {
         .expect("write");
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    cost.register(e.context()).await.expect("register");
+    cost.register(e.context(), &crate::cost::AdviceConfig::default())
+        .await
+        .expect("register");
     e
 }
 

@@ -35,7 +35,7 @@ use crate::workload::{HostWorkload, otlp_body};
 /// What the marker calls this dataset; a change to the generator changes it, so that an older
 /// directory is loaded again.
 pub(super) const DATASET: &str =
-    "dashboards fleet 1: GPU metrics, processes, XID/ECC events, alerts";
+    "dashboards fleet 2: GPU metrics, processes, XID/ECC events, alerts, a multi-host job";
 
 /// The prices and budgets of the fleet, as the servers' config file (docs/cost.md): the H100 at
 /// USD 2.50 per GPU-hour (the demo's example price), electricity at USD 0.12 per kWh with a PUE
@@ -52,13 +52,16 @@ default_budget_usd = 250.0
 
 /// What a data directory holds (`bench-load.json`).
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug, Clone)]
-pub(super) struct Load {
+pub(crate) struct Load {
     /// [`DATASET`].
     pub dataset: String,
     pub hosts: usize,
     pub gpus_per_host: usize,
     pub interval_ms: i64,
     pub seed: u64,
+    /// Hosts running the multi-host job ([`crate::fleet::BIG_JOB_ID`]) all day.
+    #[serde(default)]
+    pub job_hosts: usize,
     /// The agents' `--slow-interval` (per-process SM utilisation).
     pub slow_interval_ms: i64,
     /// `--history` in scrape rounds.
@@ -108,6 +111,7 @@ impl Load {
             && self.gpus_per_host == other.gpus_per_host
             && self.interval_ms == other.interval_ms
             && self.seed == other.seed
+            && self.job_hosts == other.job_hosts
             && self.slow_interval_ms == other.slow_interval_ms
             && self.history_rounds == other.history_rounds
             && self.live_ms == other.live_ms
@@ -165,6 +169,7 @@ pub(super) fn wanted(args: &DashboardsArgs) -> Result<Load> {
         gpus_per_host: args.fleet.gpus_per_host,
         interval_ms,
         seed: args.fleet.seed,
+        job_hosts: args.job_hosts.min(args.fleet.hosts),
         slow_interval_ms: args.slow_interval.as_millis() as i64,
         history_rounds: (args.history.as_millis() as i64 / interval_ms).max(1) as u64,
         live_ms: args.live.as_millis() as i64,
@@ -197,7 +202,7 @@ pub(super) fn earlier(data_dir: &Path, wanted: &Load) -> Result<Option<Load>> {
 }
 
 /// A gpuwatch server of the benchmark and its listeners.
-pub(super) struct Started {
+pub(crate) struct Started {
     pub server: Server,
     /// Postgres wire port.
     pub pg_port: u16,
@@ -256,6 +261,7 @@ impl Generator {
             interval_ms: load.interval_ms,
             start_ms: load.start_ms,
             seed: load.seed,
+            job_hosts: load.job_hosts,
         });
         let work = (0..load.hosts)
             .map(|h| {
@@ -555,6 +561,7 @@ mod tests {
             gpus_per_host: 8,
             interval_ms: 10_000,
             seed: 1,
+            job_hosts: 1,
             slow_interval_ms: 60_000,
             history_rounds: 100,
             live_ms: 60_000,
@@ -590,6 +597,7 @@ mod tests {
             |l: &mut Load| l.config.push('#'),
             |l: &mut Load| l.dataset.push('!'),
             |l: &mut Load| l.slow_interval_ms = 30_000,
+            |l: &mut Load| l.job_hosts = 0,
         ] {
             let mut c = load();
             change(&mut c);

@@ -34,6 +34,7 @@ pub(crate) const FILE_ONLY_KEYS: &[&str] = &[
     "retention",
     "alerting",
     "cost",
+    "jobs",
     "synthetic_hosts",
     "synthetic_gpus",
     "interval",

@@ -1,9 +1,10 @@
 //! The config file's sections that have no flags: `[retention]`, `[alerting]` (receivers and
-//! routes, docs/alerts.md) and `[cost]` (prices and budgets, docs/cost.md).
+//! routes, docs/alerts.md), `[cost]` (prices and budgets, docs/cost.md) and `[jobs]` (the job
+//! limiter's thresholds, docs/jobs.md).
 
 use std::path::{Path, PathBuf};
 
-use gpuwatch_alerts::cost::CostConfig;
+use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_alerts::notify::AlertingConfig;
 use gpuwatch_common::settings::section;
 use serde::Deserialize;
@@ -19,6 +20,8 @@ pub(crate) struct Sections {
     pub alerting: Option<AlertingConfig>,
     /// `[cost]`.
     pub cost: Option<CostConfig>,
+    /// `[jobs]`: `[jobs.advice]`.
+    pub jobs: Option<JobsConfig>,
 }
 
 impl Sections {
@@ -28,6 +31,7 @@ impl Sections {
             retention: section(path, text, "retention")?,
             alerting: section(path, text, "alerting")?,
             cost: section(path, text, "cost")?,
+            jobs: section(path, text, "jobs")?,
         })
     }
 
@@ -55,6 +59,7 @@ impl Sections {
                 (None, true) => demo_prices(),
                 (None, false) => CostConfig::default(),
             },
+            jobs: self.jobs.clone().unwrap_or_default(),
             // The `--promql-*` settings, set by `ServeSettings::validate`.
             promql: gpuwatch_promql::Settings::default(),
         }

@@ -48,8 +48,12 @@ pub(super) fn routers(config: &ServeConfig, app: &App) -> (Router, Router) {
                 .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
-            crate::jobs::router(Arc::clone(&app.engine), config.alerts.cost.clone())
-                .route_layer(guard(auth::Scope::Query)),
+            crate::jobs::router(
+                Arc::clone(&app.engine),
+                config.alerts.cost.clone(),
+                config.alerts.jobs.advice.clone(),
+            )
+            .route_layer(guard(auth::Scope::Query)),
         )
         .merge(
             crate::alerts_wiring::router(Arc::clone(&app.alerting))

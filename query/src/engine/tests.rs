@@ -69,3 +69,6 @@ async fn one_query_too_many_is_refused_at_once() {
     drop(held);
     assert!(e.query("SELECT 1").await.is_ok(), "the slot is free again");
 }
+
+/// The engine over a real store (local disk and S3).
+mod store;

@@ -274,7 +274,8 @@ async fn load_or_create(
         if !create {
             return Ok(delta);
         }
-        return add_missing_columns(delta, table).await;
+        let missing = missing_columns(&delta, table)?;
+        return add_missing_columns(delta, missing).await;
     }
     if !create {
         return Ok(delta);
@@ -306,35 +307,51 @@ async fn load_or_create(
     }
 }
 
-/// Adds to a table made by an earlier release the columns it lacks (`gpu_metrics.labels`), as
-/// nullable columns in one metadata commit, so that other engines see them too. Files written
-/// before read them as null. A concurrent writer that added them first leaves nothing to do.
-async fn add_missing_columns(
-    delta: DeltaTable,
+/// The columns of `table` that `delta`'s schema lacks (added by a later release), nullable.
+fn missing_columns(
+    delta: &DeltaTable,
     table: Table,
-) -> std::result::Result<DeltaTable, DeltaTableError> {
+) -> std::result::Result<Vec<StructField>, DeltaTableError> {
     let have: HashSet<String> = delta
         .snapshot()?
         .schema()
         .fields()
         .map(|f| f.name().clone())
         .collect();
-    let missing: Vec<_> = schema::delta_columns(table)
+    Ok(schema::delta_columns(table)
         .map_err(|e| DeltaTableError::Generic(e.to_string()))?
         .into_iter()
         .filter(|c| !have.contains(c.name()))
         .map(|c| StructField::new(c.name().clone(), c.data_type().clone(), true))
-        .collect();
+        .collect())
+}
+
+/// Adds to a table made by an earlier release the columns it lacks (those of
+/// `gpu_metrics` listed after "Added after the first release" in schema.rs, `series_labels`), as
+/// nullable columns appended at the end in one metadata commit (Delta's `ADD COLUMNS`), so
+/// that other engines see them too. Files written
+/// before read them as null. A concurrent writer that added them first leaves nothing to do.
+async fn add_missing_columns(
+    delta: DeltaTable,
+    missing: Vec<StructField>,
+) -> std::result::Result<DeltaTable, DeltaTableError> {
     if missing.is_empty() {
         return Ok(delta);
     }
     let log_store = delta.log_store();
+    let names: Vec<String> = missing.iter().map(|f| f.name().clone()).collect();
     match delta.add_columns().with_fields(missing).await {
         Ok(t) => Ok(t),
         Err(e) if is_conflict(&e) => {
+            // Another writer committed first: it added them, or the next open tries again.
             let mut again = DeltaTable::new(log_store);
             again.load().await?;
-            Ok(again)
+            let schema = again.snapshot()?.schema();
+            if names.iter().all(|n| schema.contains(n)) {
+                Ok(again)
+            } else {
+                Err(e)
+            }
         }
         Err(e) => Err(e),
     }
@@ -374,6 +391,9 @@ impl DeltaTables {
         };
         log.apply(table, inspection);
         let store = log.table.log_store();
+        // An ingest node gives a healthy table of an earlier release the columns added since; a
+        // damaged log is left as it is until it is repaired (docs/operations.md).
+        let evolve = create && !absent && log.health.bad.is_empty();
         let create = create && absent;
         if create {
             log.veil().open();
@@ -381,6 +401,23 @@ impl DeltaTables {
         log.table = storage
             .block(load_or_create(store, table, create, Vec::new(), None))?
             .map_err(|e| delta_error(storage, table, e))?;
+        let lacking = if evolve {
+            missing_columns(&log.table, table).map_err(|e| delta_error(storage, table, e))?
+        } else {
+            Vec::new()
+        };
+        if !lacking.is_empty() {
+            // Every version is shown while committing, as for any commit; then the table is
+            // read at the version it reached.
+            log.veil().open();
+            let loaded = log.table.clone();
+            log.table = storage
+                .block(add_missing_columns(loaded, lacking))?
+                .map_err(|e| delta_error(storage, table, e))?;
+            if let Some(v) = log.table.version() {
+                log.veil().set_ceiling(Ceiling::At(v as u64));
+            }
+        }
         if create {
             let inspection = log.inspector.inspect(storage, table, false)?;
             log.apply(table, inspection);
@@ -785,3 +822,6 @@ fn rebuild_files(table: Table, log: &mut TableLog) {
     log.known = known;
     log.files = Arc::new(files);
 }
+
+#[cfg(test)]
+mod tests;

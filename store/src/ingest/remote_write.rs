@@ -181,6 +181,9 @@ pub const DCGM_FIELDS: &[DcgmField] = &[
         "remapped_rows_failure",
         1.0,
     ),
+    d("DCGM_FI_DEV_MAX_SM_CLOCK", "sm_clock_max_mhz", 1.0),
+    d("DCGM_FI_DEV_PCIE_LINK_GEN", "pcie_link_gen", 1.0),
+    d("DCGM_FI_DEV_PCIE_LINK_WIDTH", "pcie_link_width", 1.0),
 ];
 
 /// Fields that are kept in `metrics` and also give `memory_total_bytes` (used + free + reserved)

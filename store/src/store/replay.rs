@@ -75,11 +75,11 @@ pub(super) struct Replayed {
     pub damage: BTreeMap<u64, WalDamage>,
 }
 
-/// Removes WAL segments up to `through` whose rows are all committed; damaged ones move to the
+/// Removes the WAL segments of `seqs` (every row in them committed); damaged ones move to the
 /// quarantine with their note. A failure only costs disk until the next start, which retries.
 pub(crate) fn retire_segments(
     data_dir: &Path,
-    through: u64,
+    seqs: std::ops::RangeInclusive<u64>,
     damage: &mut BTreeMap<u64, WalDamage>,
     now_millis: i64,
     stats: &StoreStats,
@@ -87,7 +87,8 @@ pub(crate) fn retire_segments(
     let Ok(segments) = wal::list_segments(&data_dir.join("wal")) else {
         return;
     };
-    for (seq, path) in segments.into_iter().filter(|(s, _)| *s <= through) {
+    let through = *seqs.end();
+    for (seq, path) in segments.into_iter().filter(|(s, _)| seqs.contains(s)) {
         let Some(d) = damage.remove(&seq) else {
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(segment = %path.display(), error = %e, "could not remove a persisted wal segment");
@@ -146,11 +147,12 @@ impl Replay<'_> {
             last_seq = last_seq.max(*seq);
             let kept = self.segment(*seq, path, &committed, &mut state)?;
             if kept == 0 {
-                // Every row of it is in committed files.
+                // Every row of it is in committed files: it goes, and only it (the rows of
+                // earlier segments may be in the buffer alone).
                 let now = now_millis(self.clock);
                 retire_segments(
                     &self.config.data_dir,
-                    *seq,
+                    *seq..=*seq,
                     &mut state.damage,
                     now,
                     self.stats,
@@ -267,7 +269,7 @@ impl Replay<'_> {
         if held.is_empty() {
             retire_segments(
                 &self.config.data_dir,
-                seq,
+                0..=seq,
                 &mut state.damage,
                 now,
                 self.stats,

@@ -230,6 +230,10 @@ impl Fleet {
         s.remapped_rows_uncorrectable = Some(counters.remapped);
         s.remapped_rows_failure = Some(counters.remap_failure);
         s.xid_errors_total = Some(counters.xid);
+        // The H100 SXM of the trace: 1980 MHz at most, a PCIe gen 5 x16 link busy or idle.
+        s.sm_clock_max_mhz = Some(SM_CLOCK_MAX_MHZ);
+        s.pcie_link_gen = Some(5);
+        s.pcie_link_width = Some(16);
         s
     }
 }

@@ -26,17 +26,7 @@ pub fn encode_collection_to(
     resource: &[(String, String)],
 ) {
     use wire::*;
-    // Each GPU's point attributes, as `attributes` fields (7) of a NumberDataPoint.
-    let mut gpu_attrs: Vec<u8> = Vec::with_capacity(samples.len() * 160);
-    let mut gpu_attr_end = Vec::with_capacity(samples.len());
-    for s in samples {
-        write_point_attributes(&mut gpu_attrs, s);
-        gpu_attr_end.push(gpu_attrs.len());
-    }
-    let gpu_attr = |i: usize| {
-        let start = if i == 0 { 0 } else { gpu_attr_end[i - 1] };
-        &gpu_attrs[start..gpu_attr_end[i]]
-    };
+    let attrs = GpuAttributes::of(samples);
     // ExportMetricsServiceRequest.resource_metrics (1)
     message(out, 1, |out| {
         // ResourceMetrics.resource (1): Resource.attributes (1)
@@ -52,56 +42,103 @@ pub fn encode_collection_to(
                 string(out, 1, SCOPE_NAME);
                 string(out, 2, env!("CARGO_PKG_VERSION"));
             });
-            let start = start_time_unix_nano();
-            // Definitions of one name (`hw.errors` of each `error.type`) make one metric.
-            let mut rest: &[MetricDef] = METRICS;
-            while let Some(def) = rest.first() {
-                let n = rest.iter().take_while(|d| d.name == def.name).count();
-                let (group, tail) = rest.split_at(n);
-                rest = tail;
-                let value = |d: &MetricDef, s: &GpuSample| match (d.get)(s)? {
-                    Num::Double(x) if x.is_finite() => Some(Num::Double(x)),
-                    Num::Double(_) => None,
-                    Num::Int(i) => Some(Num::Int(i)),
-                };
-                if !group
-                    .iter()
-                    .any(|d| samples.iter().any(|s| value(d, s).is_some()))
-                {
-                    continue;
-                }
-                // ScopeMetrics.metrics (2)
-                message(out, 2, |out| {
-                    metric_header(out, def.name, def.description, def.unit);
-                    let data_field = match def.kind {
-                        Kind::Gauge => 5,
-                        Kind::CumulativeSum => 7,
-                    };
-                    let start = if def.kind == Kind::CumulativeSum {
-                        start
-                    } else {
-                        0
-                    };
-                    message(out, data_field, |out| {
-                        for d in group {
-                            for (i, s) in samples.iter().enumerate() {
-                                if let Some(v) = value(d, s) {
-                                    point(out, gpu_attr(i), d.attr, start, s.time_unix_nano, v);
-                                }
-                            }
-                        }
-                        if def.kind == Kind::CumulativeSum {
-                            // Sum.aggregation_temporality (2), Sum.is_monotonic (3)
-                            varint_field(out, 2, AggregationTemporality::Cumulative as u64);
-                            varint_field(out, 3, 1);
-                        }
-                    });
-                });
-            }
+            write_gpu_metrics(out, samples, &attrs);
             write_process_metrics(out, procs);
             write_event_metrics(out, events);
             // ScopeMetrics.schema_url (3)
             string(out, 3, SCHEMA_URL);
+        });
+    });
+}
+
+/// Each GPU's point attributes, encoded once as `attributes` fields (7) of a NumberDataPoint.
+struct GpuAttributes {
+    bytes: Vec<u8>,
+    /// Where each GPU's attributes end in `bytes`.
+    ends: Vec<usize>,
+}
+
+impl GpuAttributes {
+    /// The attributes of every sample's GPU.
+    fn of(samples: &[GpuSample]) -> Self {
+        let mut bytes: Vec<u8> = Vec::with_capacity(samples.len() * 160);
+        let mut ends = Vec::with_capacity(samples.len());
+        for s in samples {
+            write_point_attributes(&mut bytes, s);
+            ends.push(bytes.len());
+        }
+        Self { bytes, ends }
+    }
+
+    /// The attributes of the `i`th sample's GPU.
+    fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i]]
+    }
+}
+
+/// The value `d` reads from `s`, when it has one (non-finite doubles are left out).
+fn gpu_value(d: &MetricDef, s: &GpuSample) -> Option<Num> {
+    match (d.get)(s)? {
+        Num::Double(x) if x.is_finite() => Some(Num::Double(x)),
+        Num::Double(_) => None,
+        Num::Int(i) => Some(Num::Int(i)),
+    }
+}
+
+/// The GPU metrics of [`METRICS`] that some sample has a value of, as ScopeMetrics `metrics`
+/// fields. Definitions of one name (`hw.errors` of each `error.type`) make one metric.
+fn write_gpu_metrics(out: &mut Vec<u8>, samples: &[GpuSample], attrs: &GpuAttributes) {
+    let start = start_time_unix_nano();
+    let mut rest: &[MetricDef] = METRICS;
+    while let Some(def) = rest.first() {
+        let n = rest.iter().take_while(|d| d.name == def.name).count();
+        let (group, tail) = rest.split_at(n);
+        rest = tail;
+        if group
+            .iter()
+            .any(|d| samples.iter().any(|s| gpu_value(d, s).is_some()))
+        {
+            write_gpu_metric(out, group, samples, attrs, start);
+        }
+    }
+}
+
+/// One GPU metric (the definitions in `group`, of one name) as a ScopeMetrics `metrics` field
+/// (2): a Gauge, or a cumulative monotonic Sum whose points start at `start`.
+fn write_gpu_metric(
+    out: &mut Vec<u8>,
+    group: &[MetricDef],
+    samples: &[GpuSample],
+    attrs: &GpuAttributes,
+    start: u64,
+) {
+    use wire::*;
+    let def = &group[0];
+    message(out, 2, |out| {
+        metric_header(out, def.name, def.description, def.unit);
+        let data_field = match def.kind {
+            Kind::Gauge => 5,
+            Kind::CumulativeSum => 7,
+        };
+        let start = if def.kind == Kind::CumulativeSum {
+            start
+        } else {
+            0
+        };
+        message(out, data_field, |out| {
+            for d in group {
+                for (i, s) in samples.iter().enumerate() {
+                    if let Some(v) = gpu_value(d, s) {
+                        point(out, attrs.get(i), d.attr, start, s.time_unix_nano, v);
+                    }
+                }
+            }
+            if def.kind == Kind::CumulativeSum {
+                // Sum.aggregation_temporality (2), Sum.is_monotonic (3)
+                varint_field(out, 2, AggregationTemporality::Cumulative as u64);
+                varint_field(out, 3, 1);
+            }
         });
     });
 }

@@ -74,6 +74,9 @@ fn names_kinds_units_match_the_schema() {
         ("gpu.remapped_rows.uncorrectable", "{row}", Kind::Gauge),
         ("gpu.remapped_rows.failure", "1", Kind::Gauge),
         ("gpu.xid.errors", "{error}", Kind::CumulativeSum),
+        ("gpu.clock.sm.max", "MHz", Kind::Gauge),
+        ("gpu.pcie.link.generation", "1", Kind::Gauge),
+        ("gpu.pcie.link.width", "{lane}", Kind::Gauge),
     ];
     let got: Vec<(&str, &str, Kind)> = METRICS.iter().map(|m| (m.name, m.unit, m.kind)).collect();
     assert_eq!(got, expected);

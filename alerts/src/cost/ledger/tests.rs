@@ -71,6 +71,9 @@ fn samples(
                 }
                 let util = if slot % 5 == 1 {
                     0.0
+                } else if slot % 4 < 2 {
+                    // Jobs that keep their GPUs busy.
+                    0.75 + rng.below(25) as f64 / 100.0
                 } else {
                     rng.below(100) as f64 / 100.0
                 };
@@ -80,6 +83,26 @@ fn samples(
                 }
                 if rng.below(60) != 0 {
                     r.values[value_index("hw.energy").expect("energy")] = Some(Cell::F(*e));
+                }
+                // GPM readings on the H100s, so that the samples fall in several limiter
+                // classes (each job keeps a character: dense tensor work, memory-bound
+                // copies, tiny kernels or input stalls).
+                if host != 2 {
+                    let fill = [0.95, 0.9, 0.2, 0.9][(slot % 4) as usize];
+                    let set = |r: &mut GpuRow, name: &str, v: f64| {
+                        r.values[value_index(name).expect(name)] = Some(Cell::F(v));
+                    };
+                    set(&mut r, "gpu.sm.active", util * fill);
+                    set(
+                        &mut r,
+                        "gpu.tensor.active",
+                        if slot % 2 == 0 { 0.8 } else { 0.05 },
+                    );
+                    set(
+                        &mut r,
+                        "gpu.dram.active",
+                        if slot % 2 == 0 { 0.2 } else { 0.7 },
+                    );
                 }
                 rows.push(r);
                 t += if rng.below(200) == 0 {
@@ -117,7 +140,14 @@ async fn rows(e: &QueryEngine, sql: &str) -> Vec<serde_json::Map<String, serde_j
 async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> usize {
     let order = " ORDER BY job_id, host";
     let got = rows(e, &format!("SELECT * FROM jobs{order}")).await;
-    let want = rows(e, &format!("SELECT * FROM ({}) j{order}", cost.jobs_sql())).await;
+    let want = rows(
+        e,
+        &format!(
+            "SELECT * FROM ({}) j{order}",
+            cost.jobs_sql(&crate::cost::AdviceConfig::default())
+        ),
+    )
+    .await;
     assert_eq!(got.len(), want.len(), "{what}: row count");
     assert!(!got.is_empty(), "{what}: no jobs");
     for (g, w) in got.iter().zip(&want) {
@@ -184,7 +214,10 @@ max_sample_gap = "60s"
 
     let read: Arc<dyn ReadStore> = store.clone();
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    let ledger = cost.register(e.context()).await.expect("register");
+    let ledger = cost
+        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .await
+        .expect("register");
     assert_eq!(ledger.snapshot().watermark, None);
     let n = same_as_plain_view(&e, &cost, "nothing folded").await;
     assert!(n > 10, "{n} jobs");
@@ -251,4 +284,17 @@ max_sample_gap = "60s"
     same_as_plain_view(&e, &cost, "six hours folded").await;
     let job_rows = rows(&e, "SELECT count(*) AS n FROM jobs WHERE gpu_seconds > 0").await;
     assert!(job_rows[0]["n"].as_i64().unwrap_or(0) > 10);
+    // The limiter column holds several classes, among them the unknown of the A100s (no GPM).
+    let limiters = rows(
+        &e,
+        "SELECT DISTINCT limiter FROM jobs WHERE limiter IS NOT NULL",
+    )
+    .await;
+    let names: Vec<&str> = limiters
+        .iter()
+        .filter_map(|r| r["limiter"].as_str())
+        .collect();
+    for want in ["tensor", "memory", "unknown"] {
+        assert!(names.contains(&want), "{want} not among {names:?}");
+    }
 }

@@ -7,6 +7,8 @@ use gpuwatch_store::ingest::{Cell, EventRow, GpuRow, WriteBatch};
 use gpuwatch_store::schema::value_index;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 const T0: i64 = 1_800_000_000_000_000_000;
@@ -92,7 +94,10 @@ async fn crafted(dir: &Path) -> QueryEngine {
     store.write(&batch).expect("write");
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    cost().register(e.context()).await.expect("register");
+    cost()
+        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .await
+        .expect("register");
     e
 }
 
@@ -104,7 +109,7 @@ fn close(a: f64, b: f64) -> bool {
 async fn report_equals_the_jobs_table_and_a_hand_computation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let e = crafted(dir.path()).await;
-    let r = job_report(&e, &cost(), JOB, T0 + 605 * S)
+    let r = job_report(&e, &cost(), &AdviceConfig::default(), JOB, T0 + 605 * S)
         .await
         .expect("report")
         .expect("known job");
@@ -136,6 +141,13 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     );
     let j = rows(&e, &q).await.expect("jobs");
     assert_eq!(j.len(), 1);
+    let l = rows(
+        &e,
+        &format!("SELECT limiter FROM jobs WHERE job_id = {}", sql_str(JOB)),
+    )
+    .await
+    .expect("limiter");
+    assert_eq!(l[0]["limiter"], "tensor");
     for (k, v) in [
         ("g", r.gpu_seconds),
         ("i", r.idle_gpu_seconds),
@@ -156,7 +168,12 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     assert_eq!(g[0].idle_minutes, 0.0);
     assert_eq!(g[0].xid_events, 1, "only the XID inside the job counts");
     assert_eq!(r.events.len(), 1);
-    assert!(close(g[1].throttled_share.expect("reasons"), 31.0 / 61.0));
+    // The SW power cap is never throttling: it is the informational power_capped.
+    assert_eq!(g[1].throttled_share, Some(0.0));
+    assert!(close(
+        g[1].power_capped_share.expect("reasons"),
+        31.0 / 61.0
+    ));
     assert_eq!(g[0].throttled_share, Some(0.0));
     assert_eq!(
         g[2].throttled_share,
@@ -168,12 +185,35 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     assert!(close(g[0].mean_tensor_active.expect("tensor"), 0.4));
     assert!(close(g[3].max_utilization.expect("util"), 0.95));
 
+    // Limiters: dense tensor work, idle, tiny kernels (latency); the job's is tensor.
+    let limiters: Vec<Option<&str>> = g.iter().map(|g| g.limiter.as_deref()).collect();
+    assert_eq!(
+        limiters,
+        [
+            Some("tensor"),
+            Some("tensor"),
+            Some("idle"),
+            Some("latency")
+        ]
+    );
+    assert_eq!(r.limiter.as_deref(), Some("tensor"));
+    let weighted: f64 = r.limiter_seconds.values().sum();
+    assert!(close(weighted, r.gpu_seconds), "{weighted}");
+    assert!(close(r.limiter_seconds["tensor"], 1200.0));
+    assert!(close(g[0].limiter_figures["tensor"], 0.4));
+    // Roofline: no SM clock in these samples, so the shares are the activities themselves.
+    assert_eq!(g[0].roofline.model.as_deref(), Some("H100 SXM5"));
+    assert!(close(g[0].roofline.compute_share.expect("compute"), 0.4));
+    assert!(close(g[0].roofline.memory_share.expect("dram"), 0.3));
+    assert!(g[0].missing_counters.contains(&"fp32_active".to_string()));
+    assert!(!g[0].missing_counters.contains(&"sm_active".to_string()));
+
     let rules: Vec<&str> = r.advice.iter().map(|a| a.rule.as_str()).collect();
     assert_eq!(
         rules,
         [
             "idle_gpus",
-            "throttled",
+            "power_capped",
             "tiny_kernels",
             "low_memory",
             "xid"
@@ -181,6 +221,9 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
         "{:#?}",
         r.advice
     );
+    assert!(r.advice[1].informational);
+    assert_eq!(r.advice[1].gpu_index, Some(1));
+    assert_eq!(r.advice[1].threshold, Some(0.1));
     assert!(
         r.advice[0].figure.contains("1 of 4 GPUs"),
         "{}",
@@ -191,7 +234,7 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     assert!(r.advice[4].figure.contains("XID 79"));
 
     // Ended once two intervals pass without a sample.
-    let later = job_report(&e, &cost(), JOB, T0 + 700 * S)
+    let later = job_report(&e, &cost(), &AdviceConfig::default(), JOB, T0 + 700 * S)
         .await
         .expect("report")
         .expect("job");
@@ -204,7 +247,9 @@ async fn unknown_and_hostile_job_ids_are_values() {
     let dir = tempfile::tempdir().expect("tempdir");
     let e = crafted(dir.path()).await;
     for id in ["nope", "' OR '1'='1", "x\\' OR 1=1 --", "42"] {
-        let r = job_report(&e, &cost(), id, T0).await.expect("no sql error");
+        let r = job_report(&e, &cost(), &AdviceConfig::default(), id, T0)
+            .await
+            .expect("no sql error");
         assert!(r.is_none(), "{id}");
     }
     let list = list_jobs(
@@ -239,8 +284,9 @@ async fn unknown_and_hostile_job_ids_are_values() {
     assert!(close(list[0].idle_share, 0.25));
 }
 
+/// A busy GPU of `secs` seconds, `idle` of them idle, the rest tensor-limited.
 fn gpu(idx: i64, secs: f64, idle: f64) -> GpuReport {
-    GpuReport {
+    let mut g = GpuReport {
         host: "n1".into(),
         gpu_uuid: format!("GPU-{idx}"),
         gpu_index: Some(idx),
@@ -248,12 +294,28 @@ fn gpu(idx: i64, secs: f64, idle: f64) -> GpuReport {
         idle_gpu_seconds: idle,
         mean_utilization: Some(0.9),
         mean_sm_active: Some(0.6),
+        busy_sm_active: Some(0.6),
         peak_memory_used_bytes: Some(40 * GIB),
         memory_total_bytes: Some(80 * GIB),
         peak_memory_share: Some(0.5),
         throttled_share: Some(0.0),
+        power_capped_share: Some(0.0),
         ..GpuReport::default()
+    };
+    classes(&mut g, &[("tensor", secs - idle), ("idle", idle)]);
+    g
+}
+
+/// Sets the GPU's seconds per limiter class (the rest zero).
+fn classes(g: &mut GpuReport, seconds: &[(&str, f64)]) {
+    g.limiter_seconds = crate::cost::limiter::LIMITERS
+        .iter()
+        .map(|c| (c.to_string(), 0.0))
+        .collect();
+    for (c, v) in seconds {
+        g.limiter_seconds.insert(c.to_string(), *v);
     }
+    g.limiter = crate::cost::limiter::argmax(&g.limiter_seconds);
 }
 
 fn report(per_gpu: Vec<GpuReport>) -> JobReport {
@@ -280,17 +342,27 @@ fn report(per_gpu: Vec<GpuReport>) -> JobReport {
         cost_usd: 0.0,
         idle_cost_usd: 0.0,
         mean_utilization: None,
+        limiter: None,
+        limiter_seconds: BTreeMap::new(),
         per_gpu,
         events: Vec::new(),
         advice: Vec::new(),
     }
 }
 
+fn notes(g: GpuReport) -> Vec<Advice> {
+    advise(&report(vec![g]), &AdviceConfig::default())
+}
+
 fn rules(r: &JobReport) -> Vec<String> {
-    advise(r, &Thresholds::default())
+    advise(r, &AdviceConfig::default())
         .into_iter()
         .map(|a| a.rule)
         .collect()
+}
+
+fn rules_of(g: GpuReport) -> Vec<String> {
+    rules(&report(vec![g]))
 }
 
 #[test]
@@ -300,7 +372,7 @@ fn a_healthy_job_gets_no_notes() {
 
 #[test]
 fn idle_gpus_rule_fires_at_its_threshold_only() {
-    let t = Thresholds::default();
+    let t = AdviceConfig::default();
     // 79% idle: below the 80% threshold.
     assert!(rules(&report(vec![gpu(0, 1000.0, 790.0), gpu(1, 1000.0, 0.0)])).is_empty());
     let r = report(vec![gpu(0, 1000.0, 800.0), gpu(1, 1000.0, 0.0)]);
@@ -312,6 +384,7 @@ fn idle_gpus_rule_fires_at_its_threshold_only() {
         "{}",
         a[0].figure
     );
+    assert_eq!((a[0].value, a[0].threshold), (Some(0.8), Some(0.8)));
     assert!(
         a[0].advice.contains("request 1 GPU instead of 2"),
         "{}",
@@ -322,33 +395,133 @@ fn idle_gpus_rule_fires_at_its_threshold_only() {
     assert!(all[0].advice.contains("sat idle most of the job"));
     // Too short a job to judge.
     assert!(rules(&report(vec![gpu(0, 200.0, 200.0)])).is_empty());
+    // A site that judges only GPUs held 10 minutes.
+    let strict = AdviceConfig {
+        min_gpu_seconds: 1200.0,
+        ..AdviceConfig::default()
+    };
+    assert!(advise(&report(vec![gpu(0, 1000.0, 1000.0)]), &strict).is_empty());
+}
+
+#[test]
+fn limiter_notes_speak_from_a_third_of_the_busy_time() {
+    // 1000 s held, 100 s idle: the busy time is 900 s, its 30% is 270 s.
+    for (class, rule) in [
+        ("input", "input_stall"),
+        ("fp32", "no_tensor_cores"),
+        ("fp16", "no_tensor_cores"),
+        ("fp64", "no_tensor_cores"),
+        ("host_transfer", "host_transfer_bound"),
+        ("latency", "low_utilization"),
+    ] {
+        let mut g = gpu(0, 1000.0, 100.0);
+        classes(
+            &mut g,
+            &[(class, 270.0), ("tensor", 630.0), ("idle", 100.0)],
+        );
+        let a = notes(g.clone());
+        assert_eq!(a.len(), 1, "{class}: {a:#?}");
+        assert_eq!(a[0].rule, rule, "{class}");
+        assert!(close(a[0].value.expect("value"), 0.3), "{class}");
+        assert_eq!(a[0].threshold, Some(0.3));
+        assert_eq!(a[0].gpu_uuid.as_deref(), Some("GPU-0"));
+        classes(
+            &mut g,
+            &[(class, 260.0), ("tensor", 640.0), ("idle", 100.0)],
+        );
+        assert!(rules_of(g).is_empty(), "{class} below its threshold");
+    }
+    // The advice names the pipe.
+    let mut g = gpu(0, 1000.0, 0.0);
+    classes(&mut g, &[("fp32", 800.0), ("tensor", 200.0)]);
+    g.limiter_figures.insert("fp32".into(), 0.77);
+    let a = notes(g);
+    assert!(a[0].figure.contains("FP32 pipe in 80%"), "{}", a[0].figure);
+    assert!(a[0].figure.contains("pipe 77% busy"), "{}", a[0].figure);
+    assert!(a[0].advice.contains("TF32"));
+    // A GPU idle most of the job gets idle_gpus, not a lecture about its few busy seconds.
+    let mut g = gpu(0, 1000.0, 900.0);
+    classes(&mut g, &[("input", 100.0), ("idle", 900.0)]);
+    assert_eq!(rules_of(g), ["idle_gpus"]);
+}
+
+#[test]
+fn memory_bound_needs_half_the_bandwidth_too() {
+    let mut g = gpu(0, 1000.0, 0.0);
+    classes(&mut g, &[("memory", 900.0), ("tensor", 100.0)]);
+    g.limiter_figures.insert("memory".into(), 0.5);
+    let a = notes(g.clone());
+    assert_eq!(a[0].rule, "memory_bound");
+    assert!(a[0].figure.contains("DRAM 50% busy"), "{}", a[0].figure);
+    g.limiter_figures.insert("memory".into(), 0.38);
+    assert!(rules_of(g).is_empty(), "DRAM below half its bandwidth");
 }
 
 #[test]
 fn tiny_kernels_needs_busy_utilisation_and_low_sm_activity() {
     let mut g = gpu(0, 1000.0, 0.0);
     g.mean_sm_active = Some(0.2);
-    assert_eq!(rules(&report(vec![g.clone()])), ["tiny_kernels"]);
-    let a = advise(&report(vec![g.clone()]), &Thresholds::default());
+    g.busy_sm_active = Some(0.2);
+    classes(&mut g, &[("latency", 1000.0)]);
+    // tiny_kernels speaks for the latency-bound time: no low_utilization beside it.
+    assert_eq!(rules_of(g.clone()), ["tiny_kernels"]);
+    let a = notes(g.clone());
     assert!(
         a[0].figure.contains("utilisation 90% but SM activity 20%"),
         "{}",
         a[0].figure
     );
     g.mean_utilization = Some(0.4);
-    assert!(rules(&report(vec![g.clone()])).is_empty());
+    assert_eq!(rules_of(g.clone()), ["low_utilization"]);
     // No GPM: no opinion.
     g.mean_utilization = Some(0.9);
     g.mean_sm_active = None;
-    assert!(rules(&report(vec![g])).is_empty());
+    g.busy_sm_active = None;
+    classes(&mut g, &[("unknown", 1000.0)]);
+    assert!(rules_of(g).is_empty());
 }
 
 #[test]
-fn low_memory_throttling_xid_and_ecc_rules() {
+fn throttling_blames_only_what_the_job_cannot_control() {
+    let mut g = gpu(0, 1000.0, 0.0);
+    // The SW power cap in every sample, 1390 of 1980 MHz: informational only.
+    g.power_capped_share = Some(1.0);
+    g.power_capped_sm_clock_mhz = Some(1390.0);
+    g.sm_clock_max_mhz = Some(1980.0);
+    let a = notes(g.clone());
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].rule, "power_capped");
+    assert!(a[0].informational);
+    assert!(
+        a[0].figure
+            .contains("SM clock 1390 of 1980 MHz (70% of its maximum, 30% lost)"),
+        "{}",
+        a[0].figure
+    );
+    assert!(!a[0].advice.contains("tell the administrators"));
+    g.power_capped_share = Some(0.09);
+    assert!(rules_of(g.clone()).is_empty());
+    // HW thermal slowdown in 10% of the samples: throttled.
+    g.throttled_share = Some(0.1);
+    g.throttle_reasons.insert("HW thermal slowdown".into(), 0.1);
+    let a = notes(g.clone());
+    assert_eq!(a[0].rule, "throttled");
+    assert!(
+        a[0].figure.contains("HW thermal slowdown 10%"),
+        "{}",
+        a[0].figure
+    );
+    assert!(a[0].advice.contains("tell the administrators"));
+    g.throttled_share = Some(0.09);
+    assert!(rules_of(g).is_empty());
+}
+
+#[test]
+fn low_memory_xid_and_ecc_rules() {
     let mut g = gpu(0, 1000.0, 0.0);
     g.peak_memory_used_bytes = Some(8 * GIB);
     g.peak_memory_share = Some(0.1);
-    g.throttled_share = Some(0.1);
+    g.busy_sm_active = Some(0.3);
     g.xid_events = 2;
     g.ecc_events = 1;
     let mut r = report(vec![g.clone()]);
@@ -362,24 +535,56 @@ fn low_memory_throttling_xid_and_ecc_rules() {
             detail: None,
         });
     }
-    assert_eq!(rules(&r), ["low_memory", "throttled", "xid", "ecc"]);
-    let a = advise(&r, &Thresholds::default());
+    assert_eq!(rules(&r), ["low_memory", "xid", "ecc"]);
+    let a = advise(&r, &AdviceConfig::default());
     assert!(
         a[0].figure.contains("8.0 GiB of 80.0 GiB (10%)"),
         "{}",
         a[0].figure
     );
     assert!(
-        a[2].figure.contains("2 XID events (XID 79, 48)"),
+        a[1].figure.contains("2 XID events (XID 79, 48)"),
         "{}",
-        a[2].figure
+        a[1].figure
     );
+    assert_eq!((a[1].value, a[1].unit.as_str()), (Some(2.0), "events"));
+    // SMs busy half the time: the job needs the whole GPU whatever memory it uses.
+    let mut busy = g.clone();
+    busy.busy_sm_active = Some(0.5);
+    busy.xid_events = 0;
+    busy.ecc_events = 0;
+    assert!(rules_of(busy).is_empty());
     // Below the thresholds; an XID speaks even in a short job.
     g.peak_memory_share = Some(0.2);
-    g.throttled_share = Some(0.09);
     g.gpu_seconds = 10.0;
     g.ecc_events = 0;
     assert_eq!(rules(&report(vec![g])), ["xid"]);
+}
+
+#[test]
+fn the_text_report_shows_the_limiter_roofline_and_missing_counters() {
+    let mut g = gpu(0, 1000.0, 0.0);
+    g.gpu_model = Some("NVIDIA A100-PCIE-40GB".into());
+    g.missing_counters = vec!["sm_active".into()];
+    g.roofline = super::roofline::build(
+        g.gpu_model.as_deref(),
+        &super::roofline::Measured {
+            tensor: Some(0.5),
+            dram: Some(0.25),
+            ..Default::default()
+        },
+    );
+    let mut r = report(vec![g]);
+    r.limiter = Some("tensor".into());
+    r.limiter_seconds.insert("tensor".into(), 1000.0);
+    let text = render_text(&r);
+    assert!(
+        text.contains("limiter tensor   (GPU time: tensor 100%)"),
+        "{text}"
+    );
+    assert!(text.contains("tensor 50% (156.0 TFLOP/s)"), "{text}");
+    assert!(text.contains("[peaks of A100 40GB]"), "{text}");
+    assert!(text.contains("not read on this GPU: sm_active"), "{text}");
 }
 
 #[test]
@@ -417,6 +622,15 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
     for (t, e) in [(515, 10.0), (525, 20.0), (535, 30.0)] {
         push(t, "GPU-b", Some("B"), 1.0, e);
     }
+    // GPU c: a free sample, then job A more than an hour later (the report looks further back
+    // than its first hour for the sample before the job's first).
+    for (t, job, e) in [
+        (0, None, 100.0),
+        (5000, Some("A"), 900.0),
+        (5010, Some("A"), 950.0),
+    ] {
+        push(t, "GPU-c", job, 0.9, e);
+    }
     let store = Store::open(
         StoreConfig {
             wal_sync: false,
@@ -430,9 +644,12 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
         .expect("write");
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    cost().register(e.context()).await.expect("register");
+    cost()
+        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .await
+        .expect("register");
     for job in ["A", "B"] {
-        let r = job_report(&e, &cost(), job, T0)
+        let r = job_report(&e, &cost(), &AdviceConfig::default(), job, T0)
             .await
             .expect("report")
             .expect("job");
@@ -461,12 +678,14 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
         let per: f64 = r.per_gpu.iter().map(|g| g.gpu_seconds).sum();
         assert!(close(per, r.gpu_seconds), "job {job}");
     }
-    // Job A by hand: 60 s (gap capped) + 10 s; 8900 J + 500 J.
-    let a = job_report(&e, &cost(), "A", T0)
+    // Job A by hand: GPU a 60 s (gap capped) + 10 s, 8900 J + 500 J; GPU c the same 60 s + 10 s,
+    // 800 J + 50 J (the energy counter covers the hole).
+    let a = job_report(&e, &cost(), &AdviceConfig::default(), "A", T0)
         .await
         .expect("report")
         .expect("job");
-    assert!(close(a.gpu_seconds, 70.0));
+    assert_eq!(a.gpus, 2);
+    assert!(close(a.gpu_seconds, 140.0), "{}", a.gpu_seconds);
     assert!(close(a.idle_gpu_seconds, 10.0));
-    assert!(close(a.energy_joules, 9400.0));
+    assert!(close(a.energy_joules, 10_250.0), "{}", a.energy_joules);
 }

@@ -1,6 +1,6 @@
 //! The engine over a real store (local disk and S3): what queries see of buffer and files.
 
-use super::*;
+use super::super::*;
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use gpuwatch_store::clock::SystemClock;

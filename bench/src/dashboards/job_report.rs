@@ -1,0 +1,103 @@
+//! `gpuwatch-bench job-report`: how long the job report of a 64-GPU, 24-hour job takes on the
+//! dashboards benchmark's fleet (1,024 GPUs, a day at 10 s; the first `--job-hosts` hosts run
+//! one job on all their GPUs all day). The report is asked for the way a user asks: the real
+//! `gpuwatch job ID --format json` against the timing server (process start, HTTP, the report's
+//! queries, JSON), and the server's own answer time to `GET /api/v1/jobs/ID`; one warm-up, then
+//! `--runs` timed runs of each, median and max.
+
+use std::process::Command;
+use std::time::Instant;
+
+use super::{DashboardsArgs, prepare};
+use crate::fleet::BIG_JOB_ID;
+use crate::peers::Result;
+use crate::send;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs the benchmark.
+pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
+    if args.job_hosts == 0 {
+        return Err("--job-hosts 0: the fleet has no multi-host job to report on".into());
+    }
+    let (timing, loaded) = prepare(&args).await?;
+    let url = timing.server.url.clone();
+    let job = BIG_JOB_ID.to_string();
+    let client = send::client()?;
+    let api = format!("{url}/api/v1/jobs/{job}");
+    let cli = || {
+        Command::new(&args.gpuwatch)
+            .args(["job", &job, "--server", &url, "--format", "json"])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", args.gpuwatch.display()))
+    };
+    // The warm-up, checked: the job's GPUs and hours as the fleet made them.
+    let out = cli()?;
+    if !out.status.success() {
+        return Err(format!(
+            "gpuwatch job {job}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("gpuwatch job {job}: not JSON: {e}"))?;
+    let gpus = report["gpus"].as_i64().unwrap_or(0);
+    let hours = report["gpu_hours"].as_f64().unwrap_or(0.0);
+    let want = (loaded.job_hosts * loaded.gpus_per_host) as i64;
+    if gpus != want {
+        return Err(format!(
+            "job {job}: {gpus} GPUs in the report, {want} in the fleet"
+        ));
+    }
+    println!(
+        "job {job}: {gpus} GPUs, {hours:.0} GPU-hours ({:.1} h each), limiter {}, {} notes",
+        hours / gpus.max(1) as f64,
+        report["limiter"],
+        report["advice"].as_array().map_or(0, Vec::len)
+    );
+    let runs = args.runs.max(1);
+    let (mut with_cli, mut server_side) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        let out = cli()?;
+        if !out.status.success() {
+            return Err(format!("gpuwatch job {job} failed during the timed runs"));
+        }
+        with_cli.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let resp = client
+            .get(&api)
+            .send()
+            .await
+            .map_err(|e| format!("GET {api}: {e}"))?;
+        let status = resp.status();
+        resp.bytes()
+            .await
+            .map_err(|e| format!("GET {api}: reading the answer: {e}"))?;
+        server_side.push(t.elapsed().as_secs_f64());
+        if !status.is_success() {
+            return Err(format!("GET {api}: {status}"));
+        }
+    }
+    let (cli_max, api_max) = (
+        with_cli.iter().copied().fold(0.0, f64::max),
+        server_side.iter().copied().fold(0.0, f64::max),
+    );
+    println!(
+        "\n| what | runs | median (s) | max (s) |\n| --- | ---: | ---: | ---: |\n\
+         | `gpuwatch job {job} --format json` (process, HTTP, report) | {runs} | {:.3} | {cli_max:.3} |\n\
+         | `GET /api/v1/jobs/{job}` | {runs} | {:.3} | {api_max:.3} |",
+        median(&mut with_cli),
+        median(&mut server_side)
+    );
+    println!(
+        "\n{} GPUs x {} samples in the fleet; gpuwatch {}",
+        loaded.hosts * loaded.gpus_per_host,
+        loaded.rounds(),
+        args.gpuwatch.display()
+    );
+    Ok(())
+}
