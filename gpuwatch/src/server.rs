@@ -8,7 +8,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::server::sql::{EngineSlot, error_response};
-use axum::Router;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gpuwatch_query::Status;
@@ -23,6 +22,8 @@ use crate::error::{Error, Result};
 
 pub(crate) mod auth;
 mod background;
+mod browser;
+mod conn;
 mod grpc;
 mod ingest;
 mod metrics;
@@ -242,17 +243,18 @@ fn listen(
     let (main, ingest) = routes::routers(config, app);
     let ingest = ingest.fallback(not_found);
     let http_alpn: &[&[u8]] = &[b"http/1.1"];
+    let limits = connection_limits(config);
     let mut tasks = Vec::new();
     match &config.tls {
         None => {
-            tasks.push(serve(bound.http, main, rx.clone()));
-            tasks.push(serve(bound.otlp, ingest, rx.clone()));
+            tasks.push(conn::serve(bound.http, main, limits, rx.clone()));
+            tasks.push(conn::serve(bound.otlp, ingest, limits, rx.clone()));
         }
         Some(t) => {
             let http = tls::TlsIncoming::new(bound.http, t.acceptor(http_alpn)?, "http")?;
             let otlp = tls::TlsIncoming::new(bound.otlp, t.acceptor(http_alpn)?, "otlp-http")?;
-            tasks.push(serve(http, main, rx.clone()));
-            tasks.push(serve(otlp, ingest, rx.clone()));
+            tasks.push(conn::serve(http, main, limits, rx.clone()));
+            tasks.push(conn::serve(otlp, ingest, limits, rx.clone()));
         }
     }
     let grpc_tls = match &config.tls {
@@ -289,25 +291,25 @@ fn listen(
     Ok(tasks)
 }
 
-fn serve<L>(
-    listener: L,
-    router: Router,
-    mut rx: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
-    tokio::spawn(async move {
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = rx.changed().await;
-            })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "http listener failed");
-        }
-    })
+/// The HTTP listeners' connection bounds: `--header-timeout`, and `--max-connections` or a cap
+/// derived from the open-file limit (logged at start).
+fn connection_limits(config: &ServeConfig) -> conn::ConnLimits {
+    let l = &config.settings.limits;
+    let files = conn::file_limit();
+    let cap = match l.max_connections {
+        0 => conn::default_cap(files),
+        n => n,
+    };
+    tracing::info!(
+        open_file_limit = files,
+        connections_per_listener = cap,
+        header_timeout = ?l.header_timeout.get(),
+        "http connections bounded"
+    );
+    conn::ConnLimits {
+        header_timeout: l.header_timeout.get(),
+        cap,
+    }
 }
 
 impl Running {

@@ -92,6 +92,17 @@ pub(crate) struct Listeners {
     /// every endpoint is open and only loopback addresses may be bound.
     #[arg(long, env = "GPUWATCH_AUTH_TOKENS", value_name = "FILE")]
     pub auth_tokens: Option<PathBuf>,
+    /// Host names (and addresses) the HTTP API answers to besides localhost, the loopback
+    /// addresses and the address bound (env: comma-separated); `*` allows every name. Other
+    /// names are refused (403) on the main listener, except health, /metrics and ingest: a
+    /// name rebound to this server (DNS rebinding) reads nothing.
+    #[arg(
+        long,
+        env = "GPUWATCH_ALLOWED_HOSTS",
+        value_name = "HOST",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "GPUWATCH_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -157,6 +168,14 @@ pub(crate) struct Limits {
     /// Largest request body accepted, before and after decompression (413 above it).
     #[arg(long, env = "GPUWATCH_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// How long an HTTP connection (main and OTLP/HTTP listeners) may take to send a request's
+    /// headers, idle keep-alive time included; then it is closed.
+    #[arg(long, env = "GPUWATCH_HEADER_TIMEOUT", default_value = "30s")]
+    pub header_timeout: HumanDuration,
+    /// Open connections per HTTP listener; at the cap the connection idle longest is closed to
+    /// take a new one. 0: derived from the process's open-file limit (docs/operations.md).
+    #[arg(long, env = "GPUWATCH_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
     /// A query running longer than this is cancelled with 504.
     #[arg(long, env = "GPUWATCH_QUERY_TIMEOUT", default_value = "30s")]
     pub query_timeout: HumanDuration,

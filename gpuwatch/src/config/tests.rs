@@ -276,6 +276,11 @@ const ADDED: &[(&str, &[&str])] = &[
             "--promql-lookback-delta",
             "--promql-max-samples",
             "--promql-subquery-step",
+            // Issue 23: the names the HTTP API answers to (DNS rebinding).
+            "--allowed-hosts",
+            // Issue 23: connections bounded.
+            "--header-timeout",
+            "--max-connections",
         ],
     ),
     ("demo", &[]),

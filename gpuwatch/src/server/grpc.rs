@@ -1,7 +1,9 @@
 //! OTLP/gRPC on `--otlp-grpc-addr`: the `opentelemetry.proto.collector.metrics.v1.MetricsService`
 //! `Export` call, decoded by the same code as OTLP/HTTP and stored through the one write path
 //! ([`super::ingest::write`]; durable before the answer). Partial success is answered in `partial_success`; errors map to gRPC codes:
-//! `INVALID_ARGUMENT` for malformed data, `RESOURCE_EXHAUSTED` above `--max-body-bytes`,
+//! `INVALID_ARGUMENT` for malformed data, `RESOURCE_EXHAUSTED` above `--max-body-bytes` (tonic
+//! says `OUT_OF_RANGE`, which OTLP exporters retry; [`OversizeIsExhausted`] answers the status
+//! the OTLP specification gives, which they drop),
 //! `UNAVAILABLE` while the WAL replays or when the write could not be stored (retryable).
 //! With `--auth-tokens`, the `authorization: Bearer <token>` metadata needs the `ingest` scope.
 
@@ -71,7 +73,7 @@ pub(super) fn serve(
         .max_decoding_message_size(max)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
-    let service = InterceptedService::new(service, grpc_interceptor(tokens));
+    let service = OversizeIsExhausted(InterceptedService::new(service, grpc_interceptor(tokens)));
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.changed().await;
@@ -105,4 +107,53 @@ pub(super) fn serve(
             tracing::error!(error = %e, "otlp/grpc listener failed");
         }
     })
+}
+
+/// Answers `RESOURCE_EXHAUSTED` where tonic refuses a message above `--max-body-bytes` with
+/// `OUT_OF_RANGE`. The export handler itself never answers `OUT_OF_RANGE`, so every such answer
+/// is tonic's size check.
+#[derive(Debug, Clone)]
+pub(super) struct OversizeIsExhausted<S>(pub S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for OversizeIsExhausted<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> tonic::codegen::Service<tonic::codegen::http::Request<B>> for OversizeIsExhausted<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<R>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = tonic::codegen::BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            let mut resp = answer.await?;
+            let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+            if resp
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
+            {
+                let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
+                if let Ok(v) = tonic::codegen::http::HeaderValue::from_str(&exhausted) {
+                    resp.headers_mut().insert("grpc-status", v);
+                }
+            }
+            Ok(resp)
+        })
+    }
 }

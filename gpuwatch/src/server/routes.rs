@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
-use super::{App, auth, metrics, not_found, otlp_http, readiness, remote_write, sql};
+use super::{App, auth, browser, metrics, not_found, otlp_http, readiness, remote_write, sql};
 use crate::config::ServeConfig;
 
 /// The main listener's router, and the ingest router the OTLP/HTTP listener serves too.
@@ -63,5 +63,18 @@ pub(super) fn routers(config: &ServeConfig, app: &App) -> (Router, Router) {
         // above, with the caller's token).
         .merge(gpuwatch_console::router())
         .fallback(not_found);
-    (main, ingest)
+    let browser = |check_host| {
+        let l = &config.settings.listeners;
+        axum::middleware::from_fn_with_state(
+            browser::Guard {
+                hosts: Arc::new(browser::AllowedHosts::new(
+                    &l.allowed_hosts,
+                    &[l.http_addr, l.otlp_http_addr],
+                )),
+                check_host,
+            },
+            browser::guard,
+        )
+    };
+    (main.layer(browser(true)), ingest.layer(browser(false)))
 }

@@ -127,11 +127,12 @@ pub fn decode_request(
             "empty body: send an ExportMetricsServiceRequest",
         ));
     }
-    let req = match format {
+    let (req, unreadable) = match format {
         OtlpFormat::Protobuf => otlp::decode_protobuf(&raw)?,
         OtlpFormat::Json => otlp::decode_json(&raw)?,
     };
-    let (batch, stats) = otlp::to_write_batch(&req, now)?;
+    let (batch, mut stats) = otlp::to_write_batch(&req, now)?;
+    stats.add_unreadable(unreadable);
     Ok((batch, stats, format))
 }
 

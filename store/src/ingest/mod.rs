@@ -6,6 +6,8 @@
 
 pub mod http;
 pub mod otlp;
+pub mod otlp_json;
+mod otlp_proto;
 pub mod remote_write;
 mod rows;
 

@@ -12,22 +12,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::otlp_json::Rejections;
+use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
+use crate::Result;
+use crate::schema::{
+    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, VALUE_COLUMNS,
+    value_index,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{
     AggregationTemporality, NumberDataPoint, metric::Data, number_data_point,
 };
-use prost::Message;
-
-use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
-use crate::schema::{
-    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, VALUE_COLUMNS,
-    value_index,
-};
-use crate::{Error, Result};
 
 /// Counts of what a decode kept and rejected.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DecodeStats {
     /// Data points stored (a histogram or summary point counts once, whatever rows it gives).
     pub points: u64,
@@ -40,6 +39,11 @@ pub struct DecodeStats {
     /// Rejected: a delta-temporality sum for a `gpu_metrics` column that holds a cumulative
     /// counter (`energy_joules`, the `*_total` columns).
     pub delta_counter: u64,
+    /// Rejected: a data point (or the metric around it) that could not be read, named in
+    /// `problems`.
+    pub unreadable: u64,
+    /// The first few unreadable data points, each with its metric, index and what is wrong.
+    pub problems: Vec<String>,
     /// Not stored: exponential histogram points' buckets (their count, sum, min and max are
     /// stored). Not a rejection.
     pub unsupported: u64,
@@ -51,12 +55,26 @@ impl DecodeStats {
         self.rejected += 1;
     }
 
+    /// Counts the data points a decoder could not read.
+    pub fn add_unreadable(&mut self, rejections: Rejections) {
+        self.unreadable += rejections.points;
+        self.rejected += rejections.points;
+        self.problems.extend(rejections.problems);
+    }
+
     /// The OTLP partial-success message, or `None` when nothing was rejected.
     pub fn partial_success_message(&self) -> Option<String> {
         if self.rejected == 0 {
             return None;
         }
         let mut parts = Vec::new();
+        if self.unreadable > 0 {
+            parts.push(format!(
+                "{} that could not be read ({})",
+                self.unreadable,
+                self.problems.join("; ")
+            ));
+        }
         if self.non_finite > 0 {
             parts.push(format!(
                 "{} with a nan, infinite or absent value",
@@ -117,14 +135,16 @@ const COUNTER_COLUMNS: &[&str] = &[
     "xid_errors_total",
 ];
 
-/// Decodes a protobuf `ExportMetricsServiceRequest`.
-pub fn decode_protobuf(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
-    ExportMetricsServiceRequest::decode(body).map_err(|e| Error::malformed("otlp protobuf", e))
+/// Decodes a protobuf `ExportMetricsServiceRequest`; the data points that cannot be read are
+/// left out and counted (see `otlp_proto`).
+pub fn decode_protobuf(body: &[u8]) -> Result<(ExportMetricsServiceRequest, Rejections)> {
+    super::otlp_proto::decode(body)
 }
 
-/// Decodes an OTLP/JSON `ExportMetricsServiceRequest`.
-pub fn decode_json(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
-    serde_json::from_slice(body).map_err(|e| Error::malformed("otlp json", e))
+/// Decodes an OTLP/JSON `ExportMetricsServiceRequest`; the data points that cannot be read are
+/// left out and counted (see `otlp_json`).
+pub fn decode_json(body: &[u8]) -> Result<(ExportMetricsServiceRequest, Rejections)> {
+    super::otlp_json::decode(body)
 }
 
 /// The labels of a `metrics` row: resource attributes, then the point's (the point wins).
@@ -518,6 +538,15 @@ fn any_to_string(v: &AnyValue) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
+
+    /// A request with every point readable.
+    fn json(body: &[u8]) -> Result<ExportMetricsServiceRequest> {
+        decode_json(body).map(|(req, rej)| {
+            assert_eq!(rej, Rejections::default());
+            req
+        })
+    }
     use crate::schema::Table;
     use arrow::array::{Array, AsArray, RecordBatch};
     use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
@@ -570,7 +599,7 @@ mod tests {
 
     #[test]
     fn process_and_event_points_fill_their_tables() {
-        let req = decode_json(process_and_event_request().as_bytes()).expect("valid json");
+        let req = json(process_and_event_request().as_bytes()).expect("valid json");
         let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decodes");
         assert_eq!(stats.points, 6);
         assert_eq!(stats.rejected, 0);
@@ -622,7 +651,7 @@ mod tests {
 
     #[test]
     fn pivots_gpu_points_into_rows_and_keeps_the_rest() {
-        let req = decode_json(json_request().as_bytes()).expect("valid json");
+        let req = json(json_request().as_bytes()).expect("valid json");
         let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decodes");
         assert_eq!(
             stats,
@@ -678,10 +707,12 @@ mod tests {
 
     #[test]
     fn protobuf_round_trip_matches_json() {
-        let req = decode_json(json_request().as_bytes()).expect("valid json");
+        let req = json(json_request().as_bytes()).expect("valid json");
         let bytes = req.encode_to_vec();
-        let again = decode_protobuf(&bytes).expect("valid protobuf");
-        assert_eq!(req, again);
+        let (again, rej) = decode_protobuf(&bytes).expect("valid protobuf");
+        assert_eq!(rej, Rejections::default());
+        // Compared as bytes: the request holds a NaN, which is not equal to itself.
+        assert_eq!(again.encode_to_vec(), bytes);
     }
 
     #[test]
@@ -697,7 +728,7 @@ mod tests {
             let body = format!(
                 r#"{{"resourceMetrics":[{{"scopeMetrics":[{{"metrics":[{{"name":"x","gauge":{{"dataPoints":[{{"timeUnixNano":"1","asDouble":{v}}}]}}}}]}}]}}]}}"#
             );
-            let req = decode_json(body.as_bytes()).expect("json");
+            let req = json(body.as_bytes()).expect("json");
             let (wb, _) = to_write_batch(&req, 99).expect("decodes");
             let got = wb.batches[0]
                 .1
@@ -715,13 +746,13 @@ mod tests {
             err.to_string().starts_with("malformed otlp protobuf"),
             "{err}"
         );
-        let err = decode_json(b"{\"resourceMetrics\": 3}").expect_err("bad json");
+        let err = json(b"{\"resourceMetrics\": 3}").expect_err("bad json");
         assert!(err.is_client_error());
     }
 
     #[test]
     fn missing_time_uses_now() {
-        let req = decode_json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x","gauge":{"dataPoints":[{"asDouble":1}]}}]}]}]}"#).expect("json");
+        let req = json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x","gauge":{"dataPoints":[{"asDouble":1}]}}]}]}]}"#).expect("json");
         let (wb, _) = to_write_batch(&req, 99).expect("decodes");
         let t = wb.batches[0]
             .1
@@ -755,7 +786,7 @@ mod tests {
 
     #[test]
     fn histograms_and_summaries_become_prometheus_style_rows() {
-        let req = decode_json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[
+        let req = json(br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[
             {"name":"lat","histogram":{"aggregationTemporality":2,"dataPoints":[{"timeUnixNano":"5","count":"6","sum":12.5,"min":0.5,"max":9,
               "bucketCounts":["1","2","3"],"explicitBounds":[1,5],"attributes":[{"key":"route","value":{"stringValue":"/a"}}]}]}},
             {"name":"sz","exponentialHistogram":{"dataPoints":[{"timeUnixNano":"5","count":"4","sum":8,"scale":1,"positive":{"offset":0,"bucketCounts":["4"]}}]}},
@@ -811,7 +842,7 @@ mod tests {
               {{"timeUnixNano":"18446744073709551615","asDouble":1}},{{"timeUnixNano":"{now}"}}]}}}}
         ]}}]}}]}}"#
         );
-        let req = decode_json(body.as_bytes()).expect("json");
+        let req = json(body.as_bytes()).expect("json");
         let (wb, stats) = to_write_batch(&req, now).expect("decodes");
         assert_eq!(
             stats,
@@ -821,7 +852,7 @@ mod tests {
                 non_finite: 2,
                 future: 2,
                 delta_counter: 1,
-                unsupported: 0,
+                ..DecodeStats::default()
             }
         );
         let msg = stats.partial_success_message().expect("message");
@@ -877,7 +908,7 @@ mod tests {
                 ("hw.gpu.memory.utilization", 0.5, ""),
             ],
         );
-        let req = decode_json(body.as_bytes()).expect("json");
+        let req = json(body.as_bytes()).expect("json");
         let (wb, stats) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decode");
         assert_eq!(stats.rejected, 0);
         let g = wb
@@ -911,7 +942,7 @@ mod tests {
                 ("gpu.ecc.dbe.volatile", 2.0, ""),
             ],
         );
-        let req = decode_json(body.as_bytes()).expect("json");
+        let req = json(body.as_bytes()).expect("json");
         let (wb, _) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decode");
         let g = wb
             .batches
