@@ -109,9 +109,136 @@ fn one(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
     TextWriter::new(out).one(name, kind, help, value);
 }
 
+/// One of the agent's own single-value metrics: name, type, help, the value's source and
+/// what it is divided by to give the value in its unit.
+type Single = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static AtomicU64,
+    f64,
+);
+
+/// The collection metrics, written before the NVML errors.
+static COLLECTION: [Single; 6] = [
+    (
+        "gpuwatch_agent_collections_total",
+        "counter",
+        "collections done",
+        &COLLECTIONS,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_collection_errors_total",
+        "counter",
+        "collections that failed as a whole",
+        &COLLECTION_ERRORS,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_collection_duration_seconds",
+        "gauge",
+        "time the last collection took",
+        &COLLECTION_LAST_NANOS,
+        1e9,
+    ),
+    (
+        "gpuwatch_agent_collection_seconds_total",
+        "counter",
+        "time spent collecting",
+        &COLLECTION_TOTAL_NANOS,
+        1e9,
+    ),
+    (
+        "gpuwatch_agent_gpus",
+        "gauge",
+        "GPUs and MIG instances read by the last collection",
+        &GPUS,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_gpu_processes",
+        "gauge",
+        "GPU processes seen by the last collection",
+        &GPU_PROCESSES,
+        1.0,
+    ),
+];
+
+/// The export and spool metrics, written after the NVML errors.
+static EXPORT: [Single; 8] = [
+    (
+        "gpuwatch_agent_exported_requests_total",
+        "counter",
+        "requests the endpoint accepted",
+        &EXPORTED,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_export_failures_total",
+        "counter",
+        "send attempts that failed and will be retried",
+        &EXPORT_FAILURES,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_export_rejected_total",
+        "counter",
+        "requests the endpoint refused for good",
+        &EXPORT_REJECTED,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_export_auth_refused_total",
+        "counter",
+        "send attempts refused for the bearer token; the requests stay queued",
+        &EXPORT_AUTH_REFUSED,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_export_rejected_points_total",
+        "counter",
+        "data points the endpoint refused in partial-success answers",
+        &EXPORT_REJECTED_POINTS,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_spool_requests",
+        "gauge",
+        "requests waiting in the spool",
+        &SPOOL_REQUESTS,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_spool_bytes",
+        "gauge",
+        "bytes waiting in the spool",
+        &SPOOL_BYTES,
+        1.0,
+    ),
+    (
+        "gpuwatch_agent_spool_dropped_total",
+        "counter",
+        "oldest requests dropped because the spool was full",
+        &SPOOL_DROPPED,
+        1.0,
+    ),
+];
+
+fn singles(out: &mut String, list: &[Single]) {
+    for (name, kind, help, value, divisor) in list {
+        one(
+            out,
+            name,
+            kind,
+            help,
+            value.load(Ordering::Relaxed) as f64 / divisor,
+        );
+    }
+}
+
 /// Append the agent's own metrics in the Prometheus text format.
 pub fn render(out: &mut String) {
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
     family(
         out,
         "gpuwatch_agent_build_info",
@@ -123,48 +250,7 @@ pub fn render(out: &mut String) {
         &[("version", env!("CARGO_PKG_VERSION"))],
         1.0,
     );
-    one(
-        out,
-        "gpuwatch_agent_collections_total",
-        "counter",
-        "collections done",
-        load(&COLLECTIONS),
-    );
-    one(
-        out,
-        "gpuwatch_agent_collection_errors_total",
-        "counter",
-        "collections that failed as a whole",
-        load(&COLLECTION_ERRORS),
-    );
-    one(
-        out,
-        "gpuwatch_agent_collection_duration_seconds",
-        "gauge",
-        "time the last collection took",
-        load(&COLLECTION_LAST_NANOS) / 1e9,
-    );
-    one(
-        out,
-        "gpuwatch_agent_collection_seconds_total",
-        "counter",
-        "time spent collecting",
-        load(&COLLECTION_TOTAL_NANOS) / 1e9,
-    );
-    one(
-        out,
-        "gpuwatch_agent_gpus",
-        "gauge",
-        "GPUs and MIG instances read by the last collection",
-        load(&GPUS),
-    );
-    one(
-        out,
-        "gpuwatch_agent_gpu_processes",
-        "gauge",
-        "GPU processes seen by the last collection",
-        load(&GPU_PROCESSES),
-    );
+    singles(out, &COLLECTION);
     family(
         out,
         "gpuwatch_agent_nvml_errors_total",
@@ -182,60 +268,5 @@ pub fn render(out: &mut String) {
             );
         }
     }
-    one(
-        out,
-        "gpuwatch_agent_exported_requests_total",
-        "counter",
-        "requests the endpoint accepted",
-        load(&EXPORTED),
-    );
-    one(
-        out,
-        "gpuwatch_agent_export_failures_total",
-        "counter",
-        "send attempts that failed and will be retried",
-        load(&EXPORT_FAILURES),
-    );
-    one(
-        out,
-        "gpuwatch_agent_export_rejected_total",
-        "counter",
-        "requests the endpoint refused for good",
-        load(&EXPORT_REJECTED),
-    );
-    one(
-        out,
-        "gpuwatch_agent_export_auth_refused_total",
-        "counter",
-        "send attempts refused for the bearer token; the requests stay queued",
-        load(&EXPORT_AUTH_REFUSED),
-    );
-    one(
-        out,
-        "gpuwatch_agent_export_rejected_points_total",
-        "counter",
-        "data points the endpoint refused in partial-success answers",
-        load(&EXPORT_REJECTED_POINTS),
-    );
-    one(
-        out,
-        "gpuwatch_agent_spool_requests",
-        "gauge",
-        "requests waiting in the spool",
-        load(&SPOOL_REQUESTS),
-    );
-    one(
-        out,
-        "gpuwatch_agent_spool_bytes",
-        "gauge",
-        "bytes waiting in the spool",
-        load(&SPOOL_BYTES),
-    );
-    one(
-        out,
-        "gpuwatch_agent_spool_dropped_total",
-        "counter",
-        "oldest requests dropped because the spool was full",
-        load(&SPOOL_DROPPED),
-    );
+    singles(out, &EXPORT);
 }

@@ -79,75 +79,18 @@ impl Fleet {
             nvlink_bytes: 0.0,
             memory_used: job.memory_bytes,
         };
-        let k = job.intensity;
         match job.phase {
             Phase::Hold => {}
-            Phase::Small => {
-                tg.util = 0.03;
-                tg.sm_active = 0.0187;
-                tg.sm_occupancy = 0.0011;
-                tg.fp32 = 0.0012;
-                tg.power = power_base + 1.0;
-                tg.pcie_tx_kib = 4200.0;
-                tg.pcie_rx_kib = 18_100.0;
-                tg.nvlink_bytes = if multi { 0.2e9 } else { 0.0 };
-            }
-            Phase::Copy => {
-                tg.util = 1.0;
-                tg.memory_util = 1.0;
-                tg.sm_active = 0.995;
-                tg.sm_occupancy = 0.80;
-                tg.dram = 0.90;
-                tg.power = power_base + 272.0;
-                tg.pcie_tx_kib = 15_500.0;
-                tg.pcie_rx_kib = 31_200.0;
-                tg.nvlink_bytes = if multi { 20e9 } else { 0.0 };
-            }
+            Phase::Small => small_targets(&mut tg, power_base, multi),
+            Phase::Copy => copy_targets(&mut tg, power_base, multi),
             Phase::Compute => {
-                tg.util = (0.9 + 0.1 * k).min(1.0);
-                tg.pcie_tx_kib = 8500.0;
-                tg.pcie_rx_kib = 19_000.0;
-                match job.kind.mix() {
-                    Mix::Tensor => {
-                        tg.memory_util = 0.31 * k;
-                        tg.sm_active = 0.966 * k;
-                        tg.sm_occupancy = 0.143;
-                        tg.tensor = 0.938 * k;
-                        tg.dram = 0.238 * k;
-                        tg.fp32 = 0.002;
-                        // Demand above the cap is clipped by the power controller.
-                        let demand = power_base + 600.0 * k;
-                        if demand >= POWER_CAP_W {
-                            tg.power = POWER_CAP_W + gpu.power_offset * 0.3;
-                            tg.sm_clock = SmClock::PowerCapped;
-                            tg.reasons = REASON_SW_POWER_CAP;
-                        } else {
-                            tg.power = demand;
-                        }
-                        tg.nvlink_bytes = if multi { (25.0 + 50.0 * k) * 1e9 } else { 0.0 };
-                    }
-                    Mix::Fp32 => {
-                        tg.memory_util = 0.45 * k;
-                        tg.sm_active = 0.93 * k;
-                        tg.sm_occupancy = 0.45;
-                        tg.tensor = 0.02;
-                        tg.dram = 0.40 * k;
-                        tg.fp32 = 0.62 * k;
-                        tg.fp16 = 0.05 * k;
-                        tg.power = power_base + 380.0 * k;
-                        tg.nvlink_bytes = if multi { 2e9 } else { 0.0 };
-                    }
-                    Mix::Fp64 => {
-                        tg.memory_util = 0.25 * k;
-                        tg.sm_active = 0.90 * k;
-                        tg.sm_occupancy = 0.30;
-                        tg.dram = 0.20 * k;
-                        tg.fp64 = 0.55 * k;
-                        tg.fp32 = 0.05 * k;
-                        tg.power = power_base + 450.0 * k;
-                        tg.nvlink_bytes = if multi { 10e9 } else { 0.0 };
-                    }
-                }
+                let load = Load {
+                    k: job.intensity,
+                    multi,
+                    power_base,
+                    power_offset: gpu.power_offset,
+                };
+                compute_targets(&mut tg, job.kind.mix(), &load);
             }
         }
         tg
@@ -341,4 +284,90 @@ pub(super) fn nvlink(n: &mut Rng, bytes: f64) -> f64 {
         return 0.0;
     }
     (bytes * (1.0 + 0.08 * n.normal())).max(0.0).round()
+}
+
+/// What a computing GPU's targets depend on besides its mix.
+struct Load {
+    /// The job's intensity, 0..1.
+    k: f64,
+    /// True when the job spans several GPUs (NVLink traffic).
+    multi: bool,
+    /// Idle power with a context, plus the board's offset.
+    power_base: f64,
+    /// The board's own power offset.
+    power_offset: f64,
+}
+
+/// A job running small kernels: a little SM work, PCIe traffic.
+fn small_targets(tg: &mut Targets, power_base: f64, multi: bool) {
+    tg.util = 0.03;
+    tg.sm_active = 0.0187;
+    tg.sm_occupancy = 0.0011;
+    tg.fp32 = 0.0012;
+    tg.power = power_base + 1.0;
+    tg.pcie_tx_kib = 4200.0;
+    tg.pcie_rx_kib = 18_100.0;
+    tg.nvlink_bytes = if multi { 0.2e9 } else { 0.0 };
+}
+
+/// A job copying memory: DRAM busy, pipes idle.
+fn copy_targets(tg: &mut Targets, power_base: f64, multi: bool) {
+    tg.util = 1.0;
+    tg.memory_util = 1.0;
+    tg.sm_active = 0.995;
+    tg.sm_occupancy = 0.80;
+    tg.dram = 0.90;
+    tg.power = power_base + 272.0;
+    tg.pcie_tx_kib = 15_500.0;
+    tg.pcie_rx_kib = 31_200.0;
+    tg.nvlink_bytes = if multi { 20e9 } else { 0.0 };
+}
+
+/// A job computing with `mix`'s pipes at its intensity.
+fn compute_targets(tg: &mut Targets, mix: Mix, l: &Load) {
+    let (k, multi, power_base) = (l.k, l.multi, l.power_base);
+    tg.util = (0.9 + 0.1 * k).min(1.0);
+    tg.pcie_tx_kib = 8500.0;
+    tg.pcie_rx_kib = 19_000.0;
+    match mix {
+        Mix::Tensor => {
+            tg.memory_util = 0.31 * k;
+            tg.sm_active = 0.966 * k;
+            tg.sm_occupancy = 0.143;
+            tg.tensor = 0.938 * k;
+            tg.dram = 0.238 * k;
+            tg.fp32 = 0.002;
+            // Demand above the cap is clipped by the power controller.
+            let demand = power_base + 600.0 * k;
+            if demand >= POWER_CAP_W {
+                tg.power = POWER_CAP_W + l.power_offset * 0.3;
+                tg.sm_clock = SmClock::PowerCapped;
+                tg.reasons = REASON_SW_POWER_CAP;
+            } else {
+                tg.power = demand;
+            }
+            tg.nvlink_bytes = if multi { (25.0 + 50.0 * k) * 1e9 } else { 0.0 };
+        }
+        Mix::Fp32 => {
+            tg.memory_util = 0.45 * k;
+            tg.sm_active = 0.93 * k;
+            tg.sm_occupancy = 0.45;
+            tg.tensor = 0.02;
+            tg.dram = 0.40 * k;
+            tg.fp32 = 0.62 * k;
+            tg.fp16 = 0.05 * k;
+            tg.power = power_base + 380.0 * k;
+            tg.nvlink_bytes = if multi { 2e9 } else { 0.0 };
+        }
+        Mix::Fp64 => {
+            tg.memory_util = 0.25 * k;
+            tg.sm_active = 0.90 * k;
+            tg.sm_occupancy = 0.30;
+            tg.dram = 0.20 * k;
+            tg.fp64 = 0.55 * k;
+            tg.fp32 = 0.05 * k;
+            tg.power = power_base + 450.0 * k;
+            tg.nvlink_bytes = if multi { 10e9 } else { 0.0 };
+        }
+    }
 }
