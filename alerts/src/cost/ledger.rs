@@ -377,23 +377,7 @@ impl JobLedger {
                     Some((k, last)) if k == key => Some(last),
                     _ => seed.get(&key).copied(),
                 };
-                let (secs, joules) = match before {
-                    None => (0.0, 0.0),
-                    Some((pt, pe)) => {
-                        let dt = t.saturating_sub(pt);
-                        let secs = if dt <= 0 {
-                            0.0
-                        } else {
-                            dt.min(gap) as f64 / 1e9
-                        };
-                        let joules = match (e, pe) {
-                            (Some(e), Some(pe)) if e - pe < 0.0 => e,
-                            (Some(e), Some(pe)) => e - pe,
-                            _ => 0.0,
-                        };
-                        (secs, joules)
-                    }
-                };
+                let (secs, joules) = interval(before, t, e, gap);
                 if let Some(job_id) = opt(&job, i) {
                     let is_idle = !util.is_null(i) && util.value(i) < idle;
                     let u = fold
@@ -412,19 +396,7 @@ impl JobLedger {
                     keep_max(&mut u.scheduler, opt(&scheduler, i));
                     keep_max(&mut u.job_user, opt(&user, i));
                     keep_max(&mut u.job_name, opt(&name, i));
-                    u.first_seen = u.first_seen.min(t);
-                    u.last_seen = u.last_seen.max(t);
-                    u.secs += secs;
-                    u.joules += joules;
-                    if let Some(k) =
-                        opt(&class, i).and_then(|c| LIMITERS.iter().position(|l| *l == c))
-                    {
-                        u.class_secs[k] += secs;
-                    }
-                    if is_idle {
-                        u.idle_secs += secs;
-                        u.idle_joules += joules;
-                    }
+                    u.add(t, secs, joules, opt(&class, i), is_idle);
                 }
                 fold.last.insert(key.clone(), (t, e));
                 prev = Some((key, (t, e)));
@@ -741,6 +713,43 @@ impl TableProvider for JobsTable {
             frame = frame.limit(0, limit)?;
         }
         frame.create_physical_plan().await
+    }
+}
+
+/// The GPU-seconds (capped at `gap`) and joules from the previous sample `before` to this one,
+/// at `t` with energy counter `e` (a counter that went back restarted: its value is the energy).
+fn interval(before: Option<Last>, t: i64, e: Option<f64>, gap: i64) -> (f64, f64) {
+    let Some((pt, pe)) = before else {
+        return (0.0, 0.0);
+    };
+    let dt = t.saturating_sub(pt);
+    let secs = if dt <= 0 {
+        0.0
+    } else {
+        dt.min(gap) as f64 / 1e9
+    };
+    let joules = match (e, pe) {
+        (Some(e), Some(pe)) if e - pe < 0.0 => e,
+        (Some(e), Some(pe)) => e - pe,
+        _ => 0.0,
+    };
+    (secs, joules)
+}
+
+impl Usage {
+    /// Adds one sample at `t` worth `secs` and `joules`, of limiter class `class`.
+    fn add(&mut self, t: i64, secs: f64, joules: f64, class: Option<&str>, idle: bool) {
+        self.first_seen = self.first_seen.min(t);
+        self.last_seen = self.last_seen.max(t);
+        self.secs += secs;
+        self.joules += joules;
+        if let Some(k) = class.and_then(|c| LIMITERS.iter().position(|l| *l == c)) {
+            self.class_secs[k] += secs;
+        }
+        if idle {
+            self.idle_secs += secs;
+            self.idle_joules += joules;
+        }
     }
 }
 

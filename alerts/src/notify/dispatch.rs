@@ -219,6 +219,22 @@ impl Dispatcher {
     pub fn tick(&mut self, now: i64, silences: &Silences) -> Result<Vec<(String, Message)>> {
         let external_url = self.config.external_url.clone().unwrap_or_default();
         let mut out = Vec::new();
+        let grouped = self.flush_groups(now, silences, &external_url, &mut out);
+        let pushed = self.push_alertmanager(now, silences, &external_url, &mut out);
+        if grouped || pushed {
+            self.save()?;
+        }
+        Ok(out)
+    }
+
+    /// The messages of the groups whose flush is due; true when any group changed.
+    fn flush_groups(
+        &mut self,
+        now: i64,
+        silences: &Silences,
+        external_url: &str,
+        out: &mut Vec<(String, Message)>,
+    ) -> bool {
         let mut changed = false;
         let keys: Vec<String> = self
             .saved
@@ -249,25 +265,7 @@ impl Dispatcher {
                 .filter(|a| a.status == "resolved")
                 .map(|a| a.fingerprint.clone())
                 .collect();
-            let needs = match &g.log {
-                None => !firing.is_empty(),
-                Some(e) => {
-                    if !e.firing.is_empty() && firing.is_empty() {
-                        // Everything notified resolved (or went silent).
-                        !resolved.is_empty()
-                    } else if !firing.is_subset(&e.firing)
-                        || (route.send_resolved
-                            && resolved
-                                .iter()
-                                .any(|f| e.firing.contains(f) && !e.resolved.contains(f)))
-                    {
-                        // A new firing alert, or a notified one resolved.
-                        true
-                    } else {
-                        !firing.is_empty() && now - e.at >= nanos(route.repeat_interval())
-                    }
-                }
-            };
+            let needs = needs_notification(g.log.as_ref(), route, &firing, &resolved, now);
             if needs {
                 let previously: BTreeSet<String> =
                     g.log.as_ref().map(|e| e.firing.clone()).unwrap_or_default();
@@ -282,7 +280,7 @@ impl Dispatcher {
                 if !alerts.is_empty() {
                     out.push((
                         route.receiver.clone(),
-                        Message::new(&route.receiver, &key, &g.labels, alerts, &external_url),
+                        Message::new(&route.receiver, &key, &g.labels, alerts, external_url),
                     ));
                 }
                 g.log = Some(LogEntry {
@@ -297,7 +295,19 @@ impl Dispatcher {
                 self.saved.groups.remove(&key);
             }
         }
-        // Alertmanager pushes.
+        changed
+    }
+
+    /// The Alertmanager pushes due (new, changed, or firing past the receiver's resend delay);
+    /// true when any was pushed.
+    fn push_alertmanager(
+        &mut self,
+        now: i64,
+        silences: &Silences,
+        external_url: &str,
+        out: &mut Vec<(String, Message)>,
+    ) -> bool {
+        let mut changed = false;
         for (route, alerts) in &self.latest {
             let Some(r) = self.config.routes.get(*route) else {
                 continue;
@@ -346,15 +356,12 @@ impl Dispatcher {
                         &format!("{route}:push"),
                         &BTreeMap::new(),
                         due,
-                        &external_url,
+                        external_url,
                     ),
                 ));
             }
         }
-        if changed {
-            self.save()?;
-        }
-        Ok(out)
+        changed
     }
 
     fn save(&self) -> Result<()> {
@@ -362,6 +369,35 @@ impl Dispatcher {
             return Ok(());
         };
         crate::state::save(p, &self.saved, "notification state")
+    }
+}
+
+/// Whether a group whose live alerts are `firing` and `resolved` notifies at `now`, after its
+/// last notification `log`: a new firing alert, a notified one resolved (with `send_resolved`),
+/// everything notified gone, or the repeat interval past.
+fn needs_notification(
+    log: Option<&LogEntry>,
+    route: &RouteConfig,
+    firing: &BTreeSet<String>,
+    resolved: &BTreeSet<String>,
+    now: i64,
+) -> bool {
+    let Some(e) = log else {
+        return !firing.is_empty();
+    };
+    if !e.firing.is_empty() && firing.is_empty() {
+        // Everything notified resolved (or went silent).
+        !resolved.is_empty()
+    } else if !firing.is_subset(&e.firing)
+        || (route.send_resolved
+            && resolved
+                .iter()
+                .any(|f| e.firing.contains(f) && !e.resolved.contains(f)))
+    {
+        // A new firing alert, or a notified one resolved.
+        true
+    } else {
+        !firing.is_empty() && now - e.at >= nanos(route.repeat_interval())
     }
 }
 
