@@ -211,11 +211,10 @@ struct TableCount {
     expected: Option<u64>,
 }
 
-/// Counts the rows each table the panels read holds, in total and in each timed range; an
-/// error when a range has none or a table does not hold what was sent.
-async fn check_tables(server: &Server, load: &Load, ranges: &[String]) -> Result<()> {
-    let end_ms = load.end_ms();
-    let checks = [
+/// The counts [`check_tables`] makes: every table the panels read, with what was sent where the
+/// load knows it.
+fn table_counts(load: &Load) -> [TableCount; 10] {
+    [
         TableCount {
             what: "gpu_metrics",
             sql: "SELECT count(*) AS n FROM gpu_metrics WHERE true {WHERE}",
@@ -266,7 +265,14 @@ async fn check_tables(server: &Server, load: &Load, ranges: &[String]) -> Result
             sql: "SELECT count(*) AS n FROM jobs WHERE idle_cost_usd > 0 {WHERE}",
             expected: None,
         },
-    ];
+    ]
+}
+
+/// Counts the rows each table the panels read holds, in total and in each timed range; an
+/// error when a range has none or a table does not hold what was sent.
+async fn check_tables(server: &Server, load: &Load, ranges: &[String]) -> Result<()> {
+    let end_ms = load.end_ms();
+    let checks = table_counts(load);
     let mut spans = Vec::new();
     for r in ranges {
         let d = parse_duration(r).map_err(|e| format!("--range {e}"))?;
