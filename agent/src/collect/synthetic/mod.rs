@@ -54,6 +54,15 @@
 //! already running and one notebook already idle (on nodes of 4 GPUs or more, a second one with
 //! a time limit 12 to 24 hours on), so a demo shows both cases at once and for hours.
 //!
+//! # Other set-ups
+//!
+//! [`Fleet::new`] builds the demo node above. [`Fleet::with_options`] takes [`NodeOptions`]:
+//! start empty (no demo jobs), job ids from a given first one, a training job that holds every
+//! GPU for good (one node's share of a multi-node job), job lengths and arrival gaps scaled, and
+//! fault rates scaled. The benchmarks' fleet (bench/src/fleet.rs) is built from such nodes, one
+//! per host, so the agent and the benchmarks share one simulator. The defaults leave the demo
+//! node exactly as it was: same seed, same samples.
+//!
 //! # Files
 //!
 //! | file | what |
