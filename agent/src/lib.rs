@@ -73,7 +73,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
 pub use collect::nvml::NvmlSource;
-pub use collect::synthetic::Fleet;
+pub use collect::synthetic::{Fleet, NodeOptions, StandingJob};
 pub use collect::{GpuSample, JobLabels, ProcessSample, Source};
 pub use config::{AgentOptions, Protocol, Settings, SourceKind};
 pub use error::{Error, Result};

@@ -4,6 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+#[cfg(test)]
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsPartialSuccess;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
 use tokio::sync::mpsc;
 
 use crate::remote_write::Body;
@@ -32,26 +35,10 @@ pub(crate) enum Transport {
     Otlp,
 }
 
-/// `ExportMetricsServiceResponse`, for its partial success.
-#[derive(Clone, PartialEq, prost::Message)]
-struct OtlpResponse {
-    #[prost(message, optional, tag = "1")]
-    partial_success: Option<OtlpPartialSuccess>,
-}
-
-/// `ExportMetricsPartialSuccess`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct OtlpPartialSuccess {
-    #[prost(int64, tag = "1")]
-    rejected_data_points: i64,
-    #[prost(string, tag = "2")]
-    error_message: String,
-}
-
 /// The rejection an OTLP answer body reports, if any.
 fn otlp_rejection(body: &[u8]) -> Result<Option<String>, String> {
     use prost::Message;
-    let resp = OtlpResponse::decode(body)
+    let resp = ExportMetricsServiceResponse::decode(body)
         .map_err(|e| format!("the OTLP answer is not an ExportMetricsServiceResponse: {e}"))?;
     Ok(resp
         .partial_success
@@ -215,12 +202,12 @@ mod tests {
     #[test]
     fn otlp_answers_with_rejected_points_are_errors() {
         assert_eq!(otlp_rejection(b""), Ok(None));
-        let ok = OtlpResponse {
-            partial_success: Some(OtlpPartialSuccess::default()),
+        let ok = ExportMetricsServiceResponse {
+            partial_success: Some(ExportMetricsPartialSuccess::default()),
         };
         assert_eq!(otlp_rejection(&ok.encode_to_vec()), Ok(None));
-        let rejected = OtlpResponse {
-            partial_success: Some(OtlpPartialSuccess {
+        let rejected = ExportMetricsServiceResponse {
+            partial_success: Some(ExportMetricsPartialSuccess {
                 rejected_data_points: 3,
                 error_message: "3 more than 10 minutes ahead".into(),
             }),

@@ -118,6 +118,70 @@ impl FakeNvml {
     }
 }
 
+/// The fixed readings of a whole fake GPU, busy (held by `procs` processes) or idle.
+fn fill_readings(s: &mut GpuSample, busy: bool, procs: usize, power: f64, energy: f64) {
+    s.gpu_utilization = Some(if busy { 1.0 } else { 0.0 });
+    s.memory_utilization = Some(if busy { 0.3 } else { 0.0 });
+    s.memory_used_bytes = Some(IDLE_MEMORY + PROCESS_MEMORY * procs as i64);
+    s.memory_total_bytes = Some(TOTAL_MEMORY);
+    s.power_watts = Some(power);
+    s.energy_joules = Some(energy);
+    s.temperature_celsius = Some(if busy { 60.0 } else { 40.0 });
+    s.sm_clock_mhz = Some(if busy { 1980 } else { 345 });
+    s.sm_clock_max_mhz = Some(1980);
+    s.pcie_link_gen = Some(if busy { 5 } else { 1 });
+    s.pcie_link_width = Some(16);
+    s.memory_clock_mhz = Some(2619);
+    s.clock_event_reasons = Some(if busy { 0 } else { 1 });
+    s.ecc_sbe_volatile_total = Some(0);
+    s.ecc_dbe_volatile_total = Some(0);
+}
+
+impl FakeNvml {
+    /// XIDs appended to `nvidia<index>.xid` since the last read become events; the count of
+    /// all seen so far.
+    fn new_xids(&mut self, index: u32, now_unix_nano: u64, uuid: &str) -> i64 {
+        let xids: Vec<i64> =
+            std::fs::read_to_string(self.dev_dir.join(format!("nvidia{index}.xid")))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+        let seen = &mut self.xid_seen[index as usize];
+        for &code in xids.iter().skip(*seen) {
+            self.events.push(GpuEvent {
+                time_unix_nano: now_unix_nano,
+                gpu_uuid: uuid.to_string(),
+                gpu_index: index,
+                kind: "xid".to_string(),
+                code,
+                detail: format!("xid {code}"),
+            });
+        }
+        *seen = (*seen).max(xids.len());
+        *seen as i64
+    }
+
+    /// The MIG instances of GPU `index`: an equal share of the memory each, idle.
+    fn mig_samples(&self, index: u32, now_unix_nano: u64, model: &str) -> Vec<GpuSample> {
+        let share = TOTAL_MEMORY / i64::from(self.mig);
+        (1..=self.mig)
+            .map(|gi| {
+                let mut m = GpuSample::empty(
+                    now_unix_nano,
+                    Self::mig_uuid(index, gi),
+                    index,
+                    format!("{model} MIG"),
+                );
+                m.mig_instance = Some(format!("{gi}.0"));
+                m.memory_total_bytes = Some(share);
+                m.memory_used_bytes = Some(IDLE_MEMORY / i64::from(self.mig));
+                m
+            })
+            .collect()
+    }
+}
+
 impl Source for FakeNvml {
     fn name(&self) -> &'static str {
         "fake"
@@ -151,56 +215,12 @@ impl Source for FakeNvml {
             let power = if busy { 300.0 } else { 70.0 };
             let energy = &mut self.energy_joules[index as usize];
             *energy += power * dt;
-            s.gpu_utilization = Some(if busy { 1.0 } else { 0.0 });
-            s.memory_utilization = Some(if busy { 0.3 } else { 0.0 });
-            s.memory_used_bytes = Some(IDLE_MEMORY + PROCESS_MEMORY * procs.len() as i64);
-            s.memory_total_bytes = Some(TOTAL_MEMORY);
-            s.power_watts = Some(power);
-            s.energy_joules = Some(*energy);
-            s.temperature_celsius = Some(if busy { 60.0 } else { 40.0 });
-            s.sm_clock_mhz = Some(if busy { 1980 } else { 345 });
-            s.sm_clock_max_mhz = Some(1980);
-            s.pcie_link_gen = Some(if busy { 5 } else { 1 });
-            s.pcie_link_width = Some(16);
-            s.memory_clock_mhz = Some(2619);
-            s.clock_event_reasons = Some(if busy { 0 } else { 1 });
-            s.ecc_sbe_volatile_total = Some(0);
-            s.ecc_dbe_volatile_total = Some(0);
-            let xids: Vec<i64> =
-                std::fs::read_to_string(self.dev_dir.join(format!("nvidia{index}.xid")))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect();
-            let seen = &mut self.xid_seen[index as usize];
-            for &code in xids.iter().skip(*seen) {
-                self.events.push(GpuEvent {
-                    time_unix_nano: now_unix_nano,
-                    gpu_uuid: s.gpu_uuid.clone(),
-                    gpu_index: index,
-                    kind: "xid".to_string(),
-                    code,
-                    detail: format!("xid {code}"),
-                });
-            }
-            *seen = (*seen).max(xids.len());
-            s.xid_errors_total = Some(*seen as i64);
+            fill_readings(&mut s, busy, procs.len(), power, *energy);
+            s.xid_errors_total = Some(self.new_xids(index, now_unix_nano, &s.gpu_uuid));
             if self.mig > 0 {
                 s.gpu_utilization = None;
                 s.memory_utilization = None;
-                let share = TOTAL_MEMORY / i64::from(self.mig);
-                for gi in 1..=self.mig {
-                    let mut m = GpuSample::empty(
-                        now_unix_nano,
-                        Self::mig_uuid(index, gi),
-                        index,
-                        format!("{} MIG", s.gpu_model),
-                    );
-                    m.mig_instance = Some(format!("{gi}.0"));
-                    m.memory_total_bytes = Some(share);
-                    m.memory_used_bytes = Some(IDLE_MEMORY / i64::from(self.mig));
-                    samples.push(m);
-                }
+                samples.extend(self.mig_samples(index, now_unix_nano, &s.gpu_model));
             }
             for &pid in procs {
                 self.processes.push(ProcessSample {

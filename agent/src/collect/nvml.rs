@@ -439,62 +439,15 @@ impl NvmlSource {
             device.temperature(TemperatureSensor::Gpu),
         )
         .map(f64::from);
-        s.sm_clock_mhz = field(index, "sm clock", device.clock_info(Clock::SM)).map(i64::from);
-        s.memory_clock_mhz =
-            field(index, "memory clock", device.clock_info(Clock::Memory)).map(i64::from);
+        read_clocks_and_link(index, device, &mut s);
         s.sm_clock_max_mhz = gpu.sm_clock_max_mhz;
-        // The link's current generation and width (it trains down when idle on some boards):
-        // what PCIe rates are measured against (docs/jobs.md).
-        s.pcie_link_gen =
-            field(index, "pcie link gen", device.current_pcie_link_gen()).map(i64::from);
-        s.pcie_link_width =
-            field(index, "pcie link width", device.current_pcie_link_width()).map(i64::from);
-        s.clock_event_reasons = field(
-            index,
-            "clock event reasons",
-            device.current_throttle_reasons(),
-        )
-        .and_then(|r| to_i64(r.bits()));
         self.read_gpm(index, device, &mut s);
-        // nvmlDeviceGetPcieThroughput samples the bus for 20 ms per call, most of a
-        // collection's time: where GPM gives PCIe rates (Hopper+), they come from there.
         if self.gpm_unsupported.contains(&index) {
-            s.pcie_tx_bytes_per_second = field(
-                index,
-                "pcie tx",
-                device.pcie_throughput(PcieUtilCounter::Send),
-            )
-            .map(kib_per_second_to_bytes);
-            s.pcie_rx_bytes_per_second = field(
-                index,
-                "pcie rx",
-                device.pcie_throughput(PcieUtilCounter::Receive),
-            )
-            .map(kib_per_second_to_bytes);
+            read_pcie_throughput(index, device, &mut s);
         }
-        s.ecc_sbe_volatile_total = field(
-            index,
-            "ecc corrected",
-            device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
-        )
-        .and_then(to_i64);
-        s.ecc_dbe_volatile_total = field(
-            index,
-            "ecc uncorrected",
-            device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
-        )
-        .and_then(to_i64);
+        read_ecc(index, device, &mut s);
         read_field_values(index, &device, &mut s);
-        // Reading the energy counter costs about 4 ms of CPU on an H100 (docs/agent-gpu-test.md):
-        // it is read every --slow-interval and advanced by the power readings in between.
-        let mut track = self.energy.get(&index).copied().unwrap_or_default();
-        let counter = if track.due(now, self.slow_interval_ns) {
-            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules)
-        } else {
-            None
-        };
-        s.energy_joules = track.advance(now, s.power_watts, counter);
-        self.energy.insert(index, track);
+        self.read_energy(index, device, now, &mut s);
         if self.xid_registered.contains(&s.gpu_uuid) {
             s.xid_errors_total = Some(self.xid_counts.get(&s.gpu_uuid).copied().unwrap_or(0));
         }
@@ -545,6 +498,20 @@ impl NvmlSource {
             out.push(s);
         }
         out
+    }
+
+    /// Energy: reading the counter costs about 4 ms of CPU on an H100
+    /// (docs/agent-gpu-test.md), so it is read every --slow-interval and advanced by the power
+    /// readings in between.
+    fn read_energy(&mut self, index: u32, device: &Device<'static>, now: u64, s: &mut GpuSample) {
+        let mut track = self.energy.get(&index).copied().unwrap_or_default();
+        let counter = if track.due(now, self.slow_interval_ns) {
+            field(index, "energy", device.total_energy_consumption()).map(millijoules_to_joules)
+        } else {
+            None
+        };
+        s.energy_joules = track.advance(now, s.power_watts, counter);
+        self.energy.insert(index, track);
     }
 
     /// GPM metrics between the previous collection and now.
@@ -697,6 +664,57 @@ fn field<T>(index: u32, what: &'static str, r: Result<T, NvmlError>) -> Option<T
             None
         }
     }
+}
+
+/// SM and memory clocks, the PCIe link's current generation and width (it trains down when
+/// idle on some boards: what PCIe rates are measured against, docs/jobs.md) and the
+/// clocks-event reasons.
+fn read_clocks_and_link(index: u32, device: &Device<'static>, s: &mut GpuSample) {
+    s.sm_clock_mhz = field(index, "sm clock", device.clock_info(Clock::SM)).map(i64::from);
+    s.memory_clock_mhz =
+        field(index, "memory clock", device.clock_info(Clock::Memory)).map(i64::from);
+    s.pcie_link_gen = field(index, "pcie link gen", device.current_pcie_link_gen()).map(i64::from);
+    s.pcie_link_width =
+        field(index, "pcie link width", device.current_pcie_link_width()).map(i64::from);
+    s.clock_event_reasons = field(
+        index,
+        "clock event reasons",
+        device.current_throttle_reasons(),
+    )
+    .and_then(|r| to_i64(r.bits()));
+}
+
+/// PCIe rates from nvmlDeviceGetPcieThroughput, which samples the bus for 20 ms per call (most
+/// of a collection's time): read only where GPM does not give them (before Hopper).
+fn read_pcie_throughput(index: u32, device: &Device<'static>, s: &mut GpuSample) {
+    s.pcie_tx_bytes_per_second = field(
+        index,
+        "pcie tx",
+        device.pcie_throughput(PcieUtilCounter::Send),
+    )
+    .map(kib_per_second_to_bytes);
+    s.pcie_rx_bytes_per_second = field(
+        index,
+        "pcie rx",
+        device.pcie_throughput(PcieUtilCounter::Receive),
+    )
+    .map(kib_per_second_to_bytes);
+}
+
+/// The volatile ECC counters.
+fn read_ecc(index: u32, device: &Device<'static>, s: &mut GpuSample) {
+    s.ecc_sbe_volatile_total = field(
+        index,
+        "ecc corrected",
+        device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
+    )
+    .and_then(to_i64);
+    s.ecc_dbe_volatile_total = field(
+        index,
+        "ecc uncorrected",
+        device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+    )
+    .and_then(to_i64);
 }
 
 /// Memory temperature and remapped rows: one `nvmlDeviceGetFieldValues` call.

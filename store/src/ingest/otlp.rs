@@ -22,7 +22,8 @@ use crate::schema::{
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, NumberDataPoint, metric::Data, number_data_point,
+    AggregationTemporality, ExponentialHistogram, Histogram, NumberDataPoint, Summary,
+    metric::Data, number_data_point,
 };
 
 /// Counts of what a decode kept and rejected.
@@ -208,19 +209,10 @@ pub fn to_write_batch(
     req: &ExportMetricsServiceRequest,
     now: i64,
 ) -> Result<(WriteBatch, DecodeStats)> {
-    let mut stats = DecodeStats::default();
-    let mut gpu_rows: Vec<GpuRow> = Vec::new();
-    let mut gpu_index: HashMap<(i64, String, String, Option<String>), usize> = HashMap::new();
-    let mut metric_rows: Vec<MetricRow> = Vec::new();
-    let mut procs = ProcessSink::default();
-    let mut events: Vec<EventRow> = Vec::new();
-    let mut sink = MetricSink {
-        rows: &mut metric_rows,
-    };
+    let mut d = Decoder::new(now);
     let delta = AggregationTemporality::Delta as i32;
-
     for rm in &req.resource_metrics {
-        let resource_attrs: &[KeyValue] = rm
+        let res: &[KeyValue] = rm
             .resource
             .as_ref()
             .map(|r| r.attributes.as_slice())
@@ -229,187 +221,263 @@ pub fn to_write_batch(
             let semconv = !sm.schema_url.is_empty() || !rm.schema_url.is_empty();
             for metric in &sm.metrics {
                 let name = &metric.name;
-                let (points, is_delta): (&[NumberDataPoint], bool) = match &metric.data {
-                    Some(Data::Gauge(g)) => (&g.data_points, false),
-                    Some(Data::Sum(s)) => (&s.data_points, s.aggregation_temporality == delta),
-                    Some(Data::Histogram(h)) => {
-                        for p in &h.data_points {
-                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
-                                continue;
-                            };
-                            stats.points += 1;
-                            let labels = labels_of(resource_attrs, &p.attributes);
-                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
-                            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
-                            for (suffix, v) in extras {
-                                if let Some(v) = v.filter(|v| v.is_finite()) {
-                                    sink.push(time, format!("{name}_{suffix}"), v, &labels);
-                                }
-                            }
-                            if !p.bucket_counts.is_empty() {
-                                let mut cumulative = 0u64;
-                                for (i, c) in p.bucket_counts.iter().enumerate() {
-                                    cumulative = cumulative.saturating_add(*c);
-                                    let bound =
-                                        p.explicit_bounds.get(i).copied().unwrap_or(f64::INFINITY);
-                                    sink.push_with(
-                                        time,
-                                        format!("{name}_bucket"),
-                                        cumulative as f64,
-                                        &labels,
-                                        ("le", le_label(bound)),
-                                    );
-                                }
-                            }
-                        }
-                        continue;
+                match &metric.data {
+                    Some(Data::Gauge(g)) => d.numbers(name, &g.data_points, false, semconv, res),
+                    Some(Data::Sum(s)) => {
+                        let is_delta = s.aggregation_temporality == delta;
+                        d.numbers(name, &s.data_points, is_delta, semconv, res);
                     }
-                    Some(Data::ExponentialHistogram(h)) => {
-                        for p in &h.data_points {
-                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
-                                continue;
-                            };
-                            stats.points += 1;
-                            stats.unsupported += 1;
-                            let labels = labels_of(resource_attrs, &p.attributes);
-                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
-                            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
-                            for (suffix, v) in extras {
-                                if let Some(v) = v.filter(|v| v.is_finite()) {
-                                    sink.push(time, format!("{name}_{suffix}"), v, &labels);
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    Some(Data::Summary(s)) => {
-                        for p in &s.data_points {
-                            let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
-                                continue;
-                            };
-                            stats.points += 1;
-                            let labels = labels_of(resource_attrs, &p.attributes);
-                            sink.push(time, format!("{name}_count"), p.count as f64, &labels);
-                            if p.sum.is_finite() {
-                                sink.push(time, format!("{name}_sum"), p.sum, &labels);
-                            }
-                            for q in &p.quantile_values {
-                                if q.value.is_finite() {
-                                    sink.push_with(
-                                        time,
-                                        name.clone(),
-                                        q.value,
-                                        &labels,
-                                        ("quantile", q.quantile.to_string()),
-                                    );
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    None => continue,
-                };
-                for p in points {
-                    let column = column_of(name, semconv, &p.attributes);
-                    let counter_column =
-                        column.is_some_and(|c| COUNTER_COLUMNS.contains(&VALUE_COLUMNS[c].column));
-                    let Some(cell) = point_value(p) else {
-                        stats.reject(|s| &mut s.non_finite);
-                        continue;
-                    };
-                    let Some(time) = check_time(p.time_unix_nano, now, &mut stats) else {
-                        continue;
-                    };
-                    let gpu_id = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[1].1);
-                    if let Some(gpu) = &gpu_id {
-                        let host = || {
-                            find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1)
-                                .unwrap_or_default()
-                        };
-                        if name == PROCESS_MEMORY_METRIC || name == PROCESS_SM_METRIC {
-                            let pid = find_attr(&p.attributes, resource_attrs, &["process.pid"])
-                                .and_then(|v| v.parse::<i64>().ok());
-                            if let Some(pid) = pid {
-                                stats.points += 1;
-                                let row = procs.row(time, host(), gpu, pid, || {
-                                    let attr =
-                                        |n: &str| find_attr(&p.attributes, resource_attrs, &[n]);
-                                    (
-                                        attr("process.executable.name"),
-                                        attr("job.id"),
-                                        attr("job.user"),
-                                    )
-                                });
-                                if name == PROCESS_MEMORY_METRIC {
-                                    row.used_memory_bytes = Some(cell.as_i64());
-                                } else {
-                                    row.sm_utilization = Some(cell.as_f64());
-                                }
-                                continue;
-                            }
-                        } else if name == EVENT_METRIC
-                            && let Some(kind) =
-                                find_attr(&p.attributes, resource_attrs, &["gpu.event.kind"])
-                        {
-                            stats.points += 1;
-                            events.push(EventRow {
-                                time,
-                                host: host(),
-                                gpu_uuid: gpu.clone(),
-                                kind,
-                                code: Some(cell.as_i64()),
-                                detail: find_attr(
-                                    &p.attributes,
-                                    resource_attrs,
-                                    &["gpu.event.detail"],
-                                ),
-                            });
-                            continue;
-                        }
-                    }
-                    match (column, gpu_id) {
-                        (Some(_), Some(_)) if is_delta && counter_column => {
-                            stats.reject(|s| &mut s.delta_counter);
-                        }
-                        (Some(col), Some(gpu)) => {
-                            stats.points += 1;
-                            let host = find_attr(&p.attributes, resource_attrs, LABEL_COLUMNS[0].1)
-                                .unwrap_or_default();
-                            let mig =
-                                find_attr(&p.attributes, resource_attrs, &["gpu.mig.instance"]);
-                            let key = (time, host, gpu, mig);
-                            let idx = match gpu_index.get(&key) {
-                                Some(&i) => i,
-                                None => {
-                                    let mut row = GpuRow::new(time);
-                                    for (li, (_, names)) in LABEL_COLUMNS.iter().enumerate() {
-                                        row.labels[li] =
-                                            find_attr(&p.attributes, resource_attrs, names);
-                                    }
-                                    gpu_rows.push(row);
-                                    gpu_index.insert(key, gpu_rows.len() - 1);
-                                    gpu_rows.len() - 1
-                                }
-                            };
-                            gpu_rows[idx].values[col] = Some(cell);
-                        }
-                        _ => {
-                            stats.points += 1;
-                            let value = match cell {
-                                Cell::F(v) => v,
-                                Cell::I(v) => v as f64,
-                            };
-                            let labels = labels_of(resource_attrs, &p.attributes);
-                            sink.push(time, name.clone(), value, &labels);
-                        }
-                    }
+                    Some(Data::Histogram(h)) => d.histogram(name, h, res),
+                    Some(Data::ExponentialHistogram(h)) => d.exponential_histogram(name, h, res),
+                    Some(Data::Summary(s)) => d.summary(name, s, res),
+                    None => {}
                 }
             }
         }
     }
-    let mut batch = WriteBatch::from_rows(&gpu_rows, &metric_rows)?;
-    batch.add_processes_and_events(&procs.rows, &events)?;
-    Ok((batch, stats))
+    let mut batch = WriteBatch::from_rows(&d.gpu_rows, &d.metric_rows)?;
+    batch.add_processes_and_events(&d.procs.rows, &d.events)?;
+    Ok((batch, d.stats))
+}
+
+/// The rows of one request as its points are decoded.
+struct Decoder {
+    /// The receive time (ns): stands in for a missing timestamp, bounds the future.
+    now: i64,
+    stats: DecodeStats,
+    gpu_rows: Vec<GpuRow>,
+    /// (time, host, GPU, MIG instance) → index into `gpu_rows`.
+    gpu_index: HashMap<(i64, String, String, Option<String>), usize>,
+    metric_rows: Vec<MetricRow>,
+    procs: ProcessSink,
+    events: Vec<EventRow>,
+}
+
+impl Decoder {
+    fn new(now: i64) -> Self {
+        Self {
+            now,
+            stats: DecodeStats::default(),
+            gpu_rows: Vec::new(),
+            gpu_index: HashMap::new(),
+            metric_rows: Vec::new(),
+            procs: ProcessSink::default(),
+            events: Vec::new(),
+        }
+    }
+
+    fn sink(&mut self) -> MetricSink<'_> {
+        MetricSink {
+            rows: &mut self.metric_rows,
+        }
+    }
+
+    /// A point's time, or `None` (counted) when it lies too far ahead.
+    #[inline]
+    fn time(&mut self, time_unix_nano: u64) -> Option<i64> {
+        check_time(time_unix_nano, self.now, &mut self.stats)
+    }
+
+    /// `<name>_count`, and `_sum`, `_min`, `_max` where finite.
+    fn count_and_extras(
+        &mut self,
+        time: i64,
+        name: &str,
+        count: u64,
+        extras: [(&str, Option<f64>); 3],
+        labels: &BTreeMap<String, String>,
+    ) {
+        let mut sink = self.sink();
+        sink.push(time, format!("{name}_count"), count as f64, labels);
+        for (suffix, v) in extras {
+            if let Some(v) = v.filter(|v| v.is_finite()) {
+                sink.push(time, format!("{name}_{suffix}"), v, labels);
+            }
+        }
+    }
+
+    /// Prometheus-style rows of a histogram: count, sum, min, max and cumulative buckets.
+    fn histogram(&mut self, name: &str, h: &Histogram, res: &[KeyValue]) {
+        for p in &h.data_points {
+            let Some(time) = self.time(p.time_unix_nano) else {
+                continue;
+            };
+            self.stats.points += 1;
+            let labels = labels_of(res, &p.attributes);
+            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
+            self.count_and_extras(time, name, p.count, extras, &labels);
+            let mut sink = self.sink();
+            let mut cumulative = 0u64;
+            for (i, c) in p.bucket_counts.iter().enumerate() {
+                cumulative = cumulative.saturating_add(*c);
+                let bound = p.explicit_bounds.get(i).copied().unwrap_or(f64::INFINITY);
+                sink.push_with(
+                    time,
+                    format!("{name}_bucket"),
+                    cumulative as f64,
+                    &labels,
+                    ("le", le_label(bound)),
+                );
+            }
+        }
+    }
+
+    /// An exponential histogram's count, sum, min and max (its buckets are not kept).
+    fn exponential_histogram(&mut self, name: &str, h: &ExponentialHistogram, res: &[KeyValue]) {
+        for p in &h.data_points {
+            let Some(time) = self.time(p.time_unix_nano) else {
+                continue;
+            };
+            self.stats.points += 1;
+            self.stats.unsupported += 1;
+            let labels = labels_of(res, &p.attributes);
+            let extras = [("sum", p.sum), ("min", p.min), ("max", p.max)];
+            self.count_and_extras(time, name, p.count, extras, &labels);
+        }
+    }
+
+    /// A summary's count, sum and quantiles.
+    fn summary(&mut self, name: &str, s: &Summary, res: &[KeyValue]) {
+        for p in &s.data_points {
+            let Some(time) = self.time(p.time_unix_nano) else {
+                continue;
+            };
+            self.stats.points += 1;
+            let labels = labels_of(res, &p.attributes);
+            let extras = [("sum", Some(p.sum)), ("min", None), ("max", None)];
+            self.count_and_extras(time, name, p.count, extras, &labels);
+            let mut sink = self.sink();
+            for q in p.quantile_values.iter().filter(|q| q.value.is_finite()) {
+                let quantile = ("quantile", q.quantile.to_string());
+                sink.push_with(time, name.to_string(), q.value, &labels, quantile);
+            }
+        }
+    }
+
+    /// Gauge and sum points: GPU cells, process and event rows, or `metrics` rows.
+    fn numbers(
+        &mut self,
+        name: &String,
+        points: &[NumberDataPoint],
+        is_delta: bool,
+        semconv: bool,
+        res: &[KeyValue],
+    ) {
+        for p in points {
+            let column = column_of(name, semconv, &p.attributes);
+            let counter_column =
+                column.is_some_and(|c| COUNTER_COLUMNS.contains(&VALUE_COLUMNS[c].column));
+            let Some(cell) = point_value(p) else {
+                self.stats.reject(|s| &mut s.non_finite);
+                continue;
+            };
+            let Some(time) = self.time(p.time_unix_nano) else {
+                continue;
+            };
+            let gpu_id = find_attr(&p.attributes, res, LABEL_COLUMNS[1].1);
+            if let Some(gpu) = &gpu_id
+                && self.process_or_event(name, p, res, time, gpu, cell)
+            {
+                continue;
+            }
+            match (column, gpu_id) {
+                (Some(_), Some(_)) if is_delta && counter_column => {
+                    self.stats.reject(|s| &mut s.delta_counter);
+                }
+                (Some(col), Some(gpu)) => self.gpu_cell(p, res, time, gpu, col, cell),
+                _ => {
+                    self.stats.points += 1;
+                    let value = match cell {
+                        Cell::F(v) => v,
+                        Cell::I(v) => v as f64,
+                    };
+                    let labels = labels_of(res, &p.attributes);
+                    self.sink().push(time, name.clone(), value, &labels);
+                }
+            }
+        }
+    }
+
+    /// A process's memory or SM point, or a GPU event, of GPU `gpu`: true when `p` was one
+    /// (and went to its row).
+    fn process_or_event(
+        &mut self,
+        name: &str,
+        p: &NumberDataPoint,
+        res: &[KeyValue],
+        time: i64,
+        gpu: &str,
+        cell: Cell,
+    ) -> bool {
+        let host = || find_attr(&p.attributes, res, LABEL_COLUMNS[0].1).unwrap_or_default();
+        if name == PROCESS_MEMORY_METRIC || name == PROCESS_SM_METRIC {
+            let Some(pid) =
+                find_attr(&p.attributes, res, &["process.pid"]).and_then(|v| v.parse::<i64>().ok())
+            else {
+                return false;
+            };
+            self.stats.points += 1;
+            let row = self.procs.row(time, host(), gpu, pid, || {
+                let attr = |n: &str| find_attr(&p.attributes, res, &[n]);
+                (
+                    attr("process.executable.name"),
+                    attr("job.id"),
+                    attr("job.user"),
+                )
+            });
+            if name == PROCESS_MEMORY_METRIC {
+                row.used_memory_bytes = Some(cell.as_i64());
+            } else {
+                row.sm_utilization = Some(cell.as_f64());
+            }
+            return true;
+        }
+        if name != EVENT_METRIC {
+            return false;
+        }
+        let Some(kind) = find_attr(&p.attributes, res, &["gpu.event.kind"]) else {
+            return false;
+        };
+        self.stats.points += 1;
+        self.events.push(EventRow {
+            time,
+            host: host(),
+            gpu_uuid: gpu.to_string(),
+            kind,
+            code: Some(cell.as_i64()),
+            detail: find_attr(&p.attributes, res, &["gpu.event.detail"]),
+        });
+        true
+    }
+
+    /// A `gpu_metrics` cell: the row of (time, host, GPU, MIG instance), made on first use.
+    fn gpu_cell(
+        &mut self,
+        p: &NumberDataPoint,
+        res: &[KeyValue],
+        time: i64,
+        gpu: String,
+        col: usize,
+        cell: Cell,
+    ) {
+        self.stats.points += 1;
+        let host = find_attr(&p.attributes, res, LABEL_COLUMNS[0].1).unwrap_or_default();
+        let mig = find_attr(&p.attributes, res, &["gpu.mig.instance"]);
+        let key = (time, host, gpu, mig);
+        let idx = match self.gpu_index.get(&key) {
+            Some(&i) => i,
+            None => {
+                let mut row = GpuRow::new(time);
+                for (li, (_, names)) in LABEL_COLUMNS.iter().enumerate() {
+                    row.labels[li] = find_attr(&p.attributes, res, names);
+                }
+                self.gpu_rows.push(row);
+                self.gpu_index.insert(key, self.gpu_rows.len() - 1);
+                self.gpu_rows.len() - 1
+            }
+        };
+        self.gpu_rows[idx].values[col] = Some(cell);
+    }
 }
 
 /// Collects `gpu_processes` rows: the memory and SM points of one process at one time fill

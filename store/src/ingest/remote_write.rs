@@ -671,11 +671,7 @@ pub fn view_to_write_batch(
     let mut gpu = GpuTable::new();
     // (row, free MiB, reserved MiB) for the memory total of rows without DCGM_FI_DEV_FB_TOTAL.
     let mut fb_extra: HashMap<usize, (Option<f64>, Option<f64>)> = HashMap::new();
-    // Metric rows: (time, series, value), and the series they came from.
-    let mut metric_rows: Vec<(i64, u32, f64)> = Vec::new();
-    let mut metric_series: Vec<MetricSeries<'_>> = Vec::new();
-    let mut metric_index: HashMap<(u32, i64), usize> = HashMap::new();
-    let mut series_ids: HashMap<(&str, Vec<(&str, &str)>), u32> = HashMap::new();
+    let mut metrics = MetricTable::default();
 
     for ts in req.series() {
         stats.series += 1;
@@ -692,22 +688,12 @@ pub fn view_to_write_batch(
         let gpu_id = (gpu_target.is_some() || fb_side).then(|| gpu.gpu(t, &sl.gpu));
         let mut cursor = 0usize;
         let mut label_set: Option<u32> = None;
-        // Index into `metric_series`, made at the first sample that needs it.
+        // Index into `metrics.series`, made at the first sample that needs it.
         let mut metric: Option<u32> = None;
         for s in ts.samples {
-            if s.value.to_bits() == STALE_NAN_BITS {
-                stats.stale += 1;
-                continue;
-            }
-            if !s.value.is_finite() {
-                stats.non_finite += 1;
-                continue;
-            }
-            let Some(time) = sample_time(s.timestamp, now) else {
-                stats.out_of_range += 1;
+            let Some(time) = kept_sample_time(s.value, s.timestamp, now, &mut stats) else {
                 continue;
             };
-            stats.samples += 1;
             if let Some(g) = gpu_id {
                 let row = gpu.row(g, time, &mut cursor, &mut label_set, &sl.gpu, ts.labels);
                 if let Some((scale, col)) = gpu_target {
@@ -728,29 +714,84 @@ pub fn view_to_write_batch(
                 }
                 // Also kept in `metrics` below.
             }
-            let m = *metric.get_or_insert_with(|| {
-                let ms = metric_series_of(name, ts.labels, &mut series_ids);
-                metric_series.push(ms);
-                (metric_series.len() - 1) as u32
-            });
-            let sid = metric_series[m as usize].id;
-            match metric_index.get(&(sid, time)) {
-                Some(&i) => {
-                    stats.duplicates += 1;
-                    stats.samples -= 1;
-                    metric_rows[i].2 = s.value;
-                }
-                None => {
-                    metric_index.insert((sid, time), metric_rows.len());
-                    metric_rows.push((time, m, s.value));
-                }
+            let m = *metric.get_or_insert_with(|| metrics.series_of(name, ts.labels));
+            metrics.push(m, time, s.value, &mut stats);
+        }
+    }
+    fill_memory_totals(&mut gpu, t, &fb_extra);
+    Ok((finish(&gpu, &metrics)?, stats))
+}
+
+/// The time of a sample that is kept, or `None` (counted in `stats`) for a stale marker, a
+/// value that is not finite or a time out of range.
+#[inline]
+fn kept_sample_time(
+    value: f64,
+    timestamp: i64,
+    now: i64,
+    stats: &mut RemoteWriteStats,
+) -> Option<i64> {
+    if value.to_bits() == STALE_NAN_BITS {
+        stats.stale += 1;
+        return None;
+    }
+    if !value.is_finite() {
+        stats.non_finite += 1;
+        return None;
+    }
+    let Some(time) = sample_time(timestamp, now) else {
+        stats.out_of_range += 1;
+        return None;
+    };
+    stats.samples += 1;
+    Some(time)
+}
+
+/// The `metrics` rows of a request: (time, series, value), and the series they came from.
+#[derive(Default)]
+struct MetricTable<'a> {
+    rows: Vec<(i64, u32, f64)>,
+    series: Vec<MetricSeries<'a>>,
+    /// (series id, time) → index into `rows`.
+    index: HashMap<(u32, i64), usize>,
+    ids: HashMap<(&'a str, Vec<(&'a str, &'a str)>), u32>,
+}
+
+impl<'a> MetricTable<'a> {
+    /// A new entry of `series` for the series `name` with `labels`; its index.
+    fn series_of(&mut self, name: &'a str, labels: &[(&'a str, &'a str)]) -> u32 {
+        let ms = metric_series_of(name, labels, &mut self.ids);
+        self.series.push(ms);
+        (self.series.len() - 1) as u32
+    }
+
+    /// A sample of series `m`; a second one at the same time replaces the first (a duplicate).
+    #[inline]
+    fn push(&mut self, m: u32, time: i64, value: f64, stats: &mut RemoteWriteStats) {
+        let sid = self.series[m as usize].id;
+        match self.index.get(&(sid, time)) {
+            Some(&i) => {
+                stats.duplicates += 1;
+                stats.samples -= 1;
+                self.rows[i].2 = value;
+            }
+            None => {
+                self.index.insert((sid, time), self.rows.len());
+                self.rows.push((time, m, value));
             }
         }
     }
+}
 
-    // Rows made only for the memory total (free/reserved without any mapped field) are dropped
-    // unless they gain a value.
-    for (&row, &(free, reserved)) in &fb_extra {
+/// The memory total of rows without `DCGM_FI_DEV_FB_TOTAL`: used + free + reserved. Rows made
+/// only for it (free/reserved without any mapped field) are dropped later unless they gain a
+/// value.
+fn fill_memory_totals(
+    gpu: &mut GpuTable<'_>,
+    t: &Tables,
+    fb_extra: &HashMap<usize, (Option<f64>, Option<f64>)>,
+) {
+    for (&row, &(free, reserved)) in fb_extra {
         if gpu.cell(row, t.memory_total).is_some() {
             continue;
         }
@@ -759,10 +800,13 @@ pub fn view_to_write_batch(
             *gpu.cell(row, t.memory_total) = Some(sum);
         }
     }
+}
+
+/// The record batches: `gpu_metrics` rows with a value, then `metrics` rows.
+fn finish(gpu: &GpuTable<'_>, metrics: &MetricTable<'_>) -> Result<WriteBatch> {
     let kept: Vec<usize> = (0..gpu.times.len())
         .filter(|&r| gpu.values[r * NV..(r + 1) * NV].iter().any(Option::is_some))
         .collect();
-
     let mut batches = Vec::new();
     if !kept.is_empty() {
         let rb = rows::gpu_batch_with(
@@ -774,15 +818,15 @@ pub fn view_to_write_batch(
         )?;
         batches.push((Table::GpuMetrics, rb));
     }
-    if !metric_rows.is_empty() {
-        let mut b = rows::MetricsBatchBuilder::with_capacity(metric_rows.len());
-        for &(time, m, value) in &metric_rows {
-            let ms = &metric_series[m as usize];
+    if !metrics.rows.is_empty() {
+        let mut b = rows::MetricsBatchBuilder::with_capacity(metrics.rows.len());
+        for &(time, m, value) in &metrics.rows {
+            let ms = &metrics.series[m as usize];
             b.append(time, ms.name, value, ms.labels.iter().copied())?;
         }
         batches.push((Table::Metrics, b.finish()?));
     }
-    Ok((WriteBatch { batches }, stats))
+    Ok(WriteBatch { batches })
 }
 
 /// The identity and row labels of a series bound for `metrics`. Series with the same name and

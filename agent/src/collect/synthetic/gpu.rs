@@ -118,28 +118,8 @@ impl Fleet {
             + 12.0 * tg.dram
             + gpu.memory_temp_slow
             + 0.5 * extra;
-        let mut sm_clock = match tg.sm_clock {
-            SmClock::Fixed(mhz) => mhz,
-            SmClock::PowerCapped => {
-                let mhz = 1425.0 - 12.0 * (temp - 60.0) + n.normal() * 15.0;
-                ((mhz / 15.0).round() * 15.0).clamp(1200.0, 1755.0) as i64
-            }
-        };
-        // The hot board slows down past its thermal limits; the power brake holds every working
-        // GPU of the node low while the system asserts it (a free GPU idles at 345 MHz anyway).
-        let mut reasons = tg.reasons;
-        if temp >= health::SW_THERMAL_C {
-            reasons |= health::REASON_SW_THERMAL;
-            let mhz = 1155.0 - 30.0 * (temp - health::SW_THERMAL_C);
-            sm_clock = sm_clock.min(((mhz / 15.0).round() * 15.0).max(705.0) as i64);
-        }
-        if temp >= health::HW_THERMAL_C {
-            reasons |= health::REASON_HW_THERMAL;
-        }
-        if health.braking(t) && job.is_some() {
-            reasons |= health::REASON_HW_POWER_BRAKE;
-            sm_clock = sm_clock.min(health::POWER_BRAKE_SM_CLOCK_MHZ);
-        }
+        let busy = job.is_some();
+        let (sm_clock, reasons) = clock_and_reasons(n, health, &tg, temp, t, busy);
         let counters = health.counters(i);
         let mut s = GpuSample::empty(t, gpu.uuid.clone(), i as u32, MODEL.to_string());
         s.job = job;
@@ -179,6 +159,41 @@ impl Fleet {
         s.pcie_link_width = Some(16);
         s
     }
+}
+
+/// The SM clock and clocks-event reasons of a reading at core temperature `temp`: the phase's
+/// clock (a power-capped one falls as the GPU heats up, with noise), lowered by the hot board's
+/// thermal limits and by the power brake, which holds every working GPU of the node low while
+/// the system asserts it (a free GPU idles at 345 MHz anyway).
+fn clock_and_reasons(
+    n: &mut Rng,
+    health: &Health,
+    tg: &Targets,
+    temp: f64,
+    t: u64,
+    busy: bool,
+) -> (i64, i64) {
+    let mut sm_clock = match tg.sm_clock {
+        SmClock::Fixed(mhz) => mhz,
+        SmClock::PowerCapped => {
+            let mhz = 1425.0 - 12.0 * (temp - 60.0) + n.normal() * 15.0;
+            ((mhz / 15.0).round() * 15.0).clamp(1200.0, 1755.0) as i64
+        }
+    };
+    let mut reasons = tg.reasons;
+    if temp >= health::SW_THERMAL_C {
+        reasons |= health::REASON_SW_THERMAL;
+        let mhz = 1155.0 - 30.0 * (temp - health::SW_THERMAL_C);
+        sm_clock = sm_clock.min(((mhz / 15.0).round() * 15.0).max(705.0) as i64);
+    }
+    if temp >= health::HW_THERMAL_C {
+        reasons |= health::REASON_HW_THERMAL;
+    }
+    if health.braking(t) && busy {
+        reasons |= health::REASON_HW_POWER_BRAKE;
+        sm_clock = sm_clock.min(health::POWER_BRAKE_SM_CLOCK_MHZ);
+    }
+    (sm_clock, reasons)
 }
 
 /// Memory a CUDA context takes on top of the free GPU's, outside the process's own use: the

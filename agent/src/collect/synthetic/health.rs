@@ -73,20 +73,28 @@ pub(super) struct Health {
     brake: (u64, u64),
     /// Events not yet drained by `Source::events`.
     events: Vec<GpuEvent>,
+    /// Multiplies every mean gap between faults (the inverse of the node's fault-rate scale).
+    gap_scale: f64,
 }
 
 impl Health {
     /// The node's boards: which one is degraded and which runs hot, and the counters they show
     /// at start (errors since the driver was loaded, days ago).
-    pub(super) fn new(seed: u64, gpus: usize) -> Self {
+    ///
+    /// `rate_scale` multiplies every fault rate (1: the demo's); below 1 the hot board is there
+    /// only with that chance.
+    pub(super) fn new(seed: u64, gpus: usize, rate_scale: f64) -> Self {
         let mut rng = Rng::new(seed ^ 0x4661_756c_7473_2121);
         let degraded = (gpus > 0).then(|| rng.below(gpus as u64) as usize);
-        let hot = match (gpus, degraded) {
+        let mut hot = match (gpus, degraded) {
             (0, _) => None,
             (1, _) => Some(0),
             (n, Some(d)) => Some((d + 1 + rng.below(n as u64 - 1) as usize) % n),
             (n, None) => Some(rng.below(n as u64) as usize),
         };
+        if rate_scale < 1.0 && !rng.chance(rate_scale) {
+            hot = None;
+        }
         let mut counters = vec![Counters::default(); gpus];
         if let Some(d) = degraded {
             let c = &mut counters[d];
@@ -106,7 +114,14 @@ impl Health {
             next_brake: u64::MAX,
             brake: (0, 0),
             events: Vec::new(),
+            gap_scale: 1.0 / rate_scale.max(1e-9),
         }
+    }
+
+    /// A random gap, in ns, before the next fault of a kind whose mean gap is `mean_s`
+    /// seconds at the demo's rates.
+    fn gap(&mut self, mean_s: f64) -> u64 {
+        secs(self.rng.exp(mean_s * self.gap_scale).max(1.0))
     }
 
     /// Start the fault clocks at `t0`.
@@ -114,14 +129,13 @@ impl Health {
         if self.counters.is_empty() {
             return;
         }
-        let rng = &mut self.rng;
         if self.degraded.is_some() {
-            self.next_sbe = t0 + secs(rng.exp(SBE_MEAN_GAP_S).max(1.0));
-            self.next_dbe = t0 + secs(rng.exp(DBE_MEAN_GAP_S).max(1.0));
+            self.next_sbe = t0 + self.gap(SBE_MEAN_GAP_S);
+            self.next_dbe = t0 + self.gap(DBE_MEAN_GAP_S);
         }
-        self.next_nvlink = t0 + secs(rng.exp(NVLINK_MEAN_GAP_S).max(1.0));
-        self.next_off_bus = t0 + secs(rng.exp(OFF_BUS_MEAN_GAP_S).max(1.0));
-        self.next_brake = t0 + secs(rng.exp(BRAKE_MEAN_GAP_S).max(1.0));
+        self.next_nvlink = t0 + self.gap(NVLINK_MEAN_GAP_S);
+        self.next_off_bus = t0 + self.gap(OFF_BUS_MEAN_GAP_S);
+        self.next_brake = t0 + self.gap(BRAKE_MEAN_GAP_S);
     }
 
     /// The counters of GPU `i`.
@@ -188,25 +202,22 @@ impl Fleet {
             let h = &self.health;
             if next == h.next_sbe {
                 self.corrected_error(next);
-                self.health.next_sbe = next + secs(self.health.rng.exp(SBE_MEAN_GAP_S).max(1.0));
+                self.health.next_sbe = next + self.health.gap(SBE_MEAN_GAP_S);
             } else if next == h.next_dbe {
                 self.uncorrectable_error(next);
-                self.health.next_dbe = next + secs(self.health.rng.exp(DBE_MEAN_GAP_S).max(1.0));
+                self.health.next_dbe = next + self.health.gap(DBE_MEAN_GAP_S);
             } else if next == h.next_nvlink {
                 let i = self.health.rng.below(self.gpus.len() as u64) as usize;
                 self.xid(next, i, 74, None);
-                self.health.next_nvlink =
-                    next + secs(self.health.rng.exp(NVLINK_MEAN_GAP_S).max(1.0));
+                self.health.next_nvlink = next + self.health.gap(NVLINK_MEAN_GAP_S);
             } else if next == h.next_off_bus {
                 let i = self.health.rng.below(self.gpus.len() as u64) as usize;
                 self.xid(next, i, 79, None);
-                self.health.next_off_bus =
-                    next + secs(self.health.rng.exp(OFF_BUS_MEAN_GAP_S).max(1.0));
+                self.health.next_off_bus = next + self.health.gap(OFF_BUS_MEAN_GAP_S);
             } else {
                 let length = secs(self.health.rng.range(20.0, 90.0));
                 self.health.brake = (next, next + length);
-                self.health.next_brake =
-                    next + length + secs(self.health.rng.exp(BRAKE_MEAN_GAP_S).max(1.0));
+                self.health.next_brake = next + length + self.health.gap(BRAKE_MEAN_GAP_S);
             }
         }
     }

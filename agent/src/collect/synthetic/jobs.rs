@@ -183,7 +183,7 @@ impl Fleet {
         Pending {
             kind,
             gpus: gpus.clamp(1, n),
-            deadline: now + PENDING_TIMEOUT_NS,
+            deadline: now + (PENDING_TIMEOUT_NS as f64 * self.options.job_time_scale) as u64,
         }
     }
 
@@ -205,7 +205,7 @@ impl Fleet {
             Kind::Notebook => self.sched.range(30.0, 120.0),
             Kind::MdSim => self.sched.range(15.0, 45.0),
         };
-        let end = now + secs(minutes * 60.0);
+        let end = now + secs(minutes * 60.0 * self.options.job_time_scale);
         let job = self.new_job(kind, free[..size].to_vec(), now, end);
         self.place(job);
     }

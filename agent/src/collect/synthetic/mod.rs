@@ -54,6 +54,15 @@
 //! already running and one notebook already idle (on nodes of 4 GPUs or more, a second one with
 //! a time limit 12 to 24 hours on), so a demo shows both cases at once and for hours.
 //!
+//! # Other set-ups
+//!
+//! [`Fleet::new`] builds the demo node above. [`Fleet::with_options`] takes [`NodeOptions`]:
+//! start empty (no demo jobs), job ids from a given first one, a training job that holds every
+//! GPU for good (one node's share of a multi-node job), job lengths and arrival gaps scaled, and
+//! fault rates scaled. The benchmarks' fleet (bench/src/fleet.rs) is built from such nodes, one
+//! per host, so the agent and the benchmarks share one simulator. The defaults leave the demo
+//! node exactly as it was: same seed, same samples.
+//!
 //! # Files
 //!
 //! | file | what |
@@ -117,10 +126,55 @@ const USERS: &[&str] = &[
     "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
 ];
 
+/// How a node is set up beyond its size and seed. [`Fleet::new`] takes the defaults: a demo
+/// node. The benchmark fleet (bench/src/fleet.rs: many nodes scraped as dcgm-exporter) sets the
+/// others: no demo jobs, job ids unique across its nodes, a multi-node job's share of a node,
+/// hours-long jobs and a healthy fleet's fault rates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeOptions {
+    /// Place the demo's jobs at the first collection: a training job on half the GPUs and
+    /// abandoned notebooks (see the module docs). Off, the node starts empty and fills as jobs
+    /// arrive.
+    pub demo_jobs: bool,
+    /// The id of the node's first job; `None`, drawn from the seed (10,000..20,000).
+    pub first_job_id: Option<u64>,
+    /// A training job that holds every GPU of the node from the first collection on and never
+    /// ends or hangs (one node's share of a multi-node job). Replaces the demo jobs.
+    pub standing_job: Option<StandingJob>,
+    /// Multiplies job lengths, the gaps between arrivals and how long an arrival waits for GPUs
+    /// (1: the demo's minutes; 6: a production cluster's hours). Phases keep their lengths.
+    pub job_time_scale: f64,
+    /// Multiplies every fault rate (1: the demo's, far above a healthy fleet's). Below 1 the
+    /// node has its hot board only with that chance.
+    pub fault_rate_scale: f64,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            demo_jobs: true,
+            first_job_id: None,
+            standing_job: None,
+            job_time_scale: 1.0,
+            fault_rate_scale: 1.0,
+        }
+    }
+}
+
+/// A job that holds all of a node's GPUs for good: see [`NodeOptions::standing_job`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StandingJob {
+    /// Its id, the same on every node it spans.
+    pub id: u64,
+    /// Its user, the same on every node it spans.
+    pub user: &'static str,
+}
+
 /// A simulated node of H100 GPUs. See the module docs for the model.
 #[derive(Debug, Clone)]
 pub struct Fleet {
     seed: u64,
+    options: NodeOptions,
     gpus: Vec<Gpu>,
     jobs: Vec<Job>,
     pending: Option<Pending>,
@@ -141,6 +195,11 @@ pub struct Fleet {
 impl Fleet {
     /// A node of `gpus` simulated H100s. Everything (UUIDs, jobs, noise) follows from `seed`.
     pub fn new(gpus: usize, seed: u64) -> Self {
+        Self::with_options(gpus, seed, NodeOptions::default())
+    }
+
+    /// A node of `gpus` simulated H100s set up as `options` say; deterministic from `seed`.
+    pub fn with_options(gpus: usize, seed: u64, options: NodeOptions) -> Self {
         let gpu_count = gpus;
         let mut boards = Rng::new(seed ^ 0x6770_7577_6174_6368);
         let uptime_days = boards.range(2.0, 40.0);
@@ -170,8 +229,13 @@ impl Fleet {
                 }
             })
             .collect();
+        let next_job_id = options
+            .first_job_id
+            .unwrap_or(10_000 + mix64(seed) % 10_000);
+        let health = Health::new(seed, gpu_count, options.fault_rate_scale);
         Fleet {
             seed,
+            options,
             gpus,
             jobs: Vec::new(),
             pending: None,
@@ -179,8 +243,8 @@ impl Fleet {
             noise: Rng::new(seed ^ 0x4e6f_6973_6521_2121),
             clock: None,
             next_arrival: 0,
-            next_job_id: 10_000 + mix64(seed) % 10_000,
-            health: Health::new(seed, gpu_count),
+            next_job_id,
+            health,
             processes: Vec::new(),
         }
     }
@@ -200,10 +264,15 @@ impl Fleet {
         self.gpus.iter().map(|g| g.uuid.clone()).collect()
     }
 
+    /// The UUID of GPU `i`.
+    pub fn uuid(&self, i: usize) -> &str {
+        &self.gpus[i].uuid
+    }
+
     /// Mean gap between job arrivals, scaled so a node stays fairly busy whatever its size.
     fn mean_arrival_gap_s(&self) -> f64 {
         let n = self.gpus.len().max(1) as f64;
-        (8.0 * 60.0 * 8.0 / n).clamp(3.0 * 60.0, 30.0 * 60.0)
+        (8.0 * 60.0 * 8.0 / n).clamp(3.0 * 60.0, 30.0 * 60.0) * self.options.job_time_scale
     }
 
     /// Set up the node at time `t0`: a job already computing on half the GPUs and an abandoned
@@ -217,6 +286,35 @@ impl Fleet {
         if n == 0 {
             return;
         }
+        if let Some(standing) = self.options.standing_job {
+            self.place_standing_job(standing, t0);
+        } else if self.options.demo_jobs {
+            self.place_demo_jobs(t0);
+        }
+        for i in 0..n {
+            let t = self.targets(i, t0);
+            let gpu = &mut self.gpus[i];
+            gpu.power = t.power;
+            gpu.temp_slow = temp_slow_target(t.power);
+            gpu.memory_temp_slow = memory_temp_slow_target(t.power);
+        }
+    }
+
+    /// A training job on every GPU from `t0` on, never ending or hanging.
+    fn place_standing_job(&mut self, standing: StandingJob, t0: u64) {
+        let gpus = (0..self.gpus.len()).collect();
+        let mut job = self.new_job(Kind::TrainLlm, gpus, t0, u64::MAX);
+        job.id = standing.id;
+        job.user = standing.user;
+        job.stall_at = None;
+        job.phase = Phase::Compute;
+        job.phase_end = t0 + secs(self.sched.range(60.0, 400.0));
+        self.place(job);
+    }
+
+    /// The demo's jobs at `t0`: one computing on half the GPUs, abandoned notebooks.
+    fn place_demo_jobs(&mut self, t0: u64) {
+        let n = self.gpus.len();
         let (train, notebook) = if n == 1 {
             let nb = self.sched.chance(0.5);
             (!nb, nb)
@@ -244,13 +342,6 @@ impl Fleet {
         }
         if n >= 4 {
             self.place_long_notebook(t0);
-        }
-        for i in 0..n {
-            let t = self.targets(i, t0);
-            let gpu = &mut self.gpus[i];
-            gpu.power = t.power;
-            gpu.temp_slow = temp_slow_target(t.power);
-            gpu.memory_temp_slow = memory_temp_slow_target(t.power);
         }
     }
 

@@ -494,3 +494,93 @@ fn demo_fleets_have_events_every_hour() {
         }
     }
 }
+
+/// Job ids, their number and lengths over `hours` of a node built with `options`.
+fn jobs_seen(options: NodeOptions, hours: f64) -> (Vec<u64>, Vec<GpuSample>) {
+    let mut fleet = Fleet::with_options(8, 21, options);
+    let samples = run(&mut fleet, hours);
+    let mut ids: Vec<u64> = samples
+        .iter()
+        .filter_map(|s| s.job.as_ref().map(|j| j.id.parse().unwrap()))
+        .collect::<HashSet<u64>>()
+        .into_iter()
+        .collect();
+    ids.sort_unstable();
+    (ids, samples)
+}
+
+#[test]
+fn a_standing_job_holds_every_gpu_all_the_time() {
+    let options = NodeOptions {
+        standing_job: Some(StandingJob {
+            id: 777,
+            user: "alice",
+        }),
+        first_job_id: Some(5_000),
+        ..NodeOptions::default()
+    };
+    let (ids, samples) = jobs_seen(options, 6.0);
+    assert_eq!(ids, vec![777]);
+    for s in &samples {
+        let job = s.job.as_ref().unwrap();
+        assert_eq!(
+            (job.user.as_str(), job.name.as_str()),
+            ("alice", "train-llm")
+        );
+    }
+    // It works, with the training job's phases, and never hangs for long.
+    assert!(samples.iter().any(|s| s.tensor_active.unwrap() > 0.8));
+    assert!(samples.iter().any(|s| s.dram_active.unwrap() > 0.8));
+    let compute = samples
+        .iter()
+        .filter(|s| s.tensor_active.unwrap() > 0.8)
+        .count();
+    assert!(
+        compute * 2 > samples.len(),
+        "{compute} of {}",
+        samples.len()
+    );
+}
+
+#[test]
+fn options_set_job_ids_lengths_and_start_without_demo_jobs() {
+    let quiet = NodeOptions {
+        demo_jobs: false,
+        first_job_id: Some(4_200_000),
+        ..NodeOptions::default()
+    };
+    // Without demo jobs the node starts free and fills as jobs arrive.
+    let mut fresh = Fleet::with_options(8, 21, quiet.clone());
+    assert!(fresh.collect(T0).unwrap().iter().all(|s| s.job.is_none()));
+    let (short, _) = jobs_seen(quiet.clone(), 12.0);
+    assert!(short[0] >= 4_200_000, "{short:?}");
+    let slow = NodeOptions {
+        job_time_scale: 6.0,
+        ..quiet
+    };
+    let (long, _) = jobs_seen(slow, 12.0);
+    assert!(
+        long.len() * 3 < short.len(),
+        "jobs six times longer, so fewer: {} vs {}",
+        long.len(),
+        short.len()
+    );
+}
+
+#[test]
+fn fault_rate_scale_thins_the_faults() {
+    let events = |scale: f64| {
+        let mut fleet = Fleet::with_options(
+            8,
+            4,
+            NodeOptions {
+                fault_rate_scale: scale,
+                ..NodeOptions::default()
+            },
+        );
+        run(&mut fleet, 6.0);
+        fleet.events().len()
+    };
+    let (demo, healthy) = (events(1.0), events(0.01));
+    assert!(demo > 50 && healthy * 3 < demo, "{demo} vs {healthy}");
+}
