@@ -43,7 +43,15 @@ impl MetricsService for Otlp {
             &self.app,
             Protocol::OtlpGrpc,
             async { Ok(req) },
-            |req, now| gpuwatch_store::ingest::otlp::to_write_batch(&req, now),
+            |req, now, budget| {
+                // tonic has inflated (within --max-body-bytes) and decoded the message: what
+                // is reserved here covers the rows built from it.
+                gpuwatch_store::ingest::DecodeBudget::inflated(
+                    budget,
+                    prost::Message::encoded_len(&req),
+                )?;
+                gpuwatch_store::ingest::otlp::to_write_batch(&req, now)
+            },
         )
         .await
         .map_err(|e| e.grpc_status())?;
