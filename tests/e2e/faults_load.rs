@@ -212,3 +212,59 @@ async fn decode_bombs_are_refused_before_they_are_inflated_and_the_server_recove
         .expect("refusal counter");
     assert_eq!(refused, 12.0, "every bomb counted");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crowd_past_the_file_limit_leaves_health_writes_queries_and_the_store_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .nofile(1024)
+        .start();
+    let pid = server.pid().expect("pid");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open-file limit");
+    assert!(files.split_whitespace().nth(3) == Some("1024"), "{files}");
+    // 1,100 connections to the HTTP port, more than the process may hold files; half of them
+    // with half a request.
+    let mut crowd = Vec::new();
+    for i in 0..1100 {
+        let mut s = std::net::TcpStream::connect(server.http).expect("connect");
+        if i % 2 == 0 {
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .expect("half a request");
+        }
+        crowd.push(s);
+    }
+    let (code, body) = tokio::task::block_in_place(|| {
+        gpuwatch_e2e::http_get(server.http, "/healthz").expect("healthz")
+    });
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let now = now_ns();
+    let body = otlp_json("crowd.write", 7.0, now, &[]).into_bytes();
+    let (code, text) = post_otlp(&server.url(), "application/json", None, body).await;
+    assert_eq!(code, 200, "{text}");
+    let got = rows(
+        &server,
+        "SELECT value FROM metrics WHERE metric = 'crowd.write'",
+    )
+    .await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let pg = tokio::task::block_in_place(|| server.psql(None, "disable", &["-c", "SELECT 1"]));
+    assert!(pg.ok, "psql: {}", pg.stderr);
+    let (code, _) = tokio::task::block_in_place(|| {
+        gpuwatch_e2e::http_get(server.http, "/readyz").expect("readyz")
+    });
+    assert_eq!(code, 200);
+    drop(crowd);
+    let log = server.log_text();
+    assert!(
+        log.contains("connections_per_listener=192"),
+        "the cap derived from the file limit is logged:\n{log}"
+    );
+    for sign in ["Too many open files", "os error 24", "EMFILE"] {
+        assert!(!log.contains(sign), "the store ran out of files:\n{log}");
+    }
+}
