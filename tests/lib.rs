@@ -66,6 +66,8 @@ pub struct TestServer {
     log: PathBuf,
     /// With TLS: the certificate clients trust.
     pub ca: Option<PathBuf>,
+    /// The open-file limit the server runs under (`ulimit -n`), if set.
+    nofile: Option<u64>,
 }
 
 /// Builds a [`TestServer`].
@@ -75,9 +77,16 @@ pub struct TestServerBuilder {
     tls: Option<(PathBuf, PathBuf)>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    nofile: Option<u64>,
 }
 
 impl TestServerBuilder {
+    /// Runs the server under `ulimit -n n` (its soft open-file limit).
+    pub fn nofile(mut self, n: u64) -> Self {
+        self.nofile = Some(n);
+        self
+    }
+
     /// Uses this data directory.
     pub fn data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_path_buf());
@@ -125,6 +134,7 @@ impl TestServerBuilder {
             extra: self.extra,
             env: self.env,
             ca: None,
+            nofile: self.nofile,
         };
         s.launch();
         s
@@ -144,6 +154,7 @@ impl TestServerBuilder {
             extra: self.extra,
             env: self.env,
             ca: None,
+            nofile: self.nofile,
         };
         if let Some((cert, key)) = self.tls {
             s.extra.extend([
@@ -213,7 +224,18 @@ impl TestServer {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(bin_dir().join("gpuwatch"))
+        let bin = bin_dir().join("gpuwatch");
+        let mut cmd = match self.nofile {
+            None => Command::new(&bin),
+            Some(n) => {
+                let mut c = Command::new("bash");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(&bin);
+                c
+            }
+        };
+        let child = cmd
             .arg("serve")
             .arg("--http-addr")
             .arg(self.http.to_string())

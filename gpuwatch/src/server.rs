@@ -262,11 +262,13 @@ fn listen(
         None => None,
     };
     let tokens = config.auth_tokens.clone();
+    let raw = raw_limits(config, limits);
     tasks.push(grpc::serve(
         bound.grpc,
         grpc_tls,
         app.clone(),
         tokens,
+        conn::raw::RawConns::new("otlp-grpc", raw),
         rx.clone(),
     ));
     if let Some(listener) = bound.pg {
@@ -280,6 +282,7 @@ fn listen(
                 None => None,
             },
             executor: config.executor.clone(),
+            conns: Some(conn::raw::RawConns::new("postgres", raw)),
         };
         tasks.push(pg::serve(
             listener,
@@ -304,10 +307,27 @@ fn connection_limits(config: &ServeConfig) -> conn::ConnLimits {
         open_file_limit = files,
         connections_per_listener = cap,
         header_timeout = ?l.header_timeout.get(),
-        "http connections bounded"
+        idle_timeout = ?l.idle_timeout.get(),
+        "connections bounded (grpc and postgres listeners: half as many when derived)"
     );
     conn::ConnLimits {
         header_timeout: l.header_timeout.get(),
+        cap,
+    }
+}
+
+/// The gRPC and Postgres listeners' bounds: the HTTP ones, `--idle-timeout`, and half the
+/// derived cap (each of their connections holds two descriptors) unless `--max-connections`
+/// sets it.
+fn raw_limits(config: &ServeConfig, http: conn::ConnLimits) -> conn::raw::RawLimits {
+    let l = &config.settings.limits;
+    let cap = match l.max_connections {
+        0 => (http.cap / 2).max(8),
+        n => n,
+    };
+    conn::raw::RawLimits {
+        header_timeout: http.header_timeout,
+        idle_timeout: l.idle_timeout.get(),
         cap,
     }
 }

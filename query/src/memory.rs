@@ -7,13 +7,22 @@
 //!   `53200` when either is full.
 //! - the ingest buffer: at most [`BUFFER_SHARE`] of the limit (`--max-buffer-bytes` is lowered
 //!   to it); writes get 503 + Retry-After when it is full, as before.
-//! - the rest (a quarter) is headroom for WAL replay, persistence, compaction and answers being
-//!   encoded.
+//! - decoding writes: at most [`DECODE_SHARE`] of the limit, reserved before a body is
+//!   inflated or decoded ([`Ceiling::reserve_decode`]): [`DECODE_FACTOR`] bytes per inflated
+//!   byte, asked for step by step while a gzip body is inflated, so a decode bomb is refused
+//!   before it is built (503 + Retry-After while others hold the room; 413 when the request
+//!   alone needs more than the whole share).
+//! - the rest (a twentieth) is headroom for WAL replay, persistence, compaction and answers
+//!   being encoded.
 //!
 //! What no pool counts (a value a function builds, a batch being encoded) is watched through the
-//! process's resident memory, read every [`WATCH_EVERY`]: at [`STOP_AT`] of the limit new
-//! queries are refused (503, `53200`) and running ones are stopped, until it is back under
-//! [`RESUME_AT`]; at [`INGEST_STOP_AT`] writes are refused with 503 + Retry-After too.
+//! process's resident memory, read every [`WATCH_EVERY`]: at [`STOP_AT`] of the limit running
+//! queries are stopped and, while the server holds accounted work (decode reservations or query
+//! pool reservations), new ones are refused (503, `53200`) until it is back under
+//! [`RESUME_AT`]; at [`INGEST_STOP_AT`] writes are refused with 503 + Retry-After too. Over the
+//! stop mark the allocator is asked to return freed memory to the system (glibc
+//! `malloc_trim`), at most once per [`TRIM_EVERY`], so heap kept after a burst does not read as
+//! pressure; and a server holding no accounted work never refuses on resident memory alone.
 
 use std::fmt;
 use std::sync::Arc;
@@ -31,6 +40,13 @@ use tokio::sync::watch;
 pub const QUERY_SHARE: f64 = 0.5;
 /// Share of the limit the ingest buffer may hold.
 pub const BUFFER_SHARE: f64 = 0.25;
+/// Share of the limit that decodes in flight may reserve together.
+pub const DECODE_SHARE: f64 = 0.2;
+/// Bytes reserved per inflated byte of a write: the inflated body and the messages and rows
+/// decoding it builds (measured: about 10x for agent exports, up to 20x for tiny points).
+pub const DECODE_FACTOR: usize = 24;
+/// Least time between two requests to the allocator to return freed memory.
+pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// Resident memory, as a share of the limit, at which queries are refused and stopped.
 pub const STOP_AT: f64 = 0.85;
 /// Resident memory, as a share of the limit, under which queries run again.
@@ -146,6 +162,8 @@ pub struct Ceiling {
     queries_stopped: AtomicU64,
     queries_refused: AtomicU64,
     writes_refused: AtomicU64,
+    decoding: AtomicUsize,
+    decodes_refused: AtomicU64,
 }
 
 impl fmt::Debug for Ceiling {
@@ -173,6 +191,8 @@ impl Ceiling {
             queries_stopped: AtomicU64::new(0),
             queries_refused: AtomicU64::new(0),
             writes_refused: AtomicU64::new(0),
+            decoding: AtomicUsize::new(0),
+            decodes_refused: AtomicU64::new(0),
         })
     }
 
@@ -198,8 +218,15 @@ impl Ceiling {
         std::thread::Builder::new()
             .name("gpuwatch-memory".into())
             .spawn(move || {
+                let mut trimmed = std::time::Instant::now();
                 loop {
-                    if let Some((rss, peak)) = resident() {
+                    if let Some((mut rss, peak)) = resident() {
+                        let over = rss >= (me.limit as f64 * STOP_AT) as usize;
+                        if over && trimmed.elapsed() >= TRIM_EVERY {
+                            trimmed = std::time::Instant::now();
+                            return_freed_memory();
+                            rss = resident().map_or(rss, |(now, _)| now);
+                        }
                         me.observe(rss, peak);
                     }
                     std::thread::sleep(WATCH_EVERY);
@@ -236,9 +263,16 @@ impl Ceiling {
         }
     }
 
+    /// True while the server holds work it accounts for: decode reservations or query pool
+    /// reservations. Without it, resident memory over the marks is heap the allocator kept,
+    /// and nothing is refused for it.
+    fn busy(&self) -> bool {
+        self.decoding.load(Ordering::Acquire) > 0 || self.pool.reserved() > 0
+    }
+
     /// `Err` when queries may not start now.
     pub fn admit_query(&self) -> Result<(), Pressure> {
-        if self.pressure.load(Ordering::Relaxed) {
+        if self.pressure.load(Ordering::Relaxed) && self.busy() {
             self.queries_refused.fetch_add(1, Ordering::Relaxed);
             return Err(self.pressure_now());
         }
@@ -248,7 +282,7 @@ impl Ceiling {
     /// `Err` when writes must be refused now (resident memory at [`INGEST_STOP_AT`]).
     pub fn admit_write(&self) -> Result<(), Pressure> {
         let rss = self.rss.load(Ordering::Relaxed);
-        if rss >= (self.limit as f64 * INGEST_STOP_AT) as usize {
+        if rss >= (self.limit as f64 * INGEST_STOP_AT) as usize && self.busy() {
             self.writes_refused.fetch_add(1, Ordering::Relaxed);
             return Err(self.pressure_now());
         }
@@ -259,6 +293,20 @@ impl Ceiling {
         Pressure {
             used: self.rss.load(Ordering::Relaxed),
             limit: self.limit,
+        }
+    }
+
+    /// The bytes all decodes in flight may reserve: [`DECODE_SHARE`] of the limit.
+    pub fn decode_bytes(&self) -> usize {
+        (self.limit as f64 * DECODE_SHARE) as usize
+    }
+
+    /// An empty reservation for one write's decode; it grows with
+    /// [`DecodeReservation::inflated`] and is given back when dropped.
+    pub fn reserve_decode(self: &Arc<Self>) -> DecodeReservation {
+        DecodeReservation {
+            ceiling: Arc::clone(self),
+            bytes: 0,
         }
     }
 
@@ -294,9 +342,118 @@ impl Ceiling {
             queries_stopped: self.queries_stopped.load(Ordering::Relaxed),
             queries_refused: self.queries_refused.load(Ordering::Relaxed),
             writes_refused: self.writes_refused.load(Ordering::Relaxed),
+            decode_reserved: self.decoding.load(Ordering::Relaxed),
+            decodes_refused: self.decodes_refused.load(Ordering::Relaxed),
         }
     }
 }
+
+/// Asks the allocator to give freed heap back to the system (glibc keeps it otherwise, and it
+/// would read as resident memory in use).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn return_freed_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn return_freed_memory() {}
+
+/// Memory reserved for one write's decode (see [`Ceiling::reserve_decode`]).
+#[derive(Debug)]
+pub struct DecodeReservation {
+    ceiling: Arc<Ceiling>,
+    bytes: usize,
+}
+
+impl DecodeReservation {
+    /// Reserves room for `inflated` more inflated bytes ([`DECODE_FACTOR`] bytes each), before
+    /// they are inflated.
+    pub fn inflated(&mut self, inflated: usize) -> Result<(), DecodeRefused> {
+        let more = inflated.saturating_mul(DECODE_FACTOR);
+        let share = self.ceiling.decode_bytes();
+        let wanted = self.bytes.saturating_add(more);
+        let taken =
+            self.ceiling
+                .decoding
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    let next = held.checked_add(more)?;
+                    (next <= share).then_some(next)
+                });
+        match taken {
+            Ok(_) => {
+                self.bytes = wanted;
+                Ok(())
+            }
+            Err(held) => {
+                self.ceiling.decodes_refused.fetch_add(1, Ordering::Relaxed);
+                Err(DecodeRefused {
+                    needed: wanted,
+                    held: held.saturating_sub(self.bytes),
+                    share,
+                    limit: self.ceiling.limit,
+                })
+            }
+        }
+    }
+
+    /// The bytes reserved.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DecodeReservation {
+    fn drop(&mut self) {
+        self.ceiling
+            .decoding
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A write whose decode the ceiling cannot make room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeRefused {
+    /// Bytes the request needed so far (inflated bytes times [`DECODE_FACTOR`]).
+    pub needed: usize,
+    /// Bytes other decodes held.
+    pub held: usize,
+    /// The decode share of the limit.
+    pub share: usize,
+    /// `--memory-limit`.
+    pub limit: usize,
+}
+
+impl DecodeRefused {
+    /// True when the request alone needs more than the whole decode share: it never fits,
+    /// and retrying it is pointless (413); otherwise it fits once others finish (503).
+    pub fn never_fits(&self) -> bool {
+        self.needed > self.share
+    }
+}
+
+impl fmt::Display for DecodeRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.never_fits() {
+            write!(
+                f,
+                "the request needs more than the {} bytes --memory-limit ({}) leaves for decoding writes: split the batch into smaller requests",
+                self.share, self.limit
+            )
+        } else {
+            write!(
+                f,
+                "the server is decoding other writes ({} of the {} bytes --memory-limit leaves for decoding in use): write not stored, retry after the Retry-After delay",
+                self.held, self.share
+            )
+        }
+    }
+}
+
+impl std::error::Error for DecodeRefused {}
 
 /// What the ceiling has seen, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -317,6 +474,10 @@ pub struct CeilingStats {
     pub queries_refused: u64,
     /// Writes refused because of resident memory.
     pub writes_refused: u64,
+    /// Bytes reserved by decodes in flight.
+    pub decode_reserved: usize,
+    /// Writes refused because their decode found no room.
+    pub decodes_refused: u64,
 }
 
 /// One query's pool: its own limit inside the shared pool.

@@ -27,6 +27,11 @@ pub enum Error {
     #[error("unsupported content encoding {0:?}: send identity or gzip")]
     UnsupportedContentEncoding(String),
 
+    /// The memory budget of decoding (`--memory-limit`) cannot cover the request; the source
+    /// says whether it could later (503) or never (413).
+    #[error("{0}")]
+    DecodeRefused(#[source] Box<dyn std::error::Error + Send + Sync>),
+
     /// The store is not open yet; the text says why (see [`crate::startup`]).
     #[error("the store is not ready yet: {0}")]
     NotReady(String),

@@ -479,3 +479,104 @@ async fn a_connection_that_sends_no_headers_in_time_is_closed() {
         assert_eq!(text.contains("200 OK"), answered, "{what}: {text}");
     }
 }
+
+/// True when the server has closed `s` (end of stream or reset) within `wait`.
+fn closed_within(s: &mut std::net::TcpStream, wait: std::time::Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_and_postgres_listeners_bound_and_time_out_idle_connections() {
+    use std::io::Write;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--max-connections")
+        .arg("16")
+        .arg("--header-timeout")
+        .arg("3s")
+        .arg("--idle-timeout")
+        .arg("4s")
+        .start();
+    // Far more silent connections than the cap on both ports.
+    let mut idle: Vec<std::net::TcpStream> = Vec::new();
+    for addr in [server.pg, server.grpc] {
+        for _ in 0..60 {
+            idle.push(std::net::TcpStream::connect(addr).expect("connect"));
+        }
+    }
+    // A real psql and a real OTLP/gRPC client are still served.
+    let pg = tokio::task::block_in_place(|| server.psql(None, "disable", &["-c", "SELECT 41 + 1"]));
+    assert!(pg.ok, "psql: {}", pg.stderr);
+    assert_eq!(pg.stdout.trim(), "42");
+    let now = now_ns();
+    let req = ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![Metric {
+                    name: "grpc.crowd".into(),
+                    data: Some(Data::Gauge(Gauge {
+                        data_points: vec![point(now, Some(2.0), "x")],
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    grpc_export(server.grpc, req)
+        .await
+        .expect("grpc export past the crowd");
+    assert_eq!(stored(&server, "grpc.crowd").await, [2.0]);
+    // At the cap the silent ones were closed to make room: at most the cap stays open per port.
+    let open = tokio::task::block_in_place(|| {
+        idle.iter_mut()
+            .map(|s| closed_within(s, Duration::from_millis(20)))
+            .filter(|closed| !closed)
+            .count()
+    });
+    assert!(
+        open <= 32,
+        "{open} silent connections still open, cap 16 per listener"
+    );
+    // A connection that spoke (a Postgres SSL request, answered) and then went silent is closed
+    // after --idle-timeout; every silent one after --header-timeout.
+    let mut spoke = std::net::TcpStream::connect(server.pg).expect("connect");
+    spoke
+        .write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .expect("ssl request");
+    let started = std::time::Instant::now();
+    tokio::task::block_in_place(|| {
+        assert!(
+            closed_within(&mut spoke, Duration::from_secs(15)),
+            "closed when idle"
+        );
+        for s in &mut idle {
+            assert!(
+                closed_within(s, Duration::from_secs(10)),
+                "silent connection closed"
+            );
+        }
+    });
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(3),
+        "closed by the idle timeout, not at once: {waited:?}"
+    );
+}

@@ -20,6 +20,7 @@ mod dashboards;
 mod delta;
 mod durability;
 mod faults;
+mod faults_load;
 mod faults_net;
 mod golden;
 mod grpc;

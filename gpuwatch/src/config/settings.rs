@@ -169,11 +169,17 @@ pub(crate) struct Limits {
     #[arg(long, env = "GPUWATCH_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes: usize,
     /// How long an HTTP connection (main and OTLP/HTTP listeners) may take to send a request's
-    /// headers, idle keep-alive time included; then it is closed.
+    /// headers, idle keep-alive time included, and a gRPC or Postgres connection its first
+    /// bytes; then it is closed.
     #[arg(long, env = "GPUWATCH_HEADER_TIMEOUT", default_value = "30s")]
     pub header_timeout: HumanDuration,
-    /// Open connections per HTTP listener; at the cap the connection idle longest is closed to
-    /// take a new one. 0: derived from the process's open-file limit (docs/operations.md).
+    /// How long a gRPC or Postgres connection may stay silent (no bytes either way) before it
+    /// is closed; clients reconnect on their next request.
+    #[arg(long, env = "GPUWATCH_IDLE_TIMEOUT", default_value = "5m")]
+    pub idle_timeout: HumanDuration,
+    /// Open connections per listener (HTTP, OTLP/HTTP, OTLP/gRPC, Postgres); at the cap the
+    /// connection idle longest is closed to take a new one. 0: derived from the process's
+    /// open-file limit, below it with room for the store (docs/operations.md).
     #[arg(long, env = "GPUWATCH_MAX_CONNECTIONS", default_value_t = 0)]
     pub max_connections: usize,
     /// A query running longer than this is cancelled with 504.

@@ -281,6 +281,7 @@ const ADDED: &[(&str, &[&str])] = &[
             // Issue 23: connections bounded.
             "--header-timeout",
             "--max-connections",
+            "--idle-timeout",
         ],
     ),
     ("demo", &[]),

@@ -6,7 +6,10 @@
 //! checks, writes or queries out; when every connection is busy, the listener holds one more and
 //! new ones wait in the kernel's backlog (they hold no file) until a request finishes.
 //! The default cap leaves a quarter of the file limit (at least 256) to the store and the other
-//! listeners and shares the rest among the four listeners (docs/operations.md).
+//! listeners and shares the rest among the four listeners (docs/operations.md); the gRPC and
+//! Postgres listeners ([`raw`]) hold two descriptors per connection and take half as many.
+
+pub(crate) mod raw;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -16,7 +16,6 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 
 use std::sync::Arc;
 
@@ -24,6 +23,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use super::App;
 use super::auth::{Tokens, grpc_interceptor};
+use super::conn::raw::{Held, RawConns};
 use super::ingest::{self, Protocol};
 
 /// The service.
@@ -43,7 +43,15 @@ impl MetricsService for Otlp {
             &self.app,
             Protocol::OtlpGrpc,
             async { Ok(req) },
-            |req, now| gpuwatch_store::ingest::otlp::to_write_batch(&req, now),
+            |req, now, budget| {
+                // tonic has inflated (within --max-body-bytes) and decoded the message: what
+                // is reserved here covers the rows built from it.
+                gpuwatch_store::ingest::DecodeBudget::inflated(
+                    budget,
+                    prost::Message::encoded_len(&req),
+                )?;
+                gpuwatch_store::ingest::otlp::to_write_batch(&req, now)
+            },
         )
         .await
         .map_err(|e| e.grpc_status())?;
@@ -60,12 +68,32 @@ impl MetricsService for Otlp {
     }
 }
 
-/// Serves OTLP/gRPC on `listener` until `rx` changes.
+/// Plain connections of `listener`, each holding its place among `conns`.
+fn plain(
+    listener: TcpListener,
+    conns: Arc<RawConns>,
+) -> impl futures::Stream<Item = std::io::Result<Held<tokio::net::TcpStream>>> {
+    futures::stream::unfold((listener, conns), |(listener, conns)| async move {
+        let accepted = listener.accept().await.map(|(io, _)| {
+            let _ = io.set_nodelay(true);
+            let slot = conns.admit(&io);
+            Held::new(io, slot)
+        });
+        if let Err(e) = &accepted {
+            tracing::warn!(error = %e, "otlp/grpc listener: accept failed");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Some((accepted, (listener, conns)))
+    })
+}
+
+/// Serves OTLP/gRPC on `listener` until `rx` changes, its connections bounded by `conns`.
 pub(super) fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     app: App,
     tokens: Option<Arc<Tokens>>,
+    conns: Arc<RawConns>,
     mut rx: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let max = app.max_body_bytes;
@@ -82,7 +110,7 @@ pub(super) fn serve(
         let result = match tls {
             None => {
                 server
-                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+                    .serve_with_incoming_shutdown(plain(listener, conns), shutdown)
                     .await
             }
             Some(acceptor) => {
@@ -93,13 +121,18 @@ pub(super) fn serve(
                         return;
                     }
                 };
-                let stream = futures::stream::unfold(incoming, |mut incoming| async move {
-                    let (conn, _) = incoming.next().await?;
-                    Some((
-                        Ok::<_, std::io::Error>(super::tls::GrpcTlsStream(conn)),
-                        incoming,
-                    ))
-                });
+                let stream = futures::stream::unfold(
+                    (incoming, conns),
+                    |(mut incoming, conns)| async move {
+                        let (conn, _) = incoming.next().await?;
+                        let slot = conns.admit(conn.get_ref().0);
+                        let io = super::tls::GrpcTlsStream(conn);
+                        Some((
+                            Ok::<_, std::io::Error>(Held::new(io, slot)),
+                            (incoming, conns),
+                        ))
+                    },
+                );
                 server.serve_with_incoming_shutdown(stream, shutdown).await
             }
         };

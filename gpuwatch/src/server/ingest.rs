@@ -1,7 +1,9 @@
 //! The one write path. Every protocol (OTLP/HTTP, OTLP/gRPC, Prometheus remote write) is a
 //! decoder into the store's rows ([`WriteBatch`]) and a route; [`write`] does the rest the same
 //! way for all: it checks that the server takes writes now (role, WAL replayed, memory ceiling),
-//! reads the request within `--max-body-bytes`, decodes it and writes it off the async threads
+//! reads the request within `--max-body-bytes`, decodes it within a memory reservation of the
+//! ceiling taken before each step is inflated ([`WriteBudget`]; 503 + Retry-After or 413 when
+//! there is no room, see `gpuwatch_query::memory`) and writes it off the async threads
 //! (the answer waits for the WAL fsync), counts it, and returns an [`IngestError`] that each
 //! protocol turns into its status once ([`IngestError::response`], [`IngestError::grpc_status`]).
 //!
@@ -17,8 +19,9 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use gpuwatch_query::Status;
+use gpuwatch_query::memory::{DecodeRefused, DecodeReservation};
 use gpuwatch_store::Store;
-use gpuwatch_store::ingest::WriteBatch;
+use gpuwatch_store::ingest::{DecodeBudget, WriteBatch};
 use tracing::Instrument;
 
 use super::{App, WriteRefused};
@@ -66,6 +69,7 @@ impl IngestError {
         match self {
             IngestError::Refused(WriteRefused::QueryNode) => "forbidden",
             IngestError::Refused(_) => "unavailable",
+            IngestError::Store(E::DecodeRefused(_)) => "memory",
             IngestError::Store(E::TooLarge { .. }) => "too_large",
             IngestError::Store(e) if e.is_disk_full() => "disk_full",
             IngestError::Store(e) if e.is_client_error() => "bad_request",
@@ -79,6 +83,7 @@ impl IngestError {
         use gpuwatch_store::Error as E;
         match self {
             IngestError::Refused(refused) => refused.response(),
+            IngestError::Store(E::DecodeRefused(why)) => decode_refused(why.as_ref()),
             IngestError::Store(e @ E::TooLarge { .. }) => {
                 error_response(Status::PayloadTooLarge, &e.to_string())
             }
@@ -106,6 +111,12 @@ impl IngestError {
         use gpuwatch_store::Error as E;
         match self {
             IngestError::Refused(refused) => refused.grpc_status(),
+            IngestError::Store(E::DecodeRefused(why)) => {
+                match why.downcast_ref::<DecodeRefused>() {
+                    Some(r) if r.never_fits() => tonic::Status::resource_exhausted(r.to_string()),
+                    _ => tonic::Status::unavailable(why.to_string()),
+                }
+            }
             IngestError::Store(e @ E::TooLarge { .. }) => {
                 tonic::Status::resource_exhausted(e.to_string())
             }
@@ -141,10 +152,43 @@ fn disk_full(e: &gpuwatch_store::Error) -> Response {
     resp
 }
 
+/// The answer to a write whose decode found no room under `--memory-limit`: 413 when the
+/// request alone needs more than decoding may ever hold (split it), otherwise 503 with
+/// `Retry-After` (room comes back as other writes finish).
+fn decode_refused(why: &(dyn std::error::Error + Send + Sync + 'static)) -> Response {
+    let never = why
+        .downcast_ref::<DecodeRefused>()
+        .is_some_and(DecodeRefused::never_fits);
+    if never {
+        return error_response(Status::PayloadTooLarge, &why.to_string());
+    }
+    tracing::warn!(error = %why, "write refused: no room to decode it under --memory-limit");
+    let mut resp = error_response(Status::Unavailable, &why.to_string());
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
+/// The memory a write's decode holds: a reservation of the ceiling (none without
+/// `--memory-limit`), kept until the rows are written and given back when dropped.
+#[derive(Debug)]
+pub(super) struct WriteBudget(Option<DecodeReservation>);
+
+impl DecodeBudget for WriteBudget {
+    fn inflated(&mut self, bytes: usize) -> gpuwatch_store::Result<()> {
+        match &mut self.0 {
+            None => Ok(()),
+            Some(r) => r
+                .inflated(bytes)
+                .map_err(|e| gpuwatch_store::Error::DecodeRefused(Box::new(e))),
+        }
+    }
+}
+
 /// Stores one request of `protocol`: admits it, awaits `read` (the request, within the body
 /// limit), decodes it with `decode` and writes the rows, all of it counted and timed. `decode`
-/// gets the request and the time of arrival (ns) and returns the rows and what the protocol
-/// answers with.
+/// gets the request, the time of arrival (ns) and the budget to reserve its memory in before it
+/// inflates or decodes, and returns the rows and what the protocol answers with.
 pub(super) async fn write<R, S, D>(
     app: &App,
     protocol: Protocol,
@@ -154,7 +198,7 @@ pub(super) async fn write<R, S, D>(
 where
     R: Send + 'static,
     S: Send + 'static,
-    D: FnOnce(R, i64) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
+    D: FnOnce(R, i64, &mut WriteBudget) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
 {
     let started = Instant::now();
     let result = admit_and_store(app, protocol, read, decode).await;
@@ -175,7 +219,7 @@ async fn admit_and_store<R, S, D>(
 where
     R: Send + 'static,
     S: Send + 'static,
-    D: FnOnce(R, i64) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
+    D: FnOnce(R, i64, &mut WriteBudget) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
 {
     let store: Arc<Store> = app.writable().map_err(IngestError::Refused)?;
     let span = tracing::info_span!(
@@ -185,10 +229,13 @@ where
     );
     let request = read.instrument(span.clone()).await?;
     let now = app.clock.now_nanos();
+    let mut budget = WriteBudget(app.ceiling.as_ref().map(|c| c.reserve_decode()));
     let work = tokio::task::spawn_blocking(move || {
         let _ingest = span.enter();
-        let (batch, stats) = tracing::info_span!("decode").in_scope(|| decode(request, now))?;
+        let (batch, stats) =
+            tracing::info_span!("decode").in_scope(|| decode(request, now, &mut budget))?;
         store.write(&batch)?;
+        drop(budget);
         Ok::<_, gpuwatch_store::Error>(stats)
     });
     match work.await {

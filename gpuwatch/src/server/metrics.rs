@@ -171,6 +171,18 @@ const MEMORY: &[Entry<CeilingStats>] = &[
         "Writes refused with 503 because resident memory was at the ceiling",
         |m| m.writes_refused,
     ),
+    (
+        "gpuwatch_decode_memory_reserved_bytes",
+        Kind::Gauge,
+        "Bytes reserved by writes being inflated and decoded",
+        |m| m.decode_reserved as u64,
+    ),
+    (
+        "gpuwatch_writes_refused_decode_memory_total",
+        Kind::Counter,
+        "Writes refused (503 or 413) because their decode found no room under the ceiling",
+        |m| m.decodes_refused,
+    ),
 ];
 
 const STORE: &[Entry<Store>] = &[

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use gpuwatch_store::ingest::http::decode_request;
+use gpuwatch_store::ingest::http::{Encoding, decode_request_within};
 
 use super::App;
 use super::ingest::{self, Protocol, header_text, read_body};
@@ -21,14 +21,13 @@ pub(super) async fn handle(State(app): State<App>, headers: HeaderMap, body: Bod
         &app,
         Protocol::OtlpHttp,
         read_body(body, limit),
-        move |body, now| {
-            let (batch, stats, format) = decode_request(
-                content_type.as_deref(),
-                encoding.as_deref(),
-                &body,
-                limit,
-                now,
-            )?;
+        move |body, now, budget| {
+            let encoding = Encoding {
+                content_type: content_type.as_deref(),
+                content_encoding: encoding.as_deref(),
+                max_decoded_bytes: limit,
+            };
+            let (batch, stats, format) = decode_request_within(&encoding, &body, now, budget)?;
             Ok((batch, (stats, format)))
         },
     )

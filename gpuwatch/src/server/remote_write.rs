@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use gpuwatch_common::metrics::Registry;
 use gpuwatch_common::metrics::prometheus_client::metrics::counter::Counter;
 use gpuwatch_common::metrics::prometheus_client::metrics::family::Family;
-use gpuwatch_store::ingest::remote_write::{RemoteWriteStats, decode_request};
+use gpuwatch_store::ingest::http::Encoding;
+use gpuwatch_store::ingest::remote_write::{RemoteWriteStats, decode_request_within};
 
 use super::App;
 use super::ingest::{self, Protocol, header_text, read_body};
@@ -69,14 +70,13 @@ pub(super) async fn handle(State(app): State<App>, headers: HeaderMap, body: Bod
         &app,
         Protocol::RemoteWrite,
         read_body(body, limit),
-        move |body, now| {
-            decode_request(
-                content_type.as_deref(),
-                encoding.as_deref(),
-                &body,
-                limit,
-                now,
-            )
+        move |body, now, budget| {
+            let encoding = Encoding {
+                content_type: content_type.as_deref(),
+                content_encoding: encoding.as_deref(),
+                max_decoded_bytes: limit,
+            };
+            decode_request_within(&encoding, &body, now, budget)
         },
     )
     .await;

@@ -26,6 +26,9 @@ fn queries_keep_to_their_own_limit_and_to_the_shared_pool() {
 async fn resident_memory_stops_and_resumes_queries() {
     let ceiling = Ceiling::new(1000);
     let mut stops = ceiling.stops();
+    // A decode in flight: the server holds work it accounts for.
+    let mut decoding = ceiling.reserve_decode();
+    decoding.inflated(1).expect("room");
     ceiling.observe(100, 100);
     ceiling.admit_query().expect("far under");
     ceiling.admit_write().expect("far under");
@@ -62,6 +65,44 @@ async fn resident_memory_stops_and_resumes_queries() {
     assert_eq!(stats.peak, 960);
     assert_eq!(stats.queries_refused, 2);
     assert_eq!(stats.writes_refused, 1);
+}
+
+#[test]
+fn an_idle_server_never_refuses_on_resident_memory_alone() {
+    let ceiling = Ceiling::new(1000);
+    ceiling.observe(990, 990);
+    ceiling.admit_query().expect("nothing accounted in flight");
+    ceiling.admit_write().expect("nothing accounted in flight");
+    let mut decoding = ceiling.reserve_decode();
+    decoding.inflated(1).expect("room");
+    ceiling.admit_query().expect_err("a decode in flight");
+    drop(decoding);
+    ceiling.admit_query().expect("idle again");
+}
+
+#[test]
+fn decodes_reserve_before_they_inflate_and_give_it_back() {
+    // 200 of 1000 bytes for decoding writes.
+    let ceiling = Ceiling::new(1000 * DECODE_FACTOR);
+    assert_eq!(ceiling.decode_bytes(), 200 * DECODE_FACTOR);
+    let mut a = ceiling.reserve_decode();
+    let mut b = ceiling.reserve_decode();
+    a.inflated(150).expect("a fits");
+    let busy = b.inflated(100).expect_err("room held by a");
+    assert!(!busy.never_fits(), "{busy}");
+    assert_eq!(busy.held, 150 * DECODE_FACTOR);
+    assert!(busy.to_string().contains("Retry-After"), "{busy}");
+    b.inflated(50).expect("what is left");
+    assert_eq!(ceiling.stats().decode_reserved, 200 * DECODE_FACTOR);
+    drop(a);
+    drop(b);
+    assert_eq!(ceiling.stats().decode_reserved, 0);
+    let mut bomb = ceiling.reserve_decode();
+    bomb.inflated(150).expect("fits");
+    let never = bomb.inflated(100).expect_err("more than the share");
+    assert!(never.never_fits(), "{never}");
+    assert!(never.to_string().contains("split the batch"), "{never}");
+    assert_eq!(ceiling.stats().decodes_refused, 2);
 }
 
 #[test]

@@ -9,8 +9,8 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
 };
 use prost::Message;
 
-use super::WriteBatch;
 use super::otlp::{self, DecodeStats};
+use super::{DecodeBudget, INFLATE_STEP, Unbounded, WriteBatch};
 use crate::{Error, Result};
 
 /// The body format of an OTLP/HTTP request, which its answer uses too.
@@ -85,6 +85,17 @@ pub fn decompress(
     body: &[u8],
     max_bytes: usize,
 ) -> Result<Vec<u8>> {
+    decompress_within(content_encoding, body, max_bytes, &mut Unbounded)
+}
+
+/// [`decompress`], asking `budget` for room before each step is inflated (a plain body: for
+/// the whole body, before it is decoded).
+pub fn decompress_within(
+    content_encoding: Option<&str>,
+    body: &[u8],
+    max_bytes: usize,
+    budget: &mut dyn DecodeBudget,
+) -> Result<Vec<u8>> {
     let encoding = content_encoding
         .unwrap_or("identity")
         .trim()
@@ -94,20 +105,39 @@ pub fn decompress(
             if body.len() > max_bytes {
                 return Err(Error::TooLarge { limit: max_bytes });
             }
+            budget.inflated(body.len())?;
             Ok(body.to_vec())
         }
-        "gzip" | "x-gzip" => {
-            let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(max_bytes));
-            let mut reader = flate2::read::MultiGzDecoder::new(body).take(max_bytes as u64 + 1);
-            reader
-                .read_to_end(&mut out)
-                .map_err(|e| Error::malformed("gzip body", e))?;
-            if out.len() > max_bytes {
-                return Err(Error::TooLarge { limit: max_bytes });
-            }
-            Ok(out)
-        }
+        "gzip" | "x-gzip" => inflate_gzip(body, max_bytes, budget),
         other => Err(Error::UnsupportedContentEncoding(other.to_string())),
+    }
+}
+
+/// Inflates a gzip body [`INFLATE_STEP`] bytes at a time, each step paid for in `budget`
+/// before it is inflated, never past `max_bytes`.
+fn inflate_gzip(body: &[u8], max_bytes: usize, budget: &mut dyn DecodeBudget) -> Result<Vec<u8>> {
+    let mut reader = flate2::read::MultiGzDecoder::new(body).take(max_bytes as u64 + 1);
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        budget.inflated(INFLATE_STEP)?;
+        let start = out.len();
+        out.resize(start + INFLATE_STEP, 0);
+        let mut filled = start;
+        while filled < out.len() {
+            match reader.read(&mut out[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::malformed("gzip body", e)),
+            }
+        }
+        out.truncate(filled);
+        if out.len() > max_bytes {
+            return Err(Error::TooLarge { limit: max_bytes });
+        }
+        if filled < start + INFLATE_STEP {
+            return Ok(out);
+        }
     }
 }
 
@@ -119,8 +149,40 @@ pub fn decode_request(
     max_decoded_bytes: usize,
     now: i64,
 ) -> Result<(WriteBatch, DecodeStats, OtlpFormat)> {
-    let format = OtlpFormat::from_content_type(content_type)?;
-    let raw = decompress(content_encoding, body, max_decoded_bytes)?;
+    let encoding = Encoding {
+        content_type,
+        content_encoding,
+        max_decoded_bytes,
+    };
+    decode_request_within(&encoding, body, now, &mut Unbounded)
+}
+
+/// The headers and limit of one OTLP/HTTP request.
+#[derive(Debug, Clone, Copy)]
+pub struct Encoding<'a> {
+    /// `Content-Type`.
+    pub content_type: Option<&'a str>,
+    /// `Content-Encoding`.
+    pub content_encoding: Option<&'a str>,
+    /// The largest body after inflating.
+    pub max_decoded_bytes: usize,
+}
+
+/// [`decode_request`] within a memory budget: room for the inflated body and what decoding
+/// it builds is asked for before each step is inflated.
+pub fn decode_request_within(
+    encoding: &Encoding<'_>,
+    body: &[u8],
+    now: i64,
+    budget: &mut dyn DecodeBudget,
+) -> Result<(WriteBatch, DecodeStats, OtlpFormat)> {
+    let format = OtlpFormat::from_content_type(encoding.content_type)?;
+    let raw = decompress_within(
+        encoding.content_encoding,
+        body,
+        encoding.max_decoded_bytes,
+        budget,
+    )?;
     if raw.is_empty() {
         return Err(Error::malformed(
             "otlp request",
@@ -131,6 +193,7 @@ pub fn decode_request(
         OtlpFormat::Protobuf => otlp::decode_protobuf(&raw)?,
         OtlpFormat::Json => otlp::decode_json(&raw)?,
     };
+    drop(raw);
     let (batch, mut stats) = otlp::to_write_batch(&req, now)?;
     stats.add_unreadable(unreadable);
     Ok((batch, stats, format))
@@ -174,6 +237,50 @@ mod tests {
         let err = decompress(Some("gzip"), b"not gzip", 100).expect_err("bad gzip");
         assert!(err.is_client_error());
         assert!(decompress(Some("br"), b"x", 100).is_err());
+    }
+
+    /// A budget of `left` bytes that records what was asked for.
+    struct Capped {
+        left: usize,
+        asked: usize,
+    }
+
+    impl DecodeBudget for Capped {
+        fn inflated(&mut self, bytes: usize) -> Result<()> {
+            self.asked += bytes;
+            if bytes > self.left {
+                return Err(Error::DecodeRefused("no room".into()));
+            }
+            self.left -= bytes;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_gzip_bomb_stops_where_the_budget_ends() {
+        // 64 MiB of zeros compress to about 64 KiB.
+        let bomb = gzip(&vec![0u8; 64 << 20]);
+        let mut budget = Capped {
+            left: 3 * INFLATE_STEP,
+            asked: 0,
+        };
+        let err =
+            decompress_within(Some("gzip"), &bomb, 128 << 20, &mut budget).expect_err("refused");
+        assert!(matches!(err, Error::DecodeRefused(_)), "{err}");
+        // It asked before each step and stopped at the first refusal.
+        assert_eq!(budget.asked, 4 * INFLATE_STEP);
+        // Within the budget: the body's size and one step of slack are asked for.
+        let small = vec![7u8; INFLATE_STEP + 10];
+        let mut budget = Capped {
+            left: usize::MAX,
+            asked: 0,
+        };
+        let out =
+            decompress_within(Some("gzip"), &gzip(&small), 1 << 20, &mut budget).expect("fits");
+        assert_eq!(out, small);
+        assert_eq!(budget.asked, 2 * INFLATE_STEP);
+        let mut budget = Capped { left: 5, asked: 0 };
+        assert!(decompress_within(None, b"123456", 100, &mut budget).is_err());
     }
 
     #[test]

@@ -336,6 +336,17 @@ pub fn decompress(
     body: &[u8],
     max_bytes: usize,
 ) -> Result<Vec<u8>> {
+    decompress_within(content_encoding, body, max_bytes, &mut super::Unbounded)
+}
+
+/// [`decompress`], asking `budget` for room for the inflated body (its length is in the
+/// snappy header) before it is inflated.
+pub fn decompress_within(
+    content_encoding: Option<&str>,
+    body: &[u8],
+    max_bytes: usize,
+    budget: &mut dyn super::DecodeBudget,
+) -> Result<Vec<u8>> {
     let encoding = content_encoding
         .unwrap_or("snappy")
         .trim()
@@ -359,6 +370,7 @@ pub fn decompress(
     if len > max_bytes {
         return Err(Error::TooLarge { limit: max_bytes });
     }
+    budget.inflated(len)?;
     snap::raw::Decoder::new()
         .decompress_vec(body)
         .map_err(|e| Error::malformed("remote write snappy body", e))
@@ -402,8 +414,29 @@ pub fn decode_request(
     max_decoded_bytes: usize,
     now: i64,
 ) -> Result<(WriteBatch, RemoteWriteStats)> {
-    check_content_type(content_type)?;
-    let raw = decompress(content_encoding, body, max_decoded_bytes)?;
+    let encoding = super::http::Encoding {
+        content_type,
+        content_encoding,
+        max_decoded_bytes,
+    };
+    decode_request_within(&encoding, body, now, &mut super::Unbounded)
+}
+
+/// [`decode_request`] within a memory budget: room for the inflated body and what decoding
+/// it builds is asked for before it is inflated.
+pub fn decode_request_within(
+    encoding: &super::http::Encoding<'_>,
+    body: &[u8],
+    now: i64,
+    budget: &mut dyn super::DecodeBudget,
+) -> Result<(WriteBatch, RemoteWriteStats)> {
+    check_content_type(encoding.content_type)?;
+    let raw = decompress_within(
+        encoding.content_encoding,
+        body,
+        encoding.max_decoded_bytes,
+        budget,
+    )?;
     let req = WriteRequestView::decode(&raw)?;
     view_to_write_batch(&req, now)
 }

@@ -80,6 +80,9 @@ pub(crate) struct PgOptions {
     /// Where connections run: the query runtime, so that a client's statements (planning,
     /// execution, and the encoding of its rows) never hold up the server's own runtime.
     pub executor: gpuwatch_query::executor::Executor,
+    /// The bounds of the listener's connections (`--header-timeout`, `--idle-timeout`,
+    /// `--max-connections`); `None`: unbounded.
+    pub conns: Option<Arc<crate::server::conn::raw::RawConns>>,
 }
 
 impl fmt::Debug for PgOptions {
@@ -722,6 +725,7 @@ pub(crate) fn serve(
     let handlers = Arc::new(Handlers::new(engine, options.auth, options.tls.is_some()));
     let tls = options.tls;
     let executor = options.executor;
+    let conns = options.conns;
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -737,9 +741,11 @@ pub(crate) fn serve(
                 }
             };
             let _ = socket.set_nodelay(true);
+            let slot = conns.as_ref().map(|c| c.admit(&socket));
             let handlers = Arc::clone(&handlers);
             let tls = tls.clone();
             executor.spawn(async move {
+                let _slot = slot;
                 if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
                     tracing::debug!(peer = %peer, error = %e, "postgres connection ended with an error");
                 }
