@@ -43,7 +43,7 @@ pub const BUFFER_SHARE: f64 = 0.25;
 /// Share of the limit that decodes in flight may reserve together.
 pub const DECODE_SHARE: f64 = 0.2;
 /// Bytes reserved per inflated byte of a write: the inflated body and the messages and rows
-/// decoding it builds (measured: about 10x for agent exports, up to 20x for tiny points).
+/// decoding it builds (an estimated bound, not measured per kind of body).
 pub const DECODE_FACTOR: usize = 24;
 /// Least time between two requests to the allocator to return freed memory.
 pub const TRIM_EVERY: Duration = Duration::from_secs(1);
