@@ -19,10 +19,10 @@ use std::time::Duration;
 use gpuwatch_agent::collect::Source;
 use gpuwatch_agent::collect::gpm::{GpmPair, refill};
 use gpuwatch_agent::{NvmlSource, attribute, export};
-use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, EventSet, GpmSample, Nvml};
 use prost::Message;
 
 #[derive(Default)]
@@ -58,6 +58,13 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
+    let (nvml, d) = open_gpu0();
+    nvml_calls(nvml, &d, ticks);
+    agent_phases(ticks);
+}
+
+/// NVML, kept for the whole run as the agent keeps it, and GPU 0; exits when either is missing.
+fn open_gpu0() -> (&'static Nvml, Device<'static>) {
     let nvml: &'static Nvml = match Nvml::init() {
         Ok(n) => Box::leak(Box::new(n)),
         Err(e) => {
@@ -69,7 +76,11 @@ fn main() {
         eprintln!("no gpu 0");
         std::process::exit(1);
     };
-    let metrics = gpuwatch_agent::collect::nvml::GPM_METRICS;
+    (nvml, d)
+}
+
+/// Times each NVML call, at every tick: those of every collection, then the others.
+fn nvml_calls(nvml: &'static Nvml, d: &Device<'static>, ticks: u32) {
     // The agent's event set: XID (and ECC where supported) of GPU 0, drained without waiting.
     let events = nvml.create_event_set().ok().and_then(|set| {
         let types = d.supported_event_types().ok()?
@@ -83,90 +94,109 @@ fn main() {
     let mut pair = GpmPair::new();
     let mut spare = None;
     for _ in 0..ticks {
-        // What the agent calls at every collection.
-        if let Some(set) = &events {
-            every.time("event set wait(0)", || set.wait(0).ok());
-        }
-        every.time("utilization_rates", || d.utilization_rates().ok());
-        every.time("memory_info", || d.memory_info().ok());
-        every.time("power_usage", || d.power_usage().ok());
-        every.time("temperature", || d.temperature(TemperatureSensor::Gpu).ok());
-        every.time("clock_info x2", || {
-            (
-                d.clock_info(Clock::SM).ok(),
-                d.clock_info(Clock::Memory).ok(),
-            )
-        });
-        every.time("current_throttle_reasons", || {
-            d.current_throttle_reasons().ok()
-        });
-        every.time("total_ecc_errors x2", || {
-            (
-                d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-                    .ok(),
-                d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                    .ok(),
-            )
-        });
-        every.time("field_values_for 82,143,145", || {
-            d.field_values_for(&[FieldId(82), FieldId(143), FieldId(145)])
-                .ok()
-        });
-        every.time("running_compute_processes", || {
-            d.running_compute_processes().ok()
-        });
-        // The agent's GPM path: the older of two kept samples refilled (nvmlGpmSampleGet),
-        // then the metrics between the two.
-        let t0 = std::time::Instant::now();
-        let got = pair.sample(&d);
-        every
-            .0
-            .entry("gpm sample (kept, refilled)")
-            .or_default()
-            .push(t0.elapsed().as_secs_f64() * 1e3);
-        if let Ok(Some((p, s))) = got {
-            every.time("gpm_metrics_get (11)", || {
-                nvml_wrapper::gpm::gpm_metrics_get(nvml, p, s, metrics).ok()
-            });
-        }
-
-        // What the agent no longer calls at every collection, for comparison.
-        once.time("device_count", || nvml.device_count().ok());
-        once.time("device_by_index", || nvml.device_by_index(0).ok());
-        once.time("uuid", || d.uuid().ok());
-        once.time("name", || d.name().ok());
-        once.time("mig_mode", || d.mig_mode().ok());
-        // nvml-wrapper's own call: allocates and fills a new sample, freed on drop.
-        let fresh = once.time("gpm_sample (allocating)", || d.gpm_sample().ok());
-        once.time("gpm_sample drop (free)", || drop(fresh));
-        // A third sample refilled on its own, to time nvmlGpmSampleGet alone.
-        if spare.is_none() {
-            spare = d.gpm_sample().ok();
-        }
-        if let Some(sp) = &spare {
-            once.time("nvmlGpmSampleGet alone", || refill(&d, sp).ok());
-        }
-        // One call instead of three: the ECC volatile totals (fields 3, 4) with the others.
-        once.time("field_values_for 3,4,82,143,145", || {
-            d.field_values_for(&[
-                FieldId(3),
-                FieldId(4),
-                FieldId(82),
-                FieldId(143),
-                FieldId(145),
-            ])
-            .ok()
-        });
+        every_collection(&mut every, nvml, d, events.as_ref(), &mut pair);
+        no_longer_every_collection(&mut once, nvml, d, &mut spare);
         std::thread::sleep(Duration::from_millis(200));
     }
     every.print("== NVML calls the agent makes at every collection, GPU 0");
     once.print(
         "== NVML calls made once per GPU or every --slow-interval (timed at every tick here)",
     );
-    drop(pair);
-    drop(spare);
-    drop(events);
+}
 
+/// What the agent calls at every collection.
+fn every_collection(
+    every: &mut Costs,
+    nvml: &'static Nvml,
+    d: &Device<'static>,
+    events: Option<&EventSet<'static>>,
+    pair: &mut GpmPair,
+) {
+    if let Some(set) = events {
+        every.time("event set wait(0)", || set.wait(0).ok());
+    }
+    every.time("utilization_rates", || d.utilization_rates().ok());
+    every.time("memory_info", || d.memory_info().ok());
+    every.time("power_usage", || d.power_usage().ok());
+    every.time("temperature", || d.temperature(TemperatureSensor::Gpu).ok());
+    every.time("clock_info x2", || {
+        (
+            d.clock_info(Clock::SM).ok(),
+            d.clock_info(Clock::Memory).ok(),
+        )
+    });
+    every.time("current_throttle_reasons", || {
+        d.current_throttle_reasons().ok()
+    });
+    every.time("total_ecc_errors x2", || {
+        (
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                .ok(),
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok(),
+        )
+    });
+    every.time("field_values_for 82,143,145", || {
+        d.field_values_for(&[FieldId(82), FieldId(143), FieldId(145)])
+            .ok()
+    });
+    every.time("running_compute_processes", || {
+        d.running_compute_processes().ok()
+    });
+    // The agent's GPM path: the older of two kept samples refilled (nvmlGpmSampleGet),
+    // then the metrics between the two.
+    let t0 = std::time::Instant::now();
+    let got = pair.sample(d);
+    every
+        .0
+        .entry("gpm sample (kept, refilled)")
+        .or_default()
+        .push(t0.elapsed().as_secs_f64() * 1e3);
+    if let Ok(Some((p, s))) = got {
+        let metrics = gpuwatch_agent::collect::nvml::GPM_METRICS;
+        every.time("gpm_metrics_get (11)", || {
+            nvml_wrapper::gpm::gpm_metrics_get(nvml, p, s, metrics).ok()
+        });
+    }
+}
+
+/// What the agent no longer calls at every collection, for comparison.
+fn no_longer_every_collection(
+    once: &mut Costs,
+    nvml: &'static Nvml,
+    d: &Device<'static>,
+    spare: &mut Option<GpmSample<'static>>,
+) {
+    once.time("device_count", || nvml.device_count().ok());
+    once.time("device_by_index", || nvml.device_by_index(0).ok());
+    once.time("uuid", || d.uuid().ok());
+    once.time("name", || d.name().ok());
+    once.time("mig_mode", || d.mig_mode().ok());
+    // nvml-wrapper's own call: allocates and fills a new sample, freed on drop.
+    let fresh = once.time("gpm_sample (allocating)", || d.gpm_sample().ok());
+    once.time("gpm_sample drop (free)", || drop(fresh));
+    // A third sample refilled on its own, to time nvmlGpmSampleGet alone.
+    if spare.is_none() {
+        *spare = d.gpm_sample().ok();
+    }
+    if let Some(sp) = spare.as_ref() {
+        once.time("nvmlGpmSampleGet alone", || refill(d, sp).ok());
+    }
+    // One call instead of three: the ECC volatile totals (fields 3, 4) with the others.
+    once.time("field_values_for 3,4,82,143,145", || {
+        d.field_values_for(&[
+            FieldId(3),
+            FieldId(4),
+            FieldId(82),
+            FieldId(143),
+            FieldId(145),
+        ])
+        .ok()
+    });
+}
+
+/// Times the agent's own phases over `ticks` collections of every GPU.
+fn agent_phases(ticks: u32) {
     let mut source =
         NvmlSource::with_slow_interval(gpuwatch_agent::collect::nvml::DEFAULT_SLOW_INTERVAL)
             .unwrap_or_else(|e| {

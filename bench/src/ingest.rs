@@ -231,14 +231,43 @@ async fn run_gpuwatch(
         wall.as_secs_f64()
     );
     let rss = server.rss_bytes();
-    // Settled: every row persisted, every gpu_metrics file the single file of its closed hour.
+    let catalog = settled_catalog(args, run_dir, &server.url, expected_rows).await?;
+    let cpu_total = server.cpu_seconds()? - cpu_start;
+    let check = check_gpu_metrics(&server.url, expected_rows).await?;
+    let (raw_bytes, mut extra) = gpuwatch_disk(&catalog, &data_dir, send.samples, &check);
+    extra.push(format!(
+        "RSS after ingest: {:.0} MB",
+        rss.unwrap_or(0) as f64 / 1e6
+    ));
+    server.stop();
+    Ok(Outcome {
+        name: "gpuwatch".into(),
+        version,
+        send,
+        wall,
+        cpu_ingest,
+        cpu_total,
+        disk_bytes: raw_bytes,
+        disk_note: "gpu_metrics Parquet after persist and compaction (rollups apart)".into(),
+        extra,
+    })
+}
+
+/// The catalog once settled: every row persisted, every gpu_metrics file the single file of
+/// its closed hour (within `--settle-timeout`).
+async fn settled_catalog(
+    args: &IngestArgs,
+    run_dir: &Path,
+    url: &str,
+    expected_rows: u64,
+) -> Result<Vec<TableFile>> {
     let deadline = Instant::now() + args.settle_timeout;
-    let catalog = loop {
-        if let Ok(c) = table_files(&server.url).await {
+    loop {
+        if let Ok(c) = table_files(url).await {
             let raw: Vec<&TableFile> = c.iter().filter(|f| f.table_name == "gpu_metrics").collect();
             let rows: u64 = raw.iter().map(|f| f.rows).sum();
             if rows == expected_rows && !raw.is_empty() && raw.iter().all(|f| f.level >= 1) {
-                break c;
+                return Ok(c);
             }
             if rows > expected_rows {
                 return Err(format!(
@@ -254,13 +283,23 @@ async fn run_gpuwatch(
             ));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    let cpu_total = server.cpu_seconds()? - cpu_start;
-    // Check through SQL that the samples landed as gpu_metrics rows with every column filled.
+    }
+}
+
+/// The counts of the SQL check of gpu_metrics.
+#[derive(Debug)]
+struct GpuMetricsCheck {
+    rows: u64,
+    gpus: u64,
+    with_job: u64,
+}
+
+/// Checks through SQL that the samples landed as gpu_metrics rows with every column filled.
+async fn check_gpu_metrics(url: &str, expected_rows: u64) -> Result<GpuMetricsCheck> {
     let sql = "SELECT count(*) AS n_rows, count(DISTINCT gpu_uuid) AS gpus, count(power_watts) AS power, \
                count(nvlink_rx_bytes_per_second) AS nvlink, count(remapped_rows_failure) AS remap, \
                count(job_id) AS with_job FROM gpu_metrics";
-    let check = sql_json(&send::client()?, &server.url, sql).await?;
+    let check = sql_json(&send::client()?, url, sql).await?;
     let row = check
         .first()
         .ok_or_else(|| "the check query returned no row".to_string())?;
@@ -271,6 +310,20 @@ async fn run_gpuwatch(
     {
         return Err(format!("gpu_metrics does not hold what was sent: {row}"));
     }
+    Ok(GpuMetricsCheck {
+        rows: get("n_rows"),
+        gpus: get("gpus"),
+        with_job: get("with_job"),
+    })
+}
+
+/// gpu_metrics' Parquet bytes, and the lines that break the disk down by table and WAL.
+fn gpuwatch_disk(
+    catalog: &[TableFile],
+    data_dir: &Path,
+    samples: u64,
+    check: &GpuMetricsCheck,
+) -> (u64, Vec<String>) {
     let by_table = |t: &str| -> (u64, usize) {
         let f: Vec<&TableFile> = catalog.iter().filter(|f| f.table_name == t).collect();
         (f.iter().map(|f| f.bytes).sum(), f.len())
@@ -281,35 +334,20 @@ async fn run_gpuwatch(
     let (metrics_bytes, _) = by_table("metrics");
     let wal = dir_bytes(&data_dir.join("wal"), &[]);
     let all_live = raw_bytes + m1_bytes + h1_bytes + metrics_bytes + wal;
-    let samples = send.samples.max(1) as f64;
     let extra = vec![
         format!(
             "gpu_metrics rows {} ({} GPUs, {} with a job), {raw_files} Parquet file(s) of {raw_bytes} bytes",
-            get("n_rows"),
-            get("gpus"),
-            get("with_job")
+            check.rows, check.gpus, check.with_job
         ),
         format!(
             "rollups gpu_metrics_1m {m1_bytes} bytes, gpu_metrics_1h {h1_bytes} bytes; metrics {metrics_bytes}; wal {wal}"
         ),
         format!(
             "with rollups and WAL: {:.3} bytes/sample",
-            all_live as f64 / samples
+            all_live as f64 / samples.max(1) as f64
         ),
-        format!("RSS after ingest: {:.0} MB", rss.unwrap_or(0) as f64 / 1e6),
     ];
-    server.stop();
-    Ok(Outcome {
-        name: "gpuwatch".into(),
-        version,
-        send,
-        wall,
-        cpu_ingest,
-        cpu_total,
-        disk_bytes: raw_bytes,
-        disk_note: "gpu_metrics Parquet after persist and compaction (rollups apart)".into(),
-        extra,
-    })
+    (raw_bytes, extra)
 }
 
 /// `POST /api/v1/sql` returning the JSON rows.
@@ -439,31 +477,7 @@ async fn run_prometheus(
     bodies: &[Arc<Body>],
 ) -> Result<Outcome> {
     let data_dir = run_dir.join("prometheus");
-    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
-    let config = run_dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
-    )
-    .map_err(|e| format!("{}: {e}", config.display()))?;
-    let port = free_port()?;
-    let cmd_args = vec![
-        format!("--config.file={}", config.display()),
-        format!("--storage.tsdb.path={}", data_dir.display()),
-        format!("--web.listen-address=127.0.0.1:{port}"),
-        "--web.enable-remote-write-receiver".into(),
-        "--web.enable-admin-api".into(),
-        "--storage.tsdb.retention.time=1y".into(),
-        "--log.level=warn".into(),
-    ];
-    let mut server = Server::start(
-        "prometheus",
-        &args.prometheus,
-        &cmd_args,
-        format!("http://127.0.0.1:{port}"),
-        "/-/ready",
-        run_dir.join("prometheus.log"),
-    )?;
+    let mut server = start_prometheus(args, run_dir, &data_dir)?;
     let version = peers::version_of(&args.prometheus, "--version");
     println!("\n== Prometheus ({version}), pid {}", server.pid());
     let cpu_start = server.cpu_seconds()?;
@@ -474,22 +488,7 @@ async fn run_prometheus(
         wall.as_secs_f64()
     );
     let rss = server.rss_bytes();
-    let url = server.url.clone();
-    let (status, body) = tokio::task::spawn_blocking(move || {
-        peers::blocking_post(&format!("{url}/api/v1/admin/tsdb/snapshot"))
-    })
-    .await
-    .map_err(|e| format!("snapshot task: {e}"))??;
-    if status >= 300 {
-        return Err(format!("prometheus snapshot: {status}: {body}"));
-    }
-    let name = body
-        .find('{')
-        .and_then(|i| serde_json::from_str::<serde_json::Value>(&body[i..]).ok())
-        .and_then(|v| v["data"]["name"].as_str().map(str::to_string))
-        .ok_or_else(|| format!("prometheus snapshot: no name in {body}"))?;
-    let snapshot = data_dir.join("snapshots").join(&name);
-    let disk = dir_bytes(&snapshot, &[]);
+    let disk = snapshot_bytes(&server, &data_dir).await?;
     let cpu_total = server.cpu_seconds()? - cpu_start;
     let metrics = peers::blocking_get(&format!("{}/metrics", server.url))
         .map(|(_, b)| b)
@@ -521,6 +520,55 @@ async fn run_prometheus(
             format!("RSS after ingest: {:.0} MB", rss.unwrap_or(0) as f64 / 1e6),
         ],
     })
+}
+
+/// Prometheus on a free port with the remote-write receiver and the admin API, no scrapes,
+/// its TSDB in `data_dir`.
+fn start_prometheus(args: &IngestArgs, run_dir: &Path, data_dir: &Path) -> Result<Server> {
+    std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let config = run_dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
+    )
+    .map_err(|e| format!("{}: {e}", config.display()))?;
+    let port = free_port()?;
+    let cmd_args = vec![
+        format!("--config.file={}", config.display()),
+        format!("--storage.tsdb.path={}", data_dir.display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+        "--web.enable-remote-write-receiver".into(),
+        "--web.enable-admin-api".into(),
+        "--storage.tsdb.retention.time=1y".into(),
+        "--log.level=warn".into(),
+    ];
+    Server::start(
+        "prometheus",
+        &args.prometheus,
+        &cmd_args,
+        format!("http://127.0.0.1:{port}"),
+        "/-/ready",
+        run_dir.join("prometheus.log"),
+    )
+}
+
+/// Writes the head as a persistent block (the snapshot API) and returns that block's bytes.
+async fn snapshot_bytes(server: &Server, data_dir: &Path) -> Result<u64> {
+    let url = server.url.clone();
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        peers::blocking_post(&format!("{url}/api/v1/admin/tsdb/snapshot"))
+    })
+    .await
+    .map_err(|e| format!("snapshot task: {e}"))??;
+    if status >= 300 {
+        return Err(format!("prometheus snapshot: {status}: {body}"));
+    }
+    let name = body
+        .find('{')
+        .and_then(|i| serde_json::from_str::<serde_json::Value>(&body[i..]).ok())
+        .and_then(|v| v["data"]["name"].as_str().map(str::to_string))
+        .ok_or_else(|| format!("prometheus snapshot: no name in {body}"))?;
+    Ok(dir_bytes(&data_dir.join("snapshots").join(&name), &[]))
 }
 
 fn print_outcome(o: &Outcome) {

@@ -428,8 +428,55 @@ pub(crate) async fn run(args: QueryArgs) -> Result<()> {
         args.data_dir.display()
     );
     let marker = loaded(&args, &server, earlier).await?;
-    // Wait until every row is in Parquet (DuckDB reads only the files): the fleet's, and the
-    // freshness probes of earlier runs, which the server replays from its WAL at its start.
+    let rows = wait_persisted(&args, &server, &marker, &log).await?;
+    // Let compaction of the closed hours finish so that both engines read the same files, and
+    // wait until the server is idle (its start replays the WAL, persists and compacts): queries
+    // timed while it works in the background would measure that work too.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    wait_idle(&server, Duration::from_secs(120)).await?;
+    let query_node = if args.query_node {
+        Some(start_query_node(&args, &parent, rows).await?)
+    } else {
+        None
+    };
+    let timed: &Server = query_node.as_ref().unwrap_or(&server);
+    let files: Vec<crate::ingest::TableFile> = crate::ingest::table_files(&timed.url)
+        .await?
+        .into_iter()
+        .filter(|f| f.table_name == "gpu_metrics")
+        .collect();
+    let parquet_bytes: u64 = files.iter().map(|f| f.bytes).sum();
+    println!(
+        "{} rows in {} gpu_metrics Parquet files, {:.1} MB",
+        files.iter().map(|f| f.rows).sum::<u64>(),
+        files.len(),
+        parquet_bytes as f64 / 1e6
+    );
+    let (gw_queries, duck_queries) = queries_at(&marker);
+    let gw_results = time_gpuwatch(&timed.url, &gw_queries, args.runs).await?;
+    if files.iter().any(|f| f.location.contains("://")) {
+        print_gpuwatch_only(args.query_node, &gw_results);
+    } else {
+        compare_with_duckdb(&args, &files, &duck_queries, &gw_results).await?;
+    }
+    if let Some(mut q) = query_node {
+        q.stop();
+    }
+
+    freshness(&args, &server).await?;
+    server.stop();
+    Ok(())
+}
+
+/// Waits until every row is in Parquet (DuckDB reads only the files): the fleet's, and the
+/// freshness probes of earlier runs, which the server replays from its WAL at its start.
+/// Returns how many rows that is.
+async fn wait_persisted(
+    args: &QueryArgs,
+    server: &Server,
+    marker: &LoadMarker,
+    log: &Path,
+) -> Result<u64> {
     let fleet_rows = (marker.hosts * marker.gpus_per_host) as u64 * marker.rounds;
     let held = sql_json(
         &send::client()?,
@@ -454,31 +501,12 @@ pub(crate) async fn run(args: QueryArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    // Let compaction of the closed hours finish so that both engines read the same files, and
-    // wait until the server is idle (its start replays the WAL, persists and compacts): queries
-    // timed while it works in the background would measure that work too.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    wait_idle(&server, Duration::from_secs(120)).await?;
-    let query_node = if args.query_node {
-        Some(start_query_node(&args, &parent, rows).await?)
-    } else {
-        None
-    };
-    let timed: &Server = query_node.as_ref().unwrap_or(&server);
-    let files: Vec<crate::ingest::TableFile> = crate::ingest::table_files(&timed.url)
-        .await?
-        .into_iter()
-        .filter(|f| f.table_name == "gpu_metrics")
-        .collect();
-    let parquet_bytes: u64 = files.iter().map(|f| f.bytes).sum();
-    println!(
-        "{} rows in {} gpu_metrics Parquet files, {:.1} MB",
-        files.iter().map(|f| f.rows).sum::<u64>(),
-        files.len(),
-        parquet_bytes as f64 / 1e6
-    );
+    Ok(rows)
+}
 
-    // The reference time: the end of the data, so every run sees the same rows.
+/// The queries of both engines at the reference time: the end of the data, so every run sees
+/// the same rows.
+fn queries_at(marker: &LoadMarker) -> (Vec<String>, Vec<String>) {
     let t_ms = marker.start_ms + marker.rounds as i64 * marker.interval_ms;
     let t_iso = iso(t_ms);
     let t_ns = (t_ms as i128 * 1_000_000).to_string();
@@ -487,55 +515,49 @@ pub(crate) async fn run(args: QueryArgs) -> Result<()> {
         "TIMESTAMPTZ '{}'",
         t_iso.replace('T', " ").replace('Z', "+00")
     );
-    let gw_queries: Vec<String> = QUERIES
+    let gw_queries = QUERIES
         .iter()
         .map(|q| q.gpuwatch.replace("{T_NS}", &t_ns).replace("{T}", &gw_t))
         .collect();
-    let duck_queries: Vec<String> = QUERIES
+    let duck_queries = QUERIES
         .iter()
         .map(|q| duck_ago(&q.duckdb.replace("{T_NS}", &t_ns), &duck_t))
         .collect();
+    (gw_queries, duck_queries)
+}
 
+/// Each query once to warm up, then `runs` timed runs: the median seconds and the rows.
+async fn time_gpuwatch(url: &str, queries: &[String], runs: usize) -> Result<Vec<(f64, usize)>> {
     // One client for every query: its connection stays open between them.
     let client = send::client()?;
-    let mut gw_results = Vec::new();
-    for (q, sql) in QUERIES.iter().zip(&gw_queries) {
-        let warm = sql_json(&client, &timed.url, sql).await?;
+    let mut results = Vec::new();
+    for (q, sql) in QUERIES.iter().zip(queries) {
+        let warm = sql_json(&client, url, sql).await?;
         let mut times = Vec::new();
-        for _ in 0..args.runs.max(1) {
+        for _ in 0..runs.max(1) {
             let t = Instant::now();
-            let r = sql_json(&client, &timed.url, sql).await?;
+            let r = sql_json(&client, url, sql).await?;
             times.push(t.elapsed().as_secs_f64());
             if r.len() != warm.len() {
                 return Err(format!("{}: {} rows then {}", q.name, warm.len(), r.len()));
             }
         }
-        gw_results.push((median(&mut times), warm.len()));
+        results.push((median(&mut times), warm.len()));
     }
-    if files.iter().any(|f| f.location.contains("://")) {
-        println!(
-            "\n{} (files in an object store; DuckDB is compared on local disk only)",
-            if args.query_node {
-                "query node"
-            } else {
-                "gpuwatch"
-            }
-        );
-        println!("\n| query | gpuwatch median (s) | rows |");
-        println!("| --- | ---: | ---: |");
-        for (q, (gw, gw_rows)) in QUERIES.iter().zip(&gw_results) {
-            println!("| {} | {gw:.3} | {gw_rows} |", q.name);
-        }
-    } else {
-        compare_with_duckdb(&args, &files, &duck_queries, &gw_results).await?;
-    }
-    if let Some(mut q) = query_node {
-        q.stop();
-    }
+    Ok(results)
+}
 
-    freshness(&args, &server).await?;
-    server.stop();
-    Ok(())
+/// gpuwatch's times alone, when its files are in an object store DuckDB is not given.
+fn print_gpuwatch_only(query_node: bool, gw_results: &[(f64, usize)]) {
+    println!(
+        "\n{} (files in an object store; DuckDB is compared on local disk only)",
+        if query_node { "query node" } else { "gpuwatch" }
+    );
+    println!("\n| query | gpuwatch median (s) | rows |");
+    println!("| --- | ---: | ---: |");
+    for (q, (gw, gw_rows)) in QUERIES.iter().zip(gw_results) {
+        println!("| {} | {gw:.3} | {gw_rows} |", q.name);
+    }
 }
 
 /// Times the same queries with DuckDB over the same files and prints both side by side.

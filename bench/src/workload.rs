@@ -233,113 +233,167 @@ impl HostWorkload {
         procs: &mut Vec<ProcessSample>,
         events: &mut Vec<GpuEvent>,
     ) -> Added {
-        let mut added = Added::default();
+        let mut out = Out {
+            procs,
+            events,
+            added: Added::default(),
+        };
         let read = k % self.slow_every == self.slow_phase;
         for (i, s) in samples.iter().enumerate().take(self.gpus.len()) {
-            let t = u64::try_from(s.time_ms).unwrap_or(0) * 1_000_000;
-            let uuid = uuids.get(i).map(String::as_str).unwrap_or_default();
+            let at = At {
+                t: u64::try_from(s.time_ms).unwrap_or(0) * 1_000_000,
+                uuid: uuids.get(i).map(String::as_str).unwrap_or_default(),
+                index: i,
+            };
             let gpu = &mut self.gpus[i];
             if gpu.job != s.job {
                 gpu.util_sum = 0.0;
                 gpu.util_n = 0;
             }
             gpu.job = s.job;
-            let util = (s.values[GPU_UTIL] / 100.0).clamp(0.0, 1.0);
             if let (Some(job), Some(kind)) = (s.job, kinds.get(i).copied().flatten()) {
-                gpu.util_sum += util;
-                gpu.util_n += 1;
-                let mean = if gpu.util_n > 0 {
-                    gpu.util_sum / f64::from(gpu.util_n)
-                } else {
-                    0.0
-                };
-                let sm = read.then_some(mean);
-                if read {
-                    gpu.util_sum = 0.0;
-                    gpu.util_n = 0;
-                }
-                let profile = JobProfile::of(self.seed, job, kind);
-                let labels = profile.labels(job);
-                let bytes = ((s.values[FB_USED] - FB_FREE_GPU_MIB).max(0.0) * 1_048_576.0) as i64;
-                let pid = first_pid(self.seed, job, self.host) + i as u32;
-                let mut push = |pid: u32, name: &str, share: f64| {
-                    procs.push(ProcessSample {
-                        time_unix_nano: t,
-                        gpu_uuid: uuid.to_string(),
-                        gpu_index: i as u32,
-                        pid,
-                        process_name: Some(name.to_string()),
-                        job: Some(labels.clone()),
-                        used_memory_bytes: Some((bytes as f64 * share) as i64),
-                        sm_utilization: sm.map(|m| m * share),
-                    });
-                    added.processes += 1;
-                    added.process_points += 1 + u64::from(sm.is_some());
-                };
-                if profile.worker {
-                    push(pid, profile.process, 0.8);
-                    push(pid + 1000, profile.process, 0.2);
-                } else {
-                    push(pid, profile.process, 1.0);
-                }
+                let util = (s.values[GPU_UTIL] / 100.0).clamp(0.0, 1.0);
+                let sm = gpu.utilisation(util, read);
+                self.push_processes(&at, s, (job, kind), sm, &mut out);
             }
-            // Corrected ECC errors: the counter's steps.
-            let sbe = s.values[ECC_SBE];
-            if let Some(before) = gpu.sbe
-                && sbe > before
-            {
-                let steps = (sbe - before).round() as u64;
-                for _ in 0..steps {
-                    events.push(event(t, uuid, i, "ecc_sbe", 0));
-                    added.ecc += 1;
-                }
-                if (sbe / SBE_RATE_STEP).floor() > (before / SBE_RATE_STEP).floor() {
-                    events.push(event(t, uuid, i, "xid", 92));
-                    added.xid += 1;
-                }
-            }
-            gpu.sbe = Some(sbe);
-            // The drawn events: one uniform draw per GPU and sample.
-            let u = self.rng.uniform();
-            let mut edge = 0.0;
-            for (draw, chance) in DRAWS.iter().zip(self.chances) {
-                edge += chance;
-                if u >= edge {
-                    continue;
-                }
-                match draw {
-                    Draw::AppFault if s.job.is_some() => {
-                        let first = if self.rng.chance(0.6) { 13 } else { 31 };
-                        let mut codes = vec![first, 43];
-                        if self.rng.chance(0.5) {
-                            codes.push(45);
-                        }
-                        for c in codes {
-                            events.push(event(t, uuid, i, "xid", c));
-                            added.xid += 1;
-                        }
-                    }
-                    Draw::AppFault => {}
-                    Draw::Xid(c) => {
-                        events.push(event(t, uuid, i, "xid", *c));
-                        added.xid += 1;
-                    }
-                    Draw::DoubleBit => {
-                        events.push(event(t, uuid, i, "ecc_dbe", 0));
-                        events.push(event(t, uuid, i, "xid", 48));
-                        added.ecc += 1;
-                        added.xid += 1;
-                        if self.rng.chance(0.5) {
-                            events.push(event(t, uuid, i, "xid", 63));
-                            added.xid += 1;
-                        }
-                    }
-                }
-                break;
-            }
+            ecc_events(&mut self.gpus[i], s.values[ECC_SBE], &at, &mut out);
+            self.drawn_events(s, &at, &mut out);
         }
-        added
+        out.added
     }
+
+    /// The processes of `job` on the GPU: one, or a worker and its helper sharing its memory.
+    fn push_processes(
+        &self,
+        at: &At<'_>,
+        s: &Sample,
+        (job, kind): (u64, JobKind),
+        sm: Option<f64>,
+        out: &mut Out<'_>,
+    ) {
+        let i = at.index;
+        let profile = JobProfile::of(self.seed, job, kind);
+        let labels = profile.labels(job);
+        let bytes = ((s.values[FB_USED] - FB_FREE_GPU_MIB).max(0.0) * 1_048_576.0) as i64;
+        let pid = first_pid(self.seed, job, self.host) + i as u32;
+        let mut push = |pid: u32, name: &str, share: f64| {
+            out.procs.push(ProcessSample {
+                time_unix_nano: at.t,
+                gpu_uuid: at.uuid.to_string(),
+                gpu_index: i as u32,
+                pid,
+                process_name: Some(name.to_string()),
+                job: Some(labels.clone()),
+                used_memory_bytes: Some((bytes as f64 * share) as i64),
+                sm_utilization: sm.map(|m| m * share),
+            });
+            out.added.processes += 1;
+            out.added.process_points += 1 + u64::from(sm.is_some());
+        };
+        if profile.worker {
+            push(pid, profile.process, 0.8);
+            push(pid + 1000, profile.process, 0.2);
+        } else {
+            push(pid, profile.process, 1.0);
+        }
+    }
+
+    /// The drawn events: one uniform draw per GPU and sample.
+    fn drawn_events(&mut self, s: &Sample, at: &At<'_>, out: &mut Out<'_>) {
+        let (t, uuid, i) = (at.t, at.uuid, at.index);
+        let u = self.rng.uniform();
+        let mut edge = 0.0;
+        for (draw, chance) in DRAWS.iter().zip(self.chances) {
+            edge += chance;
+            if u >= edge {
+                continue;
+            }
+            match draw {
+                Draw::AppFault if s.job.is_some() => {
+                    let first = if self.rng.chance(0.6) { 13 } else { 31 };
+                    let mut codes = vec![first, 43];
+                    if self.rng.chance(0.5) {
+                        codes.push(45);
+                    }
+                    for c in codes {
+                        out.events.push(event(t, uuid, i, "xid", c));
+                        out.added.xid += 1;
+                    }
+                }
+                Draw::AppFault => {}
+                Draw::Xid(c) => {
+                    out.events.push(event(t, uuid, i, "xid", *c));
+                    out.added.xid += 1;
+                }
+                Draw::DoubleBit => {
+                    out.events.push(event(t, uuid, i, "ecc_dbe", 0));
+                    out.events.push(event(t, uuid, i, "xid", 48));
+                    out.added.ecc += 1;
+                    out.added.xid += 1;
+                    if self.rng.chance(0.5) {
+                        out.events.push(event(t, uuid, i, "xid", 63));
+                        out.added.xid += 1;
+                    }
+                }
+            }
+            break;
+        }
+    }
+}
+
+impl GpuState {
+    /// Adds a sample's utilisation; on a read round, returns the mean since the last read (the
+    /// processes' SM utilisation) and starts over.
+    fn utilisation(&mut self, util: f64, read: bool) -> Option<f64> {
+        self.util_sum += util;
+        self.util_n += 1;
+        let mean = if self.util_n > 0 {
+            self.util_sum / f64::from(self.util_n)
+        } else {
+            0.0
+        };
+        if read {
+            self.util_sum = 0.0;
+            self.util_n = 0;
+        }
+        read.then_some(mean)
+    }
+}
+
+/// Where a sample was taken: its time (ns), GPU UUID and index.
+#[derive(Debug)]
+struct At<'a> {
+    t: u64,
+    uuid: &'a str,
+    index: usize,
+}
+
+/// What one round appends, and the count of it.
+#[derive(Debug)]
+struct Out<'a> {
+    procs: &'a mut Vec<ProcessSample>,
+    events: &'a mut Vec<GpuEvent>,
+    added: Added,
+}
+
+/// Corrected ECC errors: an event per step of the counter, and XID 92 when the corrected-error
+/// rate crosses a step.
+fn ecc_events(gpu: &mut GpuState, sbe: f64, at: &At<'_>, out: &mut Out<'_>) {
+    let (t, uuid, i) = (at.t, at.uuid, at.index);
+    if let Some(before) = gpu.sbe
+        && sbe > before
+    {
+        let steps = (sbe - before).round() as u64;
+        for _ in 0..steps {
+            out.events.push(event(t, uuid, i, "ecc_sbe", 0));
+            out.added.ecc += 1;
+        }
+        if (sbe / SBE_RATE_STEP).floor() > (before / SBE_RATE_STEP).floor() {
+            out.events.push(event(t, uuid, i, "xid", 92));
+            out.added.xid += 1;
+        }
+    }
+    gpu.sbe = Some(sbe);
 }
 
 /// An event as the agent's NVML source describes it.

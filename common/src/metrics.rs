@@ -1,16 +1,23 @@
-//! Metrics: the registry the server's crates register with, and the one writer of exposition
-//! text that has to keep names a registry would change.
+//! Metrics: the registry every crate registers with, its two renderings, and the one writer of
+//! exposition text that has to keep names a registry would change.
 //!
-//! The server, its store and its alerting register counters, gauges and histograms with one
-//! [`Registry`] (the `prometheus-client` crate, the Prometheus project's own Rust client: no
-//! global state, histograms, OpenMetrics text). Values that live elsewhere (atomics of the store,
-//! the memory ceiling) are read at scrape time by a [`SampleCollector`]; [`build_info`] and
-//! [`ProcessCollector`] give `<prefix>_build_info` and the standard `process_*` metrics.
+//! The server, its store and its alerting, and the agent's own metrics, register counters,
+//! gauges and histograms with a [`Registry`] (the `prometheus-client` crate, the Prometheus
+//! project's own Rust client: no global state, histograms). Values that live elsewhere (atomics
+//! of the store, the memory ceiling) are read at scrape time by a [`SampleCollector`];
+//! [`build_info`] and [`ProcessCollector`] give `<prefix>_build_info` and the standard
+//! `process_*` metrics.
 //!
-//! The agent's `/metrics` mimics dcgm-exporter: counters without `_total`, text format 0.0.4,
-//! written on every scrape for every GPU. A registry would rename those counters and cost more
-//! per scrape, so that exposition (and the agent's own metrics beside it) is written with
-//! [`TextWriter`] — the only hand-written exposition, and the only label escaper.
+//! A registry renders as OpenMetrics text ([`encode`], what the server serves) or as the
+//! Prometheus text format 0.0.4 ([`encode_text_into`], what the agent serves beside its
+//! dcgm-exporter series). The 0.0.4 rendering rewrites the crate's OpenMetrics text, family by
+//! family: a counter's `# HELP`/`# TYPE` name gains the `_total` its samples carry, an `info`
+//! family becomes a gauge named `<name>_info`, `# UNIT`, `# EOF` and exemplars are left out.
+//!
+//! The agent's per-GPU `/metrics` series mimic dcgm-exporter: counters without `_total`, text
+//! format 0.0.4, written on every scrape for every GPU. A registry would rename those counters
+//! and cost more per scrape on that measured path, so they are written with [`TextWriter`] —
+//! the only hand-written exposition, and the only label escaper.
 
 use std::fmt::Write;
 
@@ -46,6 +53,62 @@ pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut out = String::with_capacity(8 << 10);
     prometheus_client::encoding::text::encode(&mut out, registry)?;
     Ok(out)
+}
+
+/// Appends `registry` to `out` as the Prometheus text format 0.0.4 ([`TEXT_CONTENT_TYPE`]).
+///
+/// Counter, gauge, histogram and info families render as they would from a 0.0.4 client;
+/// other OpenMetrics types (state sets, gauge histograms, unknown) are typed `untyped`.
+pub fn encode_text_into(out: &mut String, registry: &Registry) -> Result<(), std::fmt::Error> {
+    let open = encode(registry)?;
+    // `# HELP` comes before `# TYPE`, which decides the family's 0.0.4 name.
+    let mut help: Option<&str> = None;
+    for line in open.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest);
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').ok_or(std::fmt::Error)?;
+            let (name, kind) = text_family(name, kind);
+            if let Some(h) = help.take() {
+                let text = h.split_once(' ').map_or("", |(_, t)| t);
+                writeln!(out, "# HELP {name} {text}")?;
+            }
+            writeln!(out, "# TYPE {name} {kind}")?;
+        } else if !line.starts_with('#') {
+            out.push_str(without_exemplar(line));
+            out.push('\n');
+        }
+        // `# UNIT` and `# EOF` have no 0.0.4 form.
+    }
+    Ok(())
+}
+
+/// The 0.0.4 name and type of an OpenMetrics family.
+fn text_family<'a>(name: &'a str, kind: &'a str) -> (std::borrow::Cow<'a, str>, &'a str) {
+    match kind {
+        "counter" => (format!("{name}_total").into(), "counter"),
+        "info" => (format!("{name}_info").into(), "gauge"),
+        "gauge" | "histogram" | "summary" => (name.into(), kind),
+        _ => (name.into(), "untyped"),
+    }
+}
+
+/// A sample line without its OpenMetrics exemplar (` # {…} value`), which 0.0.4 lacks; a `#`
+/// inside a quoted label value is not one.
+fn without_exemplar(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    let mut quoted = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if quoted => i += 1,
+            b'"' => quoted = !quoted,
+            b'#' if !quoted && i > 0 && bytes[i - 1] == b' ' => return line[..i - 1].trim_end(),
+            _ => {}
+        }
+        i += 1;
+    }
+    line
 }
 
 /// Registers `<name>{version="…"} 1` (`name` without the `_info` suffix the encoder adds).
@@ -409,5 +472,68 @@ mod tests {
             assert!(text.contains("process_cpu_seconds_total "), "{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn text_rendering_is_prometheus_0_0_4() {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::exemplar::CounterWithExemplar;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+
+        let mut r = Registry::default();
+        build_info(&mut r, "t_build", "1.2.3");
+        let c: Counter = Counter::default();
+        c.inc_by(3);
+        r.register("t_writes", "Writes done", c);
+        let g: Gauge = Gauge::default();
+        g.set(-2);
+        r.register("t_queue", "Queued", g);
+        let f: Family<[(&str, &str); 1], Counter> = Family::default();
+        f.get_or_create(&[("call", "a # b \"q\"")]).inc();
+        r.register("t_errors", "Errors by call", f);
+        let h = latency_histogram();
+        h.observe(0.002);
+        r.register("t_latency_seconds", "Latency", h);
+        let e: CounterWithExemplar<Vec<(String, String)>> = CounterWithExemplar::default();
+        e.inc_by(1, Some(vec![("trace".into(), "x".into())]), None);
+        r.register("t_traced", "Traced", e);
+
+        let mut text = String::new();
+        encode_text_into(&mut text, &r).expect("encode");
+        let expect_start = "# HELP t_build_info Build of this process, always 1.\n\
+            # TYPE t_build_info gauge\n\
+            t_build_info{version=\"1.2.3\"} 1\n\
+            # HELP t_writes_total Writes done.\n\
+            # TYPE t_writes_total counter\n\
+            t_writes_total 3\n\
+            # HELP t_queue Queued.\n\
+            # TYPE t_queue gauge\n\
+            t_queue -2\n\
+            # HELP t_errors_total Errors by call.\n\
+            # TYPE t_errors_total counter\n\
+            t_errors_total{call=\"a # b \\\"q\\\"\"} 1\n\
+            # HELP t_latency_seconds Latency.\n\
+            # TYPE t_latency_seconds histogram\n";
+        assert!(text.starts_with(expect_start), "{text}");
+        assert!(
+            text.contains("t_latency_seconds_bucket{le=\"0.0025\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("t_latency_seconds_count 1\n"), "{text}");
+        assert!(
+            text.ends_with(
+                "# HELP t_traced_total Traced.\n# TYPE t_traced_total counter\nt_traced_total 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("trace="),
+            "exemplars have no 0.0.4 form: {text}"
+        );
     }
 }

@@ -436,20 +436,39 @@ impl Accumulator for BoundedAccumulator {
 /// `None` when it cannot tell (the output is measured after the call then).
 fn estimate(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usize, usize)> {
     let rows = rows.max(1);
-    let each = |f: &dyn Fn(usize) -> usize| {
-        let mut largest = 0usize;
-        let mut total = 0usize;
-        for i in 0..rows {
-            let v = f(i);
-            largest = largest.max(v);
-            total = total.saturating_add(v);
+    match growth {
+        Growth::Measured | Growth::Pattern => None,
+        Growth::ArrayRepeat | Growth::ArrayResize | Growth::Range => {
+            estimate_array(growth, args, rows)
         }
-        (largest, total)
-    };
+        Growth::Repeat
+        | Growth::Pad
+        | Growth::Sum
+        | Growth::Joined
+        | Growth::Replace
+        | Growth::RegexpReplace
+        | Growth::Translate => estimate_string(growth, args, rows),
+    }
+}
+
+/// The largest and the total of `f(i)` over rows `0..rows`.
+fn largest_and_total(rows: usize, f: &dyn Fn(usize) -> usize) -> (usize, usize) {
+    let mut largest = 0usize;
+    let mut total = 0usize;
+    for i in 0..rows {
+        let v = f(i);
+        largest = largest.max(v);
+        total = total.saturating_add(v);
+    }
+    (largest, total)
+}
+
+/// [`estimate`] of the functions that make strings.
+fn estimate_string(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usize, usize)> {
+    let each = |f: &dyn Fn(usize) -> usize| largest_and_total(rows, f);
     let size = |k: usize| args.get(k).map(Sizes::of);
     let count = |k: usize| args.get(k).map(Counts::of);
     match growth {
-        Growth::Measured | Growth::Pattern => None,
         Growth::Repeat => {
             let (s, n) = (size(0)?, count(1)?);
             Some(each(&|i| {
@@ -479,27 +498,6 @@ fn estimate(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usiz
                 sum.saturating_add(sizes.first().map_or(0, |s| s.at(i)).saturating_mul(seps))
             }))
         }
-        Growth::ArrayRepeat => {
-            let (x, n) = (size(0)?, count(1)?);
-            Some(each(&|i| {
-                x.at(i)
-                    .max(1)
-                    .saturating_mul(n.at(i).unwrap_or(0).max(0) as usize)
-            }))
-        }
-        Growth::ArrayResize => {
-            let (a, n) = (size(0)?, count(1)?);
-            let fill = size(2);
-            Some(each(&|i| {
-                let n = n.at(i).unwrap_or(0).max(0) as usize;
-                let elem = fill.as_ref().map_or(8, |f| f.at(i).max(8));
-                a.at(i).saturating_add(n.saturating_mul(elem))
-            }))
-        }
-        Growth::Range => {
-            let r = RangeArgs::of(args)?;
-            Some(each(&|i| r.elements(i).saturating_mul(8)))
-        }
         Growth::Replace => {
             let (s, from, to) = (size(0)?, size(1)?, size(2)?);
             Some(each(&|i| {
@@ -522,6 +520,42 @@ fn estimate(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usiz
             let s = size(0)?;
             Some(each(&|i| s.at(i).saturating_mul(4)))
         }
+        Growth::Measured
+        | Growth::Pattern
+        | Growth::ArrayRepeat
+        | Growth::ArrayResize
+        | Growth::Range => None,
+    }
+}
+
+/// [`estimate`] of the functions that make arrays.
+fn estimate_array(growth: Growth, args: &[ColumnarValue], rows: usize) -> Option<(usize, usize)> {
+    let each = |f: &dyn Fn(usize) -> usize| largest_and_total(rows, f);
+    let size = |k: usize| args.get(k).map(Sizes::of);
+    let count = |k: usize| args.get(k).map(Counts::of);
+    match growth {
+        Growth::ArrayRepeat => {
+            let (x, n) = (size(0)?, count(1)?);
+            Some(each(&|i| {
+                x.at(i)
+                    .max(1)
+                    .saturating_mul(n.at(i).unwrap_or(0).max(0) as usize)
+            }))
+        }
+        Growth::ArrayResize => {
+            let (a, n) = (size(0)?, count(1)?);
+            let fill = size(2);
+            Some(each(&|i| {
+                let n = n.at(i).unwrap_or(0).max(0) as usize;
+                let elem = fill.as_ref().map_or(8, |f| f.at(i).max(8));
+                a.at(i).saturating_add(n.saturating_mul(elem))
+            }))
+        }
+        Growth::Range => {
+            let r = RangeArgs::of(args)?;
+            Some(each(&|i| r.elements(i).saturating_mul(8)))
+        }
+        _ => None,
     }
 }
 

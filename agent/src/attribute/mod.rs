@@ -69,6 +69,17 @@ impl Attributor {
 
     /// Label `gpus` and `procs` with their jobs (replacing any previous label).
     pub fn apply(&mut self, gpus: &mut [GpuSample], procs: &mut [ProcessSample]) {
+        let in_pod = self.label_processes(procs);
+        let mapping = self.read_mapping();
+        for gpu in gpus.iter_mut() {
+            gpu.job = self.job_of_gpu(gpu, procs, &mapping);
+        }
+        self.label_pods(gpus, procs, &in_pod);
+    }
+
+    /// Labels each process from `/proc` (kept while the process lives); returns which ones run
+    /// in a pod.
+    fn label_processes(&mut self, procs: &mut [ProcessSample]) -> Vec<bool> {
         let mut known = HashMap::with_capacity(procs.len());
         let mut in_pod = vec![false; procs.len()];
         for (p, in_pod) in procs.iter_mut().zip(in_pod.iter_mut()) {
@@ -88,7 +99,12 @@ impl Attributor {
         }
         // Processes gone from every GPU are forgotten.
         self.known = known;
-        let mapping = match slurm::read_mapping_dir(&self.mapping_dir) {
+        in_pod
+    }
+
+    /// The job mapping dir (GPU key → job ids), empty (with one warning) when unreadable.
+    fn read_mapping(&mut self) -> HashMap<String, Vec<String>> {
+        match slurm::read_mapping_dir(&self.mapping_dir) {
             Ok(m) => {
                 self.warned = false;
                 m
@@ -102,40 +118,51 @@ impl Attributor {
                 }
                 HashMap::new()
             }
-        };
-        for gpu in gpus.iter_mut() {
-            let on_gpu: Vec<&JobLabels> = procs
-                .iter()
-                .filter(|p| p.gpu_uuid == gpu.gpu_uuid)
-                .filter_map(|p| p.job.as_ref())
-                .collect();
-            let key = slurm::mapping_key(gpu.gpu_index, gpu.mig_instance.as_deref());
-            gpu.job = match mapping.get(&key) {
-                Some(ids) if !ids.is_empty() => {
-                    if let Some(job) = on_gpu.iter().find(|j| ids.contains(&j.id)) {
-                        Some((*job).clone())
-                    } else {
-                        let id = &ids[ids.len() - 1];
-                        let mut job = slurm::read_job_info(&self.mapping_dir, id);
-                        // A process of the same job elsewhere may know more.
-                        if let Some(known) = procs
-                            .iter()
-                            .filter_map(|p| p.job.as_ref())
-                            .find(|j| j.id == *id)
-                        {
-                            if job.user.is_empty() {
-                                job.user.clone_from(&known.user);
-                            }
-                            if job.name.is_empty() {
-                                job.name.clone_from(&known.name);
-                            }
-                        }
-                        Some(job)
-                    }
-                }
-                _ => on_gpu.first().map(|j| (*j).clone()),
-            };
         }
+    }
+
+    /// A GPU's job: the mapping dir's (the last job listed, unless one of its processes runs
+    /// another listed job), else the job of its first labelled process.
+    fn job_of_gpu(
+        &self,
+        gpu: &GpuSample,
+        procs: &[ProcessSample],
+        mapping: &HashMap<String, Vec<String>>,
+    ) -> Option<JobLabels> {
+        let on_gpu: Vec<&JobLabels> = procs
+            .iter()
+            .filter(|p| p.gpu_uuid == gpu.gpu_uuid)
+            .filter_map(|p| p.job.as_ref())
+            .collect();
+        let key = slurm::mapping_key(gpu.gpu_index, gpu.mig_instance.as_deref());
+        let ids = match mapping.get(&key) {
+            Some(ids) if !ids.is_empty() => ids,
+            _ => return on_gpu.first().map(|j| (*j).clone()),
+        };
+        if let Some(job) = on_gpu.iter().find(|j| ids.contains(&j.id)) {
+            return Some((*job).clone());
+        }
+        let id = &ids[ids.len() - 1];
+        let mut job = slurm::read_job_info(&self.mapping_dir, id);
+        // A process of the same job elsewhere may know more.
+        if let Some(known) = procs
+            .iter()
+            .filter_map(|p| p.job.as_ref())
+            .find(|j| j.id == *id)
+        {
+            if job.user.is_empty() {
+                job.user.clone_from(&known.user);
+            }
+            if job.name.is_empty() {
+                job.name.clone_from(&known.name);
+            }
+        }
+        Some(job)
+    }
+
+    /// On Kubernetes, a GPU allocated to a pod, and a process of a pod on it, belong to the
+    /// pod.
+    fn label_pods(&self, gpus: &mut [GpuSample], procs: &mut [ProcessSample], in_pod: &[bool]) {
         if self.pods.is_empty() {
             return;
         }
@@ -145,7 +172,7 @@ impl Attributor {
             }
         }
         for (p, in_pod) in procs.iter_mut().zip(in_pod) {
-            if in_pod && let Some(pod) = self.pods.get(&p.gpu_uuid).and_then(|v| v.first()) {
+            if *in_pod && let Some(pod) = self.pods.get(&p.gpu_uuid).and_then(|v| v.first()) {
                 p.job = Some(kubernetes::job_of(pod));
             }
         }

@@ -1,7 +1,15 @@
 //! `/metrics` on `--metrics-addr` (default 127.0.0.1:9400): the last collection in the
-//! Prometheus text format (written with `gpuwatch_common::metrics::TextWriter`, the one
-//! exposition writer: a registry would rename dcgm-exporter's counters and cost more per scrape) under dcgm-exporter's metric and label names and units, so existing
-//! dashboards and alerts keep working, followed by the agent's own metrics ([`crate::metrics`]).
+//! Prometheus text format 0.0.4 under dcgm-exporter's metric and label names and units, so
+//! existing dashboards and alerts keep working, followed by the agent's own metrics
+//! ([`crate::metrics`]).
+//!
+//! The per-GPU series are the measured hot path (every GPU, every scrape) and are written by
+//! hand with `gpuwatch_common::metrics::TextWriter`, the one exposition writer: a registry would
+//! rename dcgm-exporter's counters (`…_total`) and cost more per scrape. The agent's own metrics
+//! live in a `prometheus-client` registry, rendered as 0.0.4 by
+//! `gpuwatch_common::metrics::encode_text_into`, so the whole body is one format.
+//! The agent always serves 0.0.4, whatever the scraper's `Accept` says: OpenMetrics requires
+//! counters to end in `_total`, which dcgm-exporter's do not.
 //!
 //! Labels on every GPU series, as dcgm-exporter writes them: `gpu` (index), `UUID`, `device`
 //! (`nvidia<index>`), `modelName`, `Hostname`; `GPU_I_ID` for a MIG instance; `hpc_job` when a

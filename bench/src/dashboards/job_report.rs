@@ -35,29 +35,11 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
             .map_err(|e| format!("cannot run {}: {e}", args.gpuwatch.display()))
     };
     // The warm-up, checked: the job's GPUs and hours as the fleet made them.
-    let out = cli()?;
-    if !out.status.success() {
-        return Err(format!(
-            "gpuwatch job {job}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("gpuwatch job {job}: not JSON: {e}"))?;
-    let gpus = report["gpus"].as_i64().unwrap_or(0);
-    let hours = report["gpu_hours"].as_f64().unwrap_or(0.0);
-    let want = (loaded.job_hosts * loaded.gpus_per_host) as i64;
-    if gpus != want {
-        return Err(format!(
-            "job {job}: {gpus} GPUs in the report, {want} in the fleet"
-        ));
-    }
-    println!(
-        "job {job}: {gpus} GPUs, {hours:.0} GPU-hours ({:.1} h each), limiter {}, {} notes",
-        hours / gpus.max(1) as f64,
-        report["limiter"],
-        report["advice"].as_array().map_or(0, Vec::len)
-    );
+    check_report(
+        &cli()?,
+        &job,
+        (loaded.job_hosts * loaded.gpus_per_host) as i64,
+    )?;
     let runs = args.runs.max(1);
     let (mut with_cli, mut server_side) = (Vec::new(), Vec::new());
     for _ in 0..runs {
@@ -67,20 +49,7 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
             return Err(format!("gpuwatch job {job} failed during the timed runs"));
         }
         with_cli.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let resp = client
-            .get(&api)
-            .send()
-            .await
-            .map_err(|e| format!("GET {api}: {e}"))?;
-        let status = resp.status();
-        resp.bytes()
-            .await
-            .map_err(|e| format!("GET {api}: reading the answer: {e}"))?;
-        server_side.push(t.elapsed().as_secs_f64());
-        if !status.is_success() {
-            return Err(format!("GET {api}: {status}"));
-        }
+        server_side.push(timed_get(&client, &api).await?);
     }
     let (cli_max, api_max) = (
         with_cli.iter().copied().fold(0.0, f64::max),
@@ -100,4 +69,49 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
         args.gpuwatch.display()
     );
     Ok(())
+}
+
+/// Checks the warm-up's report (`want` GPUs, as the fleet made the job) and prints its summary.
+fn check_report(out: &std::process::Output, job: &str, want: i64) -> Result<()> {
+    if !out.status.success() {
+        return Err(format!(
+            "gpuwatch job {job}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("gpuwatch job {job}: not JSON: {e}"))?;
+    let gpus = report["gpus"].as_i64().unwrap_or(0);
+    let hours = report["gpu_hours"].as_f64().unwrap_or(0.0);
+    if gpus != want {
+        return Err(format!(
+            "job {job}: {gpus} GPUs in the report, {want} in the fleet"
+        ));
+    }
+    println!(
+        "job {job}: {gpus} GPUs, {hours:.0} GPU-hours ({:.1} h each), limiter {}, {} notes",
+        hours / gpus.max(1) as f64,
+        report["limiter"],
+        report["advice"].as_array().map_or(0, Vec::len)
+    );
+    Ok(())
+}
+
+/// Seconds one `GET api` takes, answer read; an error status fails the run.
+async fn timed_get(client: &reqwest::Client, api: &str) -> Result<f64> {
+    let t = Instant::now();
+    let resp = client
+        .get(api)
+        .send()
+        .await
+        .map_err(|e| format!("GET {api}: {e}"))?;
+    let status = resp.status();
+    resp.bytes()
+        .await
+        .map_err(|e| format!("GET {api}: reading the answer: {e}"))?;
+    let took = t.elapsed().as_secs_f64();
+    if !status.is_success() {
+        return Err(format!("GET {api}: {status}"));
+    }
+    Ok(took)
 }

@@ -426,10 +426,49 @@ pub(super) async fn load(
     let interval = load.interval_ms;
     let end_ms = now_ms().div_euclid(interval) * interval;
     load.start_ms = end_ms - load.history_rounds as i64 * interval;
-    let mut generator = Generator::new(&load);
+    let generator = Generator::new(&load);
+    let (generator, history) = load_history(args, &mut load, generator, config, logs).await?;
+    let (generator, live) = run_live(args, &mut load, generator, config, logs).await?;
 
-    // 1. History, then the rounds that fell due meanwhile, without rules.
-    let history = start_server(
+    load.live_rounds = generator.next - load.history_rounds;
+    load.gpu_rows = generator.counts.gpu_rows;
+    load.samples = history.samples + live.samples;
+    load.processes = generator.counts.processes;
+    load.otlp_points = generator.counts.otlp_points;
+    load.xid_events = generator.counts.xid;
+    load.ecc_events = generator.counts.ecc;
+    if history.otlp_points + live.otlp_points != load.otlp_points {
+        return Err(format!(
+            "sent {} OTLP points, generated {}",
+            history.otlp_points + live.otlp_points,
+            load.otlp_points
+        ));
+    }
+    let text = serde_json::to_string_pretty(&load).map_err(|e| e.to_string())?;
+    let marker = args.data_dir.join(MARKER);
+    std::fs::write(&marker, text).map_err(|e| format!("{}: {e}", marker.display()))?;
+    Ok(load)
+}
+
+/// What a phase of the load sent.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    /// Remote-write samples.
+    samples: u64,
+    /// OTLP points.
+    otlp_points: u64,
+}
+
+/// Step 1: the history, then the rounds that fell due meanwhile, without rules.
+async fn load_history(
+    args: &DashboardsArgs,
+    load: &mut Load,
+    generator: Generator,
+    config: &Path,
+    logs: &Path,
+) -> Result<(Generator, Sent)> {
+    let interval = load.interval_ms;
+    let mut history = start_server(
         args,
         "gpuwatch (history load)",
         logs.join("dashboards-load.log"),
@@ -443,7 +482,7 @@ pub(super) async fn load(
         history.server.pid()
     );
     let t = Instant::now();
-    let (g, rw, otlp) = stream(
+    let (generator, rw, otlp) = stream(
         generator,
         Plan {
             rounds: load.history_rounds,
@@ -453,10 +492,9 @@ pub(super) async fn load(
         Target::of(&history, args.fleet.concurrency),
     )
     .await?;
-    generator = g;
     let due = ((now_ms() - load.start_ms) / interval) as u64;
     let catch_up = due.saturating_sub(generator.next);
-    let (g, rw2, otlp2) = stream(
+    let (generator, rw2, otlp2) = stream(
         generator,
         Plan {
             rounds: catch_up,
@@ -466,7 +504,6 @@ pub(super) async fn load(
         Target::of(&history, args.fleet.concurrency),
     )
     .await?;
-    generator = g;
     load.load_seconds = t.elapsed().as_secs_f64();
     let retries = rw.retries + rw2.retries + otlp.retries + otlp2.retries;
     println!(
@@ -475,11 +512,24 @@ pub(super) async fn load(
         otlp.samples + otlp2.samples,
         load.load_seconds
     );
-    let mut history = history;
     history.server.terminate(Duration::from_secs(300))?;
+    let sent = Sent {
+        samples: rw.samples + rw2.samples,
+        otlp_points: otlp.samples + otlp2.samples,
+    };
+    Ok((generator, sent))
+}
 
-    // 2. Live, with the rules.
-    let live = start_server(
+/// Step 2: the fleet reports in real time to a server with the rules, which must fire.
+async fn run_live(
+    args: &DashboardsArgs,
+    load: &mut Load,
+    generator: Generator,
+    config: &Path,
+    logs: &Path,
+) -> Result<(Generator, Sent)> {
+    let interval = load.interval_ms;
+    let mut live = start_server(
         args,
         "gpuwatch (live, rules)",
         logs.join("dashboards-live.log"),
@@ -495,7 +545,7 @@ pub(super) async fn load(
         args.rules.len()
     );
     let t = Instant::now();
-    let (g, rw3, otlp3) = stream(
+    let (generator, rw, otlp) = stream(
         generator,
         Plan {
             rounds: live_rounds,
@@ -505,7 +555,6 @@ pub(super) async fn load(
         Target::of(&live, args.fleet.concurrency),
     )
     .await?;
-    generator = g;
     load.live_seconds = t.elapsed().as_secs_f64();
     // The last evaluation's transitions: the states of every rule, one evaluation after the
     // last round.
@@ -518,9 +567,8 @@ pub(super) async fn load(
     let transitions = count(&live.server, "SELECT count(*) AS n FROM alerts").await?;
     println!(
         "live phase over after {:.0} s: {} more samples; the rules recorded {transitions} alert transitions, {firing} of them to firing",
-        load.live_seconds, rw3.samples
+        load.live_seconds, rw.samples
     );
-    let mut live = live;
     live.server.terminate(Duration::from_secs(300))?;
     if firing == 0 {
         return Err(format!(
@@ -529,25 +577,11 @@ pub(super) async fn load(
             logs.join("dashboards-live.log").display()
         ));
     }
-
-    load.live_rounds = generator.next - load.history_rounds;
-    load.gpu_rows = generator.counts.gpu_rows;
-    load.samples = rw.samples + rw2.samples + rw3.samples;
-    load.processes = generator.counts.processes;
-    load.otlp_points = generator.counts.otlp_points;
-    load.xid_events = generator.counts.xid;
-    load.ecc_events = generator.counts.ecc;
-    if otlp.samples + otlp2.samples + otlp3.samples != load.otlp_points {
-        return Err(format!(
-            "sent {} OTLP points, generated {}",
-            otlp.samples + otlp2.samples + otlp3.samples,
-            load.otlp_points
-        ));
-    }
-    let text = serde_json::to_string_pretty(&load).map_err(|e| e.to_string())?;
-    let marker = args.data_dir.join(MARKER);
-    std::fs::write(&marker, text).map_err(|e| format!("{}: {e}", marker.display()))?;
-    Ok(load)
+    let sent = Sent {
+        samples: rw.samples,
+        otlp_points: otlp.samples,
+    };
+    Ok((generator, sent))
 }
 
 #[cfg(test)]
