@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use gpuwatch_alerts::cost::report::{self, JobReport, JobSummary, ListFilter};
-use gpuwatch_alerts::cost::{AdviceConfig, CostConfig};
+use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_query::Status;
 use serde::Deserialize;
 
@@ -23,18 +23,19 @@ use crate::error::{Error, Result};
 struct JobsState {
     engine: EngineSlot,
     cost: Arc<CostConfig>,
-    advice: Arc<AdviceConfig>,
+    jobs: Arc<JobsConfig>,
 }
 
-/// The job routes (mounted behind the query scope); `advice` holds `[jobs.advice]`.
-pub(crate) fn router(engine: EngineSlot, cost: CostConfig, advice: AdviceConfig) -> Router {
+/// The job routes (mounted behind the query scope); `jobs` holds `[jobs.advice]` and
+/// `[jobs.work]`.
+pub(crate) fn router(engine: EngineSlot, cost: CostConfig, jobs: JobsConfig) -> Router {
     Router::new()
         .route("/api/v1/jobs", get(list))
         .route("/api/v1/jobs/{job_id}", get(one))
         .with_state(JobsState {
             engine,
             cost: Arc::new(cost),
-            advice: Arc::new(advice),
+            jobs: Arc::new(jobs),
         })
 }
 
@@ -67,7 +68,7 @@ async fn one(State(state): State<JobsState>, Path(job_id): Path<String>) -> Resp
             "job id must be 1 to 1024 bytes: GET /api/v1/jobs/<job_id>",
         );
     }
-    match report::job_report(engine, &state.cost, &state.advice, &job_id, now_ns()).await {
+    match report::job_report(engine, &state.cost, &state.jobs, &job_id, now_ns()).await {
         Ok(Some(r)) => json(&r),
         Ok(None) => {
             let mut resp = error_response(

@@ -41,6 +41,7 @@ mod sql_refusals;
 mod store_limits;
 mod streaming;
 mod tls;
+mod work;
 
 use std::time::{Duration, Instant};
 

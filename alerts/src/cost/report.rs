@@ -8,7 +8,8 @@
 //! the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle GPU-hours,
 //! energy, cost, idle cost and limiter; with them each GPU's seconds per limiter class
 //! ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
-//! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds. The job id is
+//! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds; the work the
+//! job counted comes from its counters in `metrics` ([`super::work`]). The job id is
 //! always a quoted SQL literal ([`super::sql_str`]).
 
 mod advise;
@@ -23,7 +24,7 @@ use gpuwatch_query::{Error as QueryError, QueryEngine, Result as QueryResult};
 use serde::{Deserialize, Serialize};
 
 use super::limiter::{self, LIMITERS};
-use super::{AdviceConfig, CostConfig, sql_str};
+use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
 pub use render::{render_list, render_text};
 pub use roofline::{RoofUnit, Roofline};
@@ -244,12 +245,56 @@ pub struct JobReport {
     /// GPU-seconds per limiter class over the job's GPUs.
     #[serde(default)]
     pub limiter_seconds: BTreeMap<String, f64>,
+    /// Work the job counted (`job.samples`, … docs/cost.md), or null when it reported none.
+    #[serde(default)]
+    pub work: Option<JobWork>,
     /// Per GPU, by host and index.
     pub per_gpu: Vec<GpuReport>,
     /// XID and ECC events during the job.
     pub events: Vec<JobEvent>,
     /// Notes (docs/jobs.md).
     pub advice: Vec<Advice>,
+}
+
+/// The work a job counted and what it cost per unit (docs/cost.md, "Work done").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobWork {
+    /// The counter: `job.samples`, `job.tokens`, `job.steps` or one of `[jobs.work]`.
+    pub unit: String,
+    /// Units done over the job.
+    pub done: f64,
+    /// Units per second of the job's wall time (first to last sample).
+    pub per_second: Option<f64>,
+    /// Units per GPU-hour.
+    pub per_gpu_hour: Option<f64>,
+    /// The job's cost per million units, USD.
+    pub usd_per_million_units: Option<f64>,
+}
+
+/// The work `job_id` counted, priced with the job's GPU-seconds and cost.
+async fn job_work(
+    engine: &QueryEngine,
+    work: &WorkConfig,
+    job_id: &str,
+    (wall_s, gpu_seconds, cost_usd): (f64, f64, f64),
+) -> QueryResult<Option<JobWork>> {
+    let sql = format!(
+        "WITH {} SELECT work_unit, work FROM w",
+        work.work_ctes(&format!("job_id = {}", sql_str(job_id)))
+    );
+    let Some(r) = rows(engine, &sql).await?.into_iter().next() else {
+        return Ok(None);
+    };
+    let (Some(unit), Some(done)) = (s(&r, "work_unit"), f(&r, "work")) else {
+        return Ok(None);
+    };
+    Ok(Some(JobWork {
+        unit,
+        done,
+        per_second: (wall_s > 0.0).then(|| done / wall_s),
+        per_gpu_hour: (gpu_seconds > 0.0).then(|| done / (gpu_seconds / 3600.0)),
+        usd_per_million_units: (done > 0.0).then(|| cost_usd / done * 1e6),
+    }))
 }
 
 /// One job in a list (`gpuwatch jobs`, `GET /api/v1/jobs`).
@@ -574,7 +619,7 @@ fn sum_limiter_seconds(per_gpu: &[GpuReport]) -> BTreeMap<String, f64> {
 pub async fn job_report(
     engine: &QueryEngine,
     cost: &CostConfig,
-    advice: &AdviceConfig,
+    jobs: &JobsConfig,
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
@@ -582,6 +627,7 @@ pub async fn job_report(
     if spans.is_empty() {
         return Ok(None);
     }
+    let advice = &jobs.advice;
     let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id, &spans)).await?;
     let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
     per_gpu.sort_by(|a, b| {
@@ -617,6 +663,9 @@ pub async fn job_report(
     let energy_joules = sum(|g| g.energy_joules);
     let labels = |k: &str| per_gpu_rows.iter().filter_map(|r| s(r, k)).max();
     let limiter_seconds = sum_limiter_seconds(&per_gpu);
+    let cost_usd = sum(|g| g.cost_usd);
+    let wall_s = (last_seen_ns - first_seen_ns) as f64 / 1e9;
+    let work = job_work(engine, &jobs.work, job_id, (wall_s, gpu_seconds, cost_usd)).await?;
     let mut report = JobReport {
         job_id: job_id.to_string(),
         scheduler: labels("scheduler"),
@@ -637,11 +686,12 @@ pub async fn job_report(
         idle_share: share(idle_gpu_seconds, gpu_seconds),
         energy_joules,
         energy_kwh: energy_joules / 3.6e6,
-        cost_usd: sum(|g| g.cost_usd),
+        cost_usd,
         idle_cost_usd: sum(|g| g.idle_cost_usd),
         mean_utilization: mean_utilization(&per_gpu),
         limiter: limiter::argmax(&limiter_seconds),
         limiter_seconds,
+        work,
         per_gpu,
         events,
         advice: Vec::new(),

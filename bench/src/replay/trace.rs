@@ -27,12 +27,22 @@ pub(crate) struct Meta {
 /// One GPU's readings, in time order: (time in ns, the sample without job or time).
 pub(crate) type Series = Vec<(i64, GpuSample)>;
 
-/// A trace: its name (the file's stem), its metadata and its GPUs' series by UUID.
+/// The workload's own cumulative counters in a trace, by column, and the counter each is sent
+/// as (docs/cost.md, "Work done").
+pub(crate) const WORK_COLUMNS: [(&str, &str); 3] = [
+    ("work_samples", "job.samples"),
+    ("work_tokens", "job.tokens"),
+    ("work_steps", "job.steps"),
+];
+
+/// A trace: its name (the file's stem), its metadata, its GPUs' series by UUID, and the
+/// workload's own counters (`job.samples`, …) as (time in ns, cumulative value), by counter.
 #[derive(Debug, Clone)]
 pub(crate) struct Trace {
     pub name: String,
     pub meta: Meta,
     pub gpus: BTreeMap<String, Series>,
+    pub work: BTreeMap<&'static str, Vec<(i64, f64)>>,
 }
 
 impl Trace {
@@ -291,12 +301,18 @@ pub(crate) fn read(path: &Path) -> Result<Trace, String> {
         ));
     }
     let mut gpus: BTreeMap<String, Series> = BTreeMap::new();
+    let mut work: BTreeMap<&'static str, Vec<(i64, f64)>> = BTreeMap::new();
     for (n, line) in lines.enumerate() {
         let fields = split_csv(line);
         let row = n + 2;
         let t = row_time(&col, &fields)
             .ok_or_else(|| format!("{}:{row}: no readable time", path.display()))?;
         let text = |name: &str| col.get(name).and_then(|&i| fields.get(i)).map(|s| s.trim());
+        for (column, counter) in WORK_COLUMNS {
+            if let Some(v) = text(column).and_then(number).filter(|v| *v >= 0.0) {
+                work.entry(counter).or_default().push((t, v));
+            }
+        }
         let uuid = text("gpu_uuid")
             .filter(|u| !u.is_empty())
             .unwrap_or("GPU-replay-0")
@@ -339,7 +355,15 @@ pub(crate) fn read(path: &Path) -> Result<Trace, String> {
             s.gpu_index = index as u32;
         }
     }
-    Ok(Trace { name, meta, gpus })
+    for series in work.values_mut() {
+        series.sort_by_key(|(t, _)| *t);
+    }
+    Ok(Trace {
+        name,
+        meta,
+        gpus,
+        work,
+    })
 }
 
 /// Keeps every `n`th reading of each GPU, as an agent sampling `n` times slower would see it:

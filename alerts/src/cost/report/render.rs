@@ -88,6 +88,33 @@ fn gpu_row(g: &GpuReport) -> String {
     )
 }
 
+/// `1234567` as `1.23M`: the work counts are large and only their scale matters at a glance.
+fn si(v: f64) -> String {
+    match v.abs() {
+        a if a >= 1e9 => format!("{:.2}G", v / 1e9),
+        a if a >= 1e6 => format!("{:.2}M", v / 1e6),
+        a if a >= 1e4 => format!("{:.1}k", v / 1e3),
+        _ => format!("{v:.1}"),
+    }
+}
+
+/// The work line: what the job counted and what a unit of it cost.
+fn work_line(w: Option<&super::JobWork>) -> String {
+    let Some(w) = w else {
+        return "  work done: not reported (docs/cost.md, \"Work done\", shows how a job reports it)\n"
+            .into();
+    };
+    let or_dash = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".into(), f);
+    format!(
+        "  work done {} {}   {}/s   {} per GPU-hour   USD {} per million\n",
+        si(w.done),
+        w.unit,
+        or_dash(w.per_second, &|v| si(v)),
+        or_dash(w.per_gpu_hour, &|v| si(v)),
+        or_dash(w.usd_per_million_units, &|v| format!("{v:.4}")),
+    )
+}
+
 /// The report as text, the way `gpuwatch job` prints it.
 pub fn render_text(r: &JobReport) -> String {
     let mut o = String::new();
@@ -114,6 +141,7 @@ pub fn render_text(r: &JobReport) -> String {
         r.idle_cost_usd,
         p(r.mean_utilization)
     ));
+    o.push_str(&work_line(r.work.as_ref()));
     o.push_str(&format!(
         "  limiter {}   (GPU time: {})\n\n",
         r.limiter.as_deref().unwrap_or("-"),
