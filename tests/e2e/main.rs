@@ -25,6 +25,7 @@ mod golden;
 mod grpc;
 mod hostile;
 mod jobs;
+mod jobs_scale;
 mod limiter;
 mod object_store;
 mod otlp_partial;

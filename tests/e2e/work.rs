@@ -64,7 +64,7 @@ async fn send_gpu_samples(server: &TestServer) {
         "scopeMetrics": [{"metrics": metrics}]
     }]});
     let (status, text) = post_otlp(
-        &format!("{}/v1/metrics", server.otlp_url()),
+        &server.otlp_url(),
         "application/json",
         None,
         body.to_string().into_bytes(),

@@ -274,6 +274,44 @@ fn names(path: &Path) -> (String, PathBuf) {
     (stem.clone(), path.with_file_name(format!("{stem}.json")))
 }
 
+/// The GPU sample of one CSV row (without job or time), columns found by name.
+fn row_sample(
+    col: &BTreeMap<&str, usize>,
+    fields: &[String],
+    meta: &Meta,
+    uuid: &str,
+) -> GpuSample {
+    let text = |name: &str| col.get(name).and_then(|&i| fields.get(i)).map(|s| s.trim());
+    let model = text("gpu_model")
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .or_else(|| meta.gpu_model.clone())
+        .unwrap_or_else(|| "unknown".to_string());
+    let mut s = GpuSample::empty(0, uuid.to_string(), 0, model);
+    for (column, sources) in FLOATS {
+        let v = sources
+            .iter()
+            .find_map(|(src, scale)| text(src).and_then(number).map(|v| v * scale));
+        if let Some(slot) = float_slot(&mut s, column) {
+            *slot = v;
+        }
+    }
+    for (column, sources) in INTS {
+        let v = sources.iter().find_map(|(src, scale)| {
+            text(src)
+                .and_then(number)
+                .map(|v| (v * scale).round() as i64)
+        });
+        if let Some(slot) = int_slot(&mut s, column) {
+            *slot = v;
+        }
+    }
+    if s.sm_clock_max_mhz.is_none() {
+        s.sm_clock_max_mhz = meta.sm_clock_max_mhz;
+    }
+    s
+}
+
 /// Reads a trace and the JSON beside it (if any).
 pub(crate) fn read(path: &Path) -> Result<Trace, String> {
     let (name, json) = names(path);
@@ -317,33 +355,7 @@ pub(crate) fn read(path: &Path) -> Result<Trace, String> {
             .filter(|u| !u.is_empty())
             .unwrap_or("GPU-replay-0")
             .to_string();
-        let model = text("gpu_model")
-            .filter(|m| !m.is_empty())
-            .map(str::to_string)
-            .or_else(|| meta.gpu_model.clone())
-            .unwrap_or_else(|| "unknown".to_string());
-        let mut s = GpuSample::empty(0, uuid.clone(), 0, model);
-        for (column, sources) in FLOATS {
-            let v = sources
-                .iter()
-                .find_map(|(src, scale)| text(src).and_then(number).map(|v| v * scale));
-            if let Some(slot) = float_slot(&mut s, column) {
-                *slot = v;
-            }
-        }
-        for (column, sources) in INTS {
-            let v = sources.iter().find_map(|(src, scale)| {
-                text(src)
-                    .and_then(number)
-                    .map(|v| (v * scale).round() as i64)
-            });
-            if let Some(slot) = int_slot(&mut s, column) {
-                *slot = v;
-            }
-        }
-        if s.sm_clock_max_mhz.is_none() {
-            s.sm_clock_max_mhz = meta.sm_clock_max_mhz;
-        }
+        let s = row_sample(&col, &fields, &meta, &uuid);
         gpus.entry(uuid).or_default().push((t, s));
     }
     if gpus.is_empty() {

@@ -115,6 +115,45 @@ fn work_line(w: Option<&super::JobWork>) -> String {
     )
 }
 
+/// The events during the job and the notes, as text.
+fn events_and_notes(r: &JobReport) -> String {
+    let mut o = String::new();
+    if !r.events.is_empty() {
+        o.push_str("\n  events:\n");
+        for e in &r.events {
+            o.push_str(&format!(
+                "    {} {} {} {} {}\n",
+                e.time,
+                e.host,
+                e.gpu_uuid,
+                e.kind,
+                e.detail
+                    .clone()
+                    .or_else(|| e.code.map(|c| c.to_string()))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    o.push('\n');
+    if r.advice.is_empty() {
+        o.push_str("  notes: none (no rule of docs/jobs.md matched)\n");
+    } else {
+        o.push_str("  notes:\n");
+        for a in &r.advice {
+            let tag = if a.informational {
+                " (informational)"
+            } else {
+                ""
+            };
+            o.push_str(&format!(
+                "  * [{}]{tag} {}: {}\n",
+                a.rule, a.figure, a.advice
+            ));
+        }
+    }
+    o
+}
+
 /// The report as text, the way `gpuwatch job` prints it.
 pub fn render_text(r: &JobReport) -> String {
     let mut o = String::new();
@@ -163,39 +202,7 @@ pub fn render_text(r: &JobReport) -> String {
             ));
         }
     }
-    if !r.events.is_empty() {
-        o.push_str("\n  events:\n");
-        for e in &r.events {
-            o.push_str(&format!(
-                "    {} {} {} {} {}\n",
-                e.time,
-                e.host,
-                e.gpu_uuid,
-                e.kind,
-                e.detail
-                    .clone()
-                    .or_else(|| e.code.map(|c| c.to_string()))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    o.push('\n');
-    if r.advice.is_empty() {
-        o.push_str("  notes: none (no rule of docs/jobs.md matched)\n");
-    } else {
-        o.push_str("  notes:\n");
-        for a in &r.advice {
-            let tag = if a.informational {
-                " (informational)"
-            } else {
-                ""
-            };
-            o.push_str(&format!(
-                "  * [{}]{tag} {}: {}\n",
-                a.rule, a.figure, a.advice
-            ));
-        }
-    }
+    o.push_str(&events_and_notes(r));
     o
 }
 

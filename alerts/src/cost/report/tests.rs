@@ -264,7 +264,8 @@ async fn unknown_and_hostile_job_ids_are_values() {
         T0,
     )
     .await
-    .expect("list");
+    .expect("list")
+    .jobs;
     assert!(list.is_empty());
     let list = list_jobs(
         &e,
@@ -278,6 +279,8 @@ async fn unknown_and_hostile_job_ids_are_values() {
     )
     .await
     .expect("list");
+    assert!(!list.truncated);
+    let list = list.jobs;
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].job_id, JOB);
     assert_eq!(list[0].state, "running");
