@@ -161,8 +161,9 @@ impl CostConfig {
     }
 
     /// The `jobs` view's query.
-    pub fn jobs_sql(&self, advice: &AdviceConfig) -> String {
-        self.jobs_sql_where(advice, "", "")
+    pub fn jobs_sql(&self, jobs: &JobsConfig) -> String {
+        jobs.work
+            .jobs_with_work(&self.jobs_sql_where(&jobs.advice, "", ""))
     }
 
     /// The `jobs` view's query over whole GPUs (`gpus`) and samples (`filter`) only, as
@@ -182,7 +183,7 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter
+  {limiter} AS limiter, max(gpu_model) AS gpu_model
 FROM d GROUP BY job_id, host"#,
             ctes = self.sample_ctes(advice, "", gpus, filter),
         )
@@ -238,18 +239,19 @@ FROM d GROUP BY job_id, host"#,
         )
     }
 
-    /// Registers the `jobs` view (its `limiter` classified with `advice`) and the `budgets` table (`job_user`, `budget_usd`; a row with
+    /// Registers the `jobs` view (its `limiter` classified with `jobs.advice`, its work counted
+    /// from `jobs.work`) and the `budgets` table (`job_user`, `budget_usd`; a row with
     /// null `job_user` holds the default budget) in `ctx`. The view reads the returned ledger,
     /// which stays empty (the view then reads every raw sample) until [`JobLedger::run`] folds
     /// closed hours into it.
     pub async fn register(
         &self,
         ctx: &SessionContext,
-        advice: &AdviceConfig,
+        jobs: &JobsConfig,
     ) -> Result<Arc<JobLedger>> {
         self.validate()?;
-        advice.validate()?;
-        let ledger = Arc::new(JobLedger::new(self.clone(), advice.clone()));
+        jobs.validate()?;
+        let ledger = Arc::new(JobLedger::new(self.clone(), jobs.clone()));
         let table = JobsTable::new(Arc::clone(&ledger), &ctx.state())
             .await
             .map_err(|e| Error::Other(format!("cannot plan the jobs view: {e}")))?;
@@ -291,9 +293,11 @@ pub mod ledger;
 pub mod limiter;
 pub mod peaks;
 pub mod report;
+pub mod work;
 
 pub use advice::{AdviceConfig, JobsConfig};
 pub use ledger::{JobLedger, JobsTable};
+pub use work::WorkConfig;
 
 #[cfg(test)]
 mod tests;

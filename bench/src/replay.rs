@@ -7,7 +7,9 @@
 //! rules that need 5 minutes of GPU time), optionally thinned to every Nth reading as a slower
 //! agent would read it. While stretched, the energy counter is rebuilt from the power readings so
 //! energy and power stay consistent. Each trace's job is `--job-id` or its JSON's `job_id`, else
-//! its name. One JSON line per trace tells where it landed.
+//! its name. The workload's own counters (`work_samples`, `work_tokens`, `work_steps`) are sent
+//! as the job would send them (`job.samples`, … with `job.id`, docs/cost.md). One JSON line per
+//! trace tells where it landed.
 
 pub(crate) mod trace;
 
@@ -155,13 +157,58 @@ fn place(t: &Trace, every: usize, stretch: f64, start_ns: i64, job: &JobLabels) 
     out
 }
 
+/// The trace's work counters placed like its samples (from `start_ns`, times scaled by
+/// `stretch`), as an OpenTelemetry SDK in the job would send them: cumulative monotonic sums
+/// with the job's id as the resource attribute `job.id` (OTLP/JSON).
+fn work_body(
+    t: &Trace,
+    stretch: f64,
+    start_ns: i64,
+    job: &JobLabels,
+    host: &str,
+) -> Option<Vec<u8>> {
+    let (lo, _) = t.span();
+    let metrics: Vec<serde_json::Value> = t
+        .work
+        .iter()
+        .map(|(counter, points)| {
+            let points: Vec<serde_json::Value> = points
+                .iter()
+                .map(|(time, v)| {
+                    let at = start_ns + ((time - lo) as f64 * stretch).round() as i64;
+                    serde_json::json!({"timeUnixNano": at.max(0).to_string(), "asDouble": v})
+                })
+                .collect();
+            serde_json::json!({"name": counter, "sum": {
+                "aggregationTemporality": 2, "isMonotonic": true, "dataPoints": points}})
+        })
+        .collect();
+    if metrics.is_empty() {
+        return None;
+    }
+    let attr = |k: &str, v: &str| serde_json::json!({"key": k, "value": {"stringValue": v}});
+    let body = serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [
+            attr("job.id", &job.id),
+            attr("service.instance.id", &format!("{host}:{}", t.name)),
+        ]},
+        "scopeMetrics": [{"metrics": metrics}]
+    }]});
+    Some(body.to_string().into_bytes())
+}
+
 /// Posts one OTLP body; repeats it while the server sheds load (429, 503).
-async fn post(client: &reqwest::Client, args: &ReplayArgs, body: Vec<u8>) -> Result<(), String> {
+async fn post(
+    client: &reqwest::Client,
+    args: &ReplayArgs,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Result<(), String> {
     let url = format!("{}/v1/metrics", args.server.trim_end_matches('/'));
     loop {
         let mut req = client
             .post(&url)
-            .header("Content-Type", "application/x-protobuf")
+            .header("Content-Type", content_type)
             .body(body.clone());
         if let Some(t) = &args.token {
             req = req.bearer_auth(t);
@@ -223,7 +270,10 @@ pub(crate) async fn run(args: ReplayArgs) -> Result<(), String> {
                 &[],
                 &resource,
             );
-            post(&client, &args, body).await?;
+            post(&client, &args, "application/x-protobuf", body).await?;
+        }
+        if let Some(body) = work_body(t, *stretch, start, &job, &args.host) {
+            post(&client, &args, "application/json", body).await?;
         }
         let placed = Placed {
             trace: t.name.clone(),
@@ -267,7 +317,42 @@ mod tests {
             name: "t".into(),
             meta: trace::Meta::default(),
             gpus: [("GPU-a".to_string(), series)].into_iter().collect(),
+            work: [(
+                "job.samples",
+                vec![(10_000_000_000, 5.0), (13_000_000_000, 65.0)],
+            )]
+            .into_iter()
+            .collect(),
         }
+    }
+
+    #[test]
+    fn work_counters_go_as_the_jobs_cumulative_sums_on_the_stretched_timeline() {
+        let t = trace_with(&[10, 11, 12, 13], 100.0);
+        let job = JobLabels {
+            id: "9210".into(),
+            user: "u".into(),
+            name: "n".into(),
+            scheduler: "slurm".into(),
+            k8s: None,
+        };
+        let body = work_body(&t, 2.0, 1_000_000_000_000, &job, "h").expect("work");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        let rm = &v["resourceMetrics"][0];
+        assert_eq!(
+            rm["resource"]["attributes"][0]["value"]["stringValue"],
+            "9210"
+        );
+        let m = &rm["scopeMetrics"][0]["metrics"][0];
+        assert_eq!(m["name"], "job.samples");
+        assert_eq!(m["sum"]["aggregationTemporality"], 2);
+        let p = &m["sum"]["dataPoints"];
+        assert_eq!(p[0]["timeUnixNano"], "1000000000000");
+        assert_eq!(p[1]["timeUnixNano"], "1006000000000");
+        assert_eq!(p[1]["asDouble"], 65.0);
+        let mut none = t.clone();
+        none.work.clear();
+        assert!(work_body(&none, 1.0, 0, &job, "h").is_none());
     }
 
     #[test]

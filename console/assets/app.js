@@ -21,6 +21,14 @@
   function pct(v) { return v === null || v === undefined ? "-" : (v * 100).toFixed(0) + "%"; }
   function num(v, d) { return v === null || v === undefined ? "-" : Number(v).toFixed(d); }
   function usd(v) { return v === null || v === undefined ? "-" : "$" + Number(v).toFixed(2); }
+  // Work the job reported (job.samples, ... docs/cost.md): done, rate and what a million cost.
+  function workCards(w, card) {
+    if (!w) { return card("work done", '<span id="job-work" class="muted">not reported</span>', ' title="the job sends no job.samples, job.tokens or job.steps counter (docs/cost.md)"'); }
+    const big = function (v) { return v === null || v === undefined ? "-" : Number(v).toLocaleString("en-US", { maximumFractionDigits: 1 }); };
+    return card("work done", '<span id="job-work">' + big(w.done) + " " + esc(w.unit) + "</span>") +
+      card(w.unit + " per GPU-hour", big(w.per_gpu_hour)) +
+      card("USD per million " + w.unit, '<span id="job-usd-per-million">' + (w.usd_per_million_units === null || w.usd_per_million_units === undefined ? "-" : "$" + Number(w.usd_per_million_units).toFixed(4)) + "</span>");
+  }
   function gib(b) { return b === null || b === undefined ? "-" : (b / 1073741824).toFixed(1) + " GiB"; }
   function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
   function headers(extra) {
@@ -337,6 +345,7 @@
       card("mean utilisation", pct(r.mean_utilization)) +
       card("limiter", '<span id="job-limiter">' + esc(r.limiter || "-") + "</span>",
         ' title="' + esc(limiterWeights(r.limiter_seconds)) + '"') +
+      workCards(r.work, card) +
       "</div>";
     h += "<h2>Notes</h2>" + (r.advice.length
       ? '<ul class="advice">' + r.advice.map(function (a) {

@@ -64,7 +64,6 @@ pub(crate) fn load_rules(config: &AlertsConfig) -> Result<RuleFile> {
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     config
         .jobs
-        .advice
         .validate()
         .map_err(|e| Error::Config(format!("config file: {e}")))?;
     Ok(all)
@@ -104,10 +103,7 @@ pub(crate) async fn start(
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(Arc<Alerting>, Vec<tokio::task::JoinHandle<()>>)> {
-    let ledger = config
-        .cost
-        .register(engine.context(), &config.jobs.advice)
-        .await?;
+    let ledger = config.cost.register(engine.context(), &config.jobs).await?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
         engine.context().clone(),
         Arc::clone(&clock),

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use gpuwatch_alerts::cost::report::{self, JobReport, JobSummary, ListFilter};
-use gpuwatch_alerts::cost::{AdviceConfig, CostConfig};
+use gpuwatch_alerts::cost::{CostConfig, JobsConfig};
 use gpuwatch_query::Status;
 use serde::Deserialize;
 
@@ -23,18 +23,19 @@ use crate::error::{Error, Result};
 struct JobsState {
     engine: EngineSlot,
     cost: Arc<CostConfig>,
-    advice: Arc<AdviceConfig>,
+    jobs: Arc<JobsConfig>,
 }
 
-/// The job routes (mounted behind the query scope); `advice` holds `[jobs.advice]`.
-pub(crate) fn router(engine: EngineSlot, cost: CostConfig, advice: AdviceConfig) -> Router {
+/// The job routes (mounted behind the query scope); `jobs` holds `[jobs.advice]` and
+/// `[jobs.work]`.
+pub(crate) fn router(engine: EngineSlot, cost: CostConfig, jobs: JobsConfig) -> Router {
     Router::new()
         .route("/api/v1/jobs", get(list))
         .route("/api/v1/jobs/{job_id}", get(one))
         .with_state(JobsState {
             engine,
             cost: Arc::new(cost),
-            advice: Arc::new(advice),
+            jobs: Arc::new(jobs),
         })
 }
 
@@ -67,7 +68,7 @@ async fn one(State(state): State<JobsState>, Path(job_id): Path<String>) -> Resp
             "job id must be 1 to 1024 bytes: GET /api/v1/jobs/<job_id>",
         );
     }
-    match report::job_report(engine, &state.cost, &state.advice, &job_id, now_ns()).await {
+    match report::job_report(engine, &state.cost, &state.jobs, &job_id, now_ns()).await {
         Ok(Some(r)) => json(&r),
         Ok(None) => {
             let mut resp = error_response(
@@ -82,6 +83,11 @@ async fn one(State(state): State<JobsState>, Path(job_id): Path<String>) -> Resp
         Err(e) => e.into_response(),
     }
 }
+
+/// Jobs a list answers when the request names no `limit`.
+const DEFAULT_LIST_LIMIT: usize = 500;
+/// Set on a job list that stops at its `limit` while more jobs matched.
+const TRUNCATED_HEADER: &str = "gpuwatch-truncated";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,14 +124,33 @@ async fn list(
     };
     let now = now_ns();
     let since_ns = now.saturating_sub(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX));
+    let limit = p.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=report::MAX_LIST_LIMIT).contains(&limit) {
+        return error_response(
+            Status::BadRequest,
+            &format!(
+                "limit {limit}: list 1 to {} jobs at a time; page through more with a shorter since",
+                report::MAX_LIST_LIMIT
+            ),
+        );
+    }
     let filter = ListFilter {
         user: p.user.filter(|u| !u.is_empty()),
         since_ns: since_ns.max(0),
         running_only: p.running.unwrap_or(false),
-        limit: p.limit.unwrap_or(500),
+        limit,
     };
     match report::list_jobs(engine, &filter, now).await {
-        Ok(jobs) => json(&jobs),
+        Ok(list) => {
+            let mut resp = json(&list.jobs);
+            if list.truncated {
+                resp.headers_mut().insert(
+                    TRUNCATED_HEADER,
+                    axum::http::HeaderValue::from_static("true"),
+                );
+            }
+            resp
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -195,7 +220,18 @@ pub(crate) async fn jobs(
         limit,
     } = *filter;
     parse_since(since).map_err(|e| Error::Config(format!("--{e}")))?;
-    let mut q = format!("/api/v1/jobs?since={}&limit={limit}", encode(since));
+    if !(1..=report::MAX_LIST_LIMIT).contains(&limit) {
+        return Err(Error::Config(format!(
+            "--limit {limit}: list 1 to {} jobs at a time; page through more with a shorter --since",
+            report::MAX_LIST_LIMIT
+        )));
+    }
+    // One more than asked tells whether more jobs matched.
+    let mut q = format!(
+        "/api/v1/jobs?since={}&limit={}",
+        encode(since),
+        (limit + 1).min(report::MAX_LIST_LIMIT)
+    );
     if let Some(u) = user {
         q.push_str(&format!("&user={}", encode(u)));
     }
@@ -203,15 +239,28 @@ pub(crate) async fn jobs(
         q.push_str("&running=true");
     }
     let body = client.get(&q).await?;
+    let mut list: Vec<JobSummary> =
+        serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+            what: "job list",
+            source: Box::new(e),
+        })?;
+    let more = list.len() > limit;
+    list.truncate(limit);
     match format {
-        ReportFormat::Json => Ok(format!("{}\n", String::from_utf8_lossy(&body))),
+        ReportFormat::Json => serde_json::to_string(&list)
+            .map(|s| format!("{s}\n"))
+            .map_err(|e| Error::Malformed {
+                what: "job list",
+                source: Box::new(e),
+            }),
         ReportFormat::Table => {
-            let list: Vec<JobSummary> =
-                serde_json::from_slice(&body).map_err(|e| Error::Malformed {
-                    what: "job list",
-                    source: Box::new(e),
-                })?;
-            Ok(report::render_list(&list))
+            let mut out = report::render_list(&list);
+            if more {
+                out.push_str(&format!(
+                    "(the {limit} most recent jobs; more match: narrow --since or --user, or raise --limit)\n"
+                ));
+            }
+            Ok(out)
         }
     }
 }

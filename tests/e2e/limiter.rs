@@ -65,7 +65,7 @@ fn bench() -> PathBuf {
 }
 
 /// `gpuwatch-bench replay` of `files` (names in the fixtures folder or paths) with `args`.
-fn replay(server: &TestServer, host: &str, args: &[&str], files: &[&str]) {
+pub(crate) fn replay(server: &TestServer, host: &str, args: &[&str], files: &[&str]) {
     let paths: Vec<PathBuf> = files
         .iter()
         .map(|f| {

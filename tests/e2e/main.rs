@@ -26,6 +26,7 @@ mod golden;
 mod grpc;
 mod hostile;
 mod jobs;
+mod jobs_scale;
 mod limiter;
 mod object_store;
 mod otlp_partial;
@@ -42,6 +43,7 @@ mod sql_refusals;
 mod store_limits;
 mod streaming;
 mod tls;
+mod work;
 
 use std::time::{Duration, Instant};
 

@@ -19,6 +19,17 @@ pub struct JobsConfig {
     /// `[jobs.advice]`: thresholds of the limiter and the notes.
     #[serde(default)]
     pub advice: AdviceConfig,
+    /// `[jobs.work]`: the counters a job reports its work with.
+    #[serde(default)]
+    pub work: super::work::WorkConfig,
+}
+
+impl JobsConfig {
+    /// Checks both sections.
+    pub fn validate(&self) -> Result<()> {
+        self.advice.validate()?;
+        self.work.validate()
+    }
 }
 
 /// The thresholds of the limiter (per sample) and of the notes (per GPU). Ratios are in 0..1.

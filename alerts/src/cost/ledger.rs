@@ -52,7 +52,7 @@ use gpuwatch_store::clock::Clock;
 use tokio::sync::watch;
 
 use super::limiter::{self, LIMITERS};
-use super::{AdviceConfig, CostConfig, num};
+use super::{AdviceConfig, CostConfig, JobsConfig, WorkConfig, num};
 
 /// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
 pub const SETTLE: Duration = Duration::from_secs(15 * 60);
@@ -272,6 +272,7 @@ fn seed_before(folds: &BTreeMap<i64, HourFold>, before: i64) -> Vec<(GpuKey, Las
 pub struct JobLedger {
     cost: CostConfig,
     advice: AdviceConfig,
+    work: WorkConfig,
     snapshot: RwLock<Arc<Snapshot>>,
     folds: Mutex<BTreeMap<i64, HourFold>>,
 }
@@ -298,10 +299,11 @@ fn opt(a: &StringArray, i: usize) -> Option<&str> {
 
 impl JobLedger {
     /// An empty ledger: until [`Self::run`] folds hours, the `jobs` view reads every sample.
-    pub fn new(cost: CostConfig, advice: AdviceConfig) -> Self {
+    pub fn new(cost: CostConfig, jobs: JobsConfig) -> Self {
         Self {
             cost,
-            advice,
+            advice: jobs.advice,
+            work: jobs.work,
             snapshot: RwLock::new(Arc::new(Snapshot::empty())),
             folds: Mutex::new(BTreeMap::new()),
         }
@@ -584,30 +586,34 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(energy_joules) AS energy_joules,
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter
+  {limiter} AS limiter, max(gpu_model) AS gpu_model
 FROM p GROUP BY job_id, host"#,
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
         )
     }
 
-    /// A session whose catalog holds `gpu_metrics` (from `state`) and the snapshot's tables.
+    /// A session whose catalog holds `gpu_metrics` and `metrics` (from `state`) and the
+    /// snapshot's tables.
     async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
         let options = state.config_options();
         let (catalog_name, schema_name) = (
             options.catalog.default_catalog.clone(),
             options.catalog.default_schema.clone(),
         );
-        let raw = state
+        let shared = state
             .catalog_list()
             .catalog(&catalog_name)
             .and_then(|c| c.schema(&schema_name))
-            .ok_or_else(|| plain("the jobs view: no default schema"))?
-            .table("gpu_metrics")
-            .await?
-            .ok_or_else(|| plain("the jobs view: no gpu_metrics table"))?;
+            .ok_or_else(|| plain("the jobs view: no default schema"))?;
         let schema = MemorySchemaProvider::new();
-        schema.register_table("gpu_metrics".into(), raw)?;
+        for name in ["gpu_metrics", "metrics"] {
+            let table = shared
+                .table(name)
+                .await?
+                .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
+            schema.register_table(name.into(), table)?;
+        }
         schema.register_table(
             "job_usage".into(),
             Arc::new(MemTable::try_new(
@@ -634,9 +640,8 @@ FROM p GROUP BY job_id, host"#,
     /// The `jobs` view's rows over `snap`, as a data frame.
     async fn frame(&self, state: &SessionState, snap: &Snapshot) -> DfResult<DataFrame> {
         let private = self.private_state(state, snap).await?;
-        let plan = private
-            .create_logical_plan(&self.sql(snap.watermark))
-            .await?;
+        let sql = self.work.jobs_with_work(&self.sql(snap.watermark));
+        let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
     }
 }

@@ -8,7 +8,8 @@
 //! the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle GPU-hours,
 //! energy, cost, idle cost and limiter; with them each GPU's seconds per limiter class
 //! ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
-//! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds. The job id is
+//! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds; the work the
+//! job counted comes from its counters in `metrics` ([`super::work`]). The job id is
 //! always a quoted SQL literal ([`super::sql_str`]).
 
 mod advise;
@@ -23,7 +24,7 @@ use gpuwatch_query::{Error as QueryError, QueryEngine, Result as QueryResult};
 use serde::{Deserialize, Serialize};
 
 use super::limiter::{self, LIMITERS};
-use super::{AdviceConfig, CostConfig, sql_str};
+use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
 pub use render::{render_list, render_text};
 pub use roofline::{RoofUnit, Roofline};
@@ -244,12 +245,56 @@ pub struct JobReport {
     /// GPU-seconds per limiter class over the job's GPUs.
     #[serde(default)]
     pub limiter_seconds: BTreeMap<String, f64>,
+    /// Work the job counted (`job.samples`, … docs/cost.md), or null when it reported none.
+    #[serde(default)]
+    pub work: Option<JobWork>,
     /// Per GPU, by host and index.
     pub per_gpu: Vec<GpuReport>,
     /// XID and ECC events during the job.
     pub events: Vec<JobEvent>,
     /// Notes (docs/jobs.md).
     pub advice: Vec<Advice>,
+}
+
+/// The work a job counted and what it cost per unit (docs/cost.md, "Work done").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobWork {
+    /// The counter: `job.samples`, `job.tokens`, `job.steps` or one of `[jobs.work]`.
+    pub unit: String,
+    /// Units done over the job.
+    pub done: f64,
+    /// Units per second of the job's wall time (first to last sample).
+    pub per_second: Option<f64>,
+    /// Units per GPU-hour.
+    pub per_gpu_hour: Option<f64>,
+    /// The job's cost per million units, USD.
+    pub usd_per_million_units: Option<f64>,
+}
+
+/// The work `job_id` counted, priced with the job's GPU-seconds and cost.
+async fn job_work(
+    engine: &QueryEngine,
+    work: &WorkConfig,
+    job_id: &str,
+    (wall_s, gpu_seconds, cost_usd): (f64, f64, f64),
+) -> QueryResult<Option<JobWork>> {
+    let sql = format!(
+        "WITH {} SELECT work_unit, work FROM w",
+        work.work_ctes(&format!("job_id = {}", sql_str(job_id)))
+    );
+    let Some(r) = rows(engine, &sql).await?.into_iter().next() else {
+        return Ok(None);
+    };
+    let (Some(unit), Some(done)) = (s(&r, "work_unit"), f(&r, "work")) else {
+        return Ok(None);
+    };
+    Ok(Some(JobWork {
+        unit,
+        done,
+        per_second: (wall_s > 0.0).then(|| done / wall_s),
+        per_gpu_hour: (gpu_seconds > 0.0).then(|| done / (gpu_seconds / 3600.0)),
+        usd_per_million_units: (done > 0.0).then(|| cost_usd / done * 1e6),
+    }))
 }
 
 /// One job in a list (`gpuwatch jobs`, `GET /api/v1/jobs`).
@@ -294,6 +339,56 @@ pub struct JobSummary {
     pub limiter: Option<String>,
 }
 
+/// One job of a list from its row of [`list_jobs`]'s query.
+fn summary_from_row(r: &Row, now_ns: i64) -> JobSummary {
+    let gpu_seconds = f(r, "gpu_seconds").unwrap_or_default();
+    let idle = f(r, "idle_gpu_seconds").unwrap_or_default();
+    let last = i(r, "last_seen_ns").unwrap_or_default();
+    // Mean spacing of one GPU's samples in the window.
+    let interval = match (i(r, "samples"), i(r, "gpu_count"), i(r, "span_ns")) {
+        (Some(n), Some(g), Some(span)) if g > 0 && n / g > 1 => {
+            Some(span as f64 / 1e9 / ((n / g) - 1) as f64)
+        }
+        _ => None,
+    };
+    JobSummary {
+        job_id: s(r, "job_id").unwrap_or_default(),
+        scheduler: s(r, "scheduler"),
+        user: s(r, "job_user"),
+        name: s(r, "job_name"),
+        hosts: i(r, "hosts").unwrap_or_default(),
+        gpus: i(r, "gpus").unwrap_or_default(),
+        first_seen: rfc3339(i(r, "first_seen_ns").unwrap_or_default()),
+        last_seen: rfc3339(last),
+        state: state(now_ns, last, interval).to_string(),
+        gpu_hours: gpu_seconds / 3600.0,
+        idle_gpu_hours: idle / 3600.0,
+        idle_share: share(idle, gpu_seconds),
+        mean_utilization: f(r, "mean_utilization"),
+        mean_sm_active: f(r, "mean_sm_active"),
+        energy_kwh: f(r, "energy_joules").unwrap_or_default() / 3.6e6,
+        cost_usd: f(r, "cost_usd").unwrap_or_default(),
+        idle_cost_usd: f(r, "idle_cost_usd").unwrap_or_default(),
+        limiter: s(r, "limiter"),
+    }
+}
+
+/// The most jobs one list answers (`limit`); a wider question pages by time (`since`).
+pub const MAX_LIST_LIMIT: usize = 10_000;
+
+/// A page of jobs: the most recent first, and whether more jobs matched than were listed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobList {
+    /// The jobs listed, at most the filter's `limit`.
+    pub jobs: Vec<JobSummary>,
+    /// More jobs matched the filter than `limit`.
+    pub truncated: bool,
+}
+
+/// A running job was seen at most this long ago (two sample intervals of an agent sampling every
+/// 15 minutes): the list of running jobs reads only this window, however long `since` is.
+const RUNNING_WINDOW_NS: i64 = 30 * 60 * 1_000_000_000;
+
 /// Which jobs to list.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -303,7 +398,7 @@ pub struct ListFilter {
     pub since_ns: i64,
     /// Only running jobs.
     pub running_only: bool,
-    /// At most this many (the most recent first).
+    /// At most this many (the most recent first), 1 to [`MAX_LIST_LIMIT`].
     pub limit: usize,
 }
 
@@ -569,12 +664,29 @@ fn sum_limiter_seconds(per_gpu: &[GpuReport]) -> BTreeMap<String, f64> {
     out
 }
 
+/// The job's first and last sample over its GPUs (ns) and its longest sample interval.
+fn span_of(per_gpu: &[GpuReport]) -> (i64, i64, Option<f64>) {
+    let first = per_gpu.iter().map(|g| g.first_seen_ns).min();
+    let last = per_gpu.iter().map(|g| g.last_seen_ns).max();
+    let interval = per_gpu
+        .iter()
+        .filter_map(|g| g.sample_interval_s)
+        .fold(None, |acc: Option<f64>, v| {
+            Some(acc.map_or(v, |a| a.max(v)))
+        });
+    (
+        first.unwrap_or_default(),
+        last.unwrap_or_default(),
+        interval,
+    )
+}
+
 /// The report of `job_id` as of `now_ns`, or `None` for a job with no samples. The totals are
 /// the sums of the per-GPU figures, which are the `jobs` view's per sample (docs/jobs.md).
 pub async fn job_report(
     engine: &QueryEngine,
     cost: &CostConfig,
-    advice: &AdviceConfig,
+    jobs: &JobsConfig,
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
@@ -582,6 +694,7 @@ pub async fn job_report(
     if spans.is_empty() {
         return Ok(None);
     }
+    let advice = &jobs.advice;
     let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id, &spans)).await?;
     let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
     per_gpu.sort_by(|a, b| {
@@ -591,22 +704,7 @@ pub async fn job_report(
             b.gpu_uuid.as_str(),
         ))
     });
-    let first_seen_ns = per_gpu
-        .iter()
-        .map(|g| g.first_seen_ns)
-        .min()
-        .unwrap_or_default();
-    let last_seen_ns = per_gpu
-        .iter()
-        .map(|g| g.last_seen_ns)
-        .max()
-        .unwrap_or_default();
-    let interval = per_gpu
-        .iter()
-        .filter_map(|g| g.sample_interval_s)
-        .fold(None, |acc: Option<f64>, v| {
-            Some(acc.map_or(v, |a| a.max(v)))
-        });
+    let (first_seen_ns, last_seen_ns, interval) = span_of(&per_gpu);
     let slack = (interval.unwrap_or(60.0) * 1e9) as i64;
     let events = job_events(engine, &mut per_gpu, first_seen_ns, last_seen_ns, slack).await?;
     let mut hosts: Vec<String> = per_gpu.iter().map(|g| g.host.clone()).collect();
@@ -617,6 +715,9 @@ pub async fn job_report(
     let energy_joules = sum(|g| g.energy_joules);
     let labels = |k: &str| per_gpu_rows.iter().filter_map(|r| s(r, k)).max();
     let limiter_seconds = sum_limiter_seconds(&per_gpu);
+    let cost_usd = sum(|g| g.cost_usd);
+    let wall_s = (last_seen_ns - first_seen_ns) as f64 / 1e9;
+    let work = job_work(engine, &jobs.work, job_id, (wall_s, gpu_seconds, cost_usd)).await?;
     let mut report = JobReport {
         job_id: job_id.to_string(),
         scheduler: labels("scheduler"),
@@ -637,11 +738,12 @@ pub async fn job_report(
         idle_share: share(idle_gpu_seconds, gpu_seconds),
         energy_joules,
         energy_kwh: energy_joules / 3.6e6,
-        cost_usd: sum(|g| g.cost_usd),
+        cost_usd,
         idle_cost_usd: sum(|g| g.idle_cost_usd),
         mean_utilization: mean_utilization(&per_gpu),
         limiter: limiter::argmax(&limiter_seconds),
         limiter_seconds,
+        work,
         per_gpu,
         events,
         advice: Vec::new(),
@@ -650,72 +752,63 @@ pub async fn job_report(
     Ok(Some(report))
 }
 
-/// The jobs last seen after `filter.since_ns`, most recent first, with the `jobs` view's figures
-/// summed over hosts.
+/// The jobs last seen after `filter.since_ns` (for running jobs, within the last
+/// [`RUNNING_WINDOW_NS`] too), most recent first, with the `jobs` view's figures summed over
+/// hosts; at most `filter.limit` of them (clamped to 1..=[`MAX_LIST_LIMIT`]), with `truncated`
+/// set when more matched.
 pub async fn list_jobs(
     engine: &QueryEngine,
     filter: &ListFilter,
     now_ns: i64,
-) -> QueryResult<Vec<JobSummary>> {
+) -> QueryResult<JobList> {
     let user = filter
         .user
         .as_deref()
         .map(|u| format!(" AND job_user = {}", sql_str(u)))
         .unwrap_or_default();
-    let since = filter.since_ns;
-    let limit = filter.limit.clamp(1, 100_000);
+    let since = if filter.running_only {
+        filter
+            .since_ns
+            .max(now_ns.saturating_sub(RUNNING_WINDOW_NS))
+    } else {
+        filter.since_ns
+    };
+    let limit = filter.limit.clamp(1, MAX_LIST_LIMIT);
+    // One row more than asked tells whether the list was cut; running jobs are picked after the
+    // query (their state needs their sample interval), inside the short running window.
+    let fetch = if filter.running_only {
+        MAX_LIST_LIMIT + 1
+    } else {
+        limit + 1
+    };
     let sql = format!(
         "WITH j AS (SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
            count(DISTINCT host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
            CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
            sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
            sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
-         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id), \
+         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id \
+         ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}), \
          m AS (SELECT job_id, avg(gpu_utilization) AS mean_utilization, avg(sm_active) AS mean_sm_active, \
            count(*) AS samples, count(DISTINCT host || ' ' || gpu_uuid) AS gpu_count, \
            CAST(max(time) AS BIGINT) - CAST(min(time) AS BIGINT) AS span_ns \
-         FROM gpu_metrics WHERE job_id IS NOT NULL AND time >= to_timestamp_nanos({since}){user} GROUP BY job_id) \
+         FROM gpu_metrics WHERE job_id IN (SELECT job_id FROM j) AND time >= to_timestamp_nanos({since}){user} GROUP BY job_id) \
          SELECT j.*, m.mean_utilization, m.mean_sm_active, m.samples, m.gpu_count, m.span_ns \
-         FROM j LEFT JOIN m ON j.job_id = m.job_id ORDER BY j.last_seen_ns DESC, j.job_id LIMIT {limit}"
+         FROM j LEFT JOIN m ON j.job_id = m.job_id ORDER BY j.last_seen_ns DESC, j.job_id"
     );
     let mut out = Vec::new();
     for r in rows(engine, &sql).await? {
-        let gpu_seconds = f(&r, "gpu_seconds").unwrap_or_default();
-        let idle = f(&r, "idle_gpu_seconds").unwrap_or_default();
-        let last = i(&r, "last_seen_ns").unwrap_or_default();
-        // Mean spacing of one GPU's samples in the window.
-        let interval = match (i(&r, "samples"), i(&r, "gpu_count"), i(&r, "span_ns")) {
-            (Some(n), Some(g), Some(span)) if g > 0 && n / g > 1 => {
-                Some(span as f64 / 1e9 / ((n / g) - 1) as f64)
-            }
-            _ => None,
-        };
-        let st = state(now_ns, last, interval);
-        if filter.running_only && st != "running" {
-            continue;
+        let job = summary_from_row(&r, now_ns);
+        if !filter.running_only || job.state == "running" {
+            out.push(job);
         }
-        out.push(JobSummary {
-            job_id: s(&r, "job_id").unwrap_or_default(),
-            scheduler: s(&r, "scheduler"),
-            user: s(&r, "job_user"),
-            name: s(&r, "job_name"),
-            hosts: i(&r, "hosts").unwrap_or_default(),
-            gpus: i(&r, "gpus").unwrap_or_default(),
-            first_seen: rfc3339(i(&r, "first_seen_ns").unwrap_or_default()),
-            last_seen: rfc3339(last),
-            state: st.to_string(),
-            gpu_hours: gpu_seconds / 3600.0,
-            idle_gpu_hours: idle / 3600.0,
-            idle_share: share(idle, gpu_seconds),
-            mean_utilization: f(&r, "mean_utilization"),
-            mean_sm_active: f(&r, "mean_sm_active"),
-            energy_kwh: f(&r, "energy_joules").unwrap_or_default() / 3.6e6,
-            cost_usd: f(&r, "cost_usd").unwrap_or_default(),
-            idle_cost_usd: f(&r, "idle_cost_usd").unwrap_or_default(),
-            limiter: s(&r, "limiter"),
-        });
     }
-    Ok(out)
+    let truncated = out.len() > limit;
+    out.truncate(limit);
+    Ok(JobList {
+        jobs: out,
+        truncated,
+    })
 }
 
 #[cfg(test)]

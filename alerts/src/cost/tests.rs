@@ -2,10 +2,11 @@ use std::path::Path;
 
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::ManualClock;
-use gpuwatch_store::ingest::{Cell, GpuRow, WriteBatch};
+use gpuwatch_store::ingest::{Cell, GpuRow, MetricRow, WriteBatch};
 use gpuwatch_store::schema::value_index;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
 
+use super::report::render_text;
 use super::*;
 
 const T0: i64 = 1_800_000_000_000_000_000;
@@ -36,6 +37,15 @@ fn row(s: &Sample) -> GpuRow {
 }
 
 async fn engine(dir: &Path, rows: &[GpuRow], cost: &CostConfig) -> QueryEngine {
+    engine_with(dir, rows, &[], cost).await
+}
+
+async fn engine_with(
+    dir: &Path,
+    rows: &[GpuRow],
+    metrics: &[MetricRow],
+    cost: &CostConfig,
+) -> QueryEngine {
     let store = Store::open(
         StoreConfig {
             wal_sync: false,
@@ -45,11 +55,11 @@ async fn engine(dir: &Path, rows: &[GpuRow], cost: &CostConfig) -> QueryEngine {
     )
     .expect("store");
     store
-        .write(&WriteBatch::from_rows(rows, &[]).expect("batch"))
+        .write(&WriteBatch::from_rows(rows, metrics).expect("batch"))
         .expect("write");
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    cost.register(e.context(), &crate::cost::AdviceConfig::default())
+    cost.register(e.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     e
@@ -195,4 +205,117 @@ async fn unmatched_models_use_the_default_price_and_bad_config_is_refused() {
         ..CostConfig::default()
     };
     assert!(bad.validate().expect_err("pue").to_string().contains("pue"));
+}
+
+fn counter(t: i64, name: &str, job: &str, instance: &str, value: f64) -> MetricRow {
+    MetricRow {
+        time: T0 + t * S,
+        metric: name.into(),
+        value,
+        labels: vec![
+            ("job.id".into(), job.into()),
+            ("service.instance.id".into(), instance.into()),
+        ],
+    }
+}
+
+#[tokio::test]
+async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_unit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cost = CostConfig {
+        default_gpu_hour_usd: 3.0,
+        ..CostConfig::default()
+    };
+    // Job 7 holds one GPU on each of two hosts for 60 s; job 8 reports nothing.
+    let mut rows = Vec::new();
+    for (host, gpu, job) in [
+        ("n1", "GPU-a", "7"),
+        ("n2", "GPU-b", "7"),
+        ("n3", "GPU-c", "8"),
+    ] {
+        for t in (0..=60).step_by(10) {
+            rows.push(row(&Sample {
+                t,
+                host,
+                gpu,
+                model: "Tesla T4",
+                job: Some(job),
+                util: 0.9,
+                energy: 0.0,
+            }));
+        }
+    }
+    let mut metrics = Vec::new();
+    // Rank 0 restarts at 40 s: 100 + 150 + 150 + 50 (after the reset) + 150 = 600.
+    for (t, v) in [
+        (10, 100.0),
+        (20, 250.0),
+        (30, 400.0),
+        (40, 50.0),
+        (50, 200.0),
+    ] {
+        metrics.push(counter(t, "job.samples", "7", "0", v));
+    }
+    // Rank 1: 80 at its first export, then 400 more.
+    for (t, v) in [(10, 80.0), (50, 480.0)] {
+        metrics.push(counter(t, "job.samples", "7", "1", v));
+    }
+    // Steps are reported too, but samples are preferred.
+    for (t, v) in [(10, 5.0), (50, 25.0)] {
+        metrics.push(counter(t, "job.steps", "7", "0", v));
+    }
+    let e = engine_with(dir.path(), &rows, &metrics, &cost).await;
+    let m = one_row(&e, "SELECT * FROM jobs WHERE job_id = '7' AND host = 'n1'").await;
+    assert_eq!(m["work_unit"], "job.samples");
+    // 1080 samples over the job; each host held the GPU 60 of its 120 GPU-seconds.
+    assert_eq!(f(&m, "work_done"), 540.0);
+    assert_eq!(f(&m, "work_per_second"), 9.0);
+    assert_eq!(f(&m, "work_per_gpu_hour"), 540.0 / (60.0 / 3600.0));
+    let usd = 60.0 * 3.0 / 3600.0;
+    assert!((f(&m, "cost_usd") - usd).abs() < 1e-12);
+    assert!((f(&m, "usd_per_million_units") - usd / 540.0 * 1e6).abs() < 1e-9);
+    assert_eq!(m["gpu_model"], "Tesla T4");
+    let total = one_row(
+        &e,
+        "SELECT sum(work_done) AS w FROM jobs WHERE job_id = '7'",
+    )
+    .await;
+    assert_eq!(f(&total, "w"), 1080.0);
+    let none = one_row(
+        &e,
+        "SELECT work_unit, work_done FROM jobs WHERE job_id = '8'",
+    )
+    .await;
+    // Nulls are left out of the JSON rows.
+    assert!(
+        none.get("work_unit").is_none() && none.get("work_done").is_none(),
+        "{none:?}"
+    );
+
+    // A site counter named in [jobs.work] is preferred over the standard ones.
+    let jobs = JobsConfig {
+        work: WorkConfig {
+            counters: vec!["job.steps".into()],
+        },
+        ..JobsConfig::default()
+    };
+    let r = report::job_report(&e, &cost, &jobs, "7", T0 + 60 * S)
+        .await
+        .expect("report")
+        .expect("job 7");
+    let w = r.work.expect("work");
+    assert_eq!((w.unit.as_str(), w.done), ("job.steps", 25.0));
+    assert_eq!(w.per_second, Some(25.0 / 60.0));
+    let r = report::job_report(&e, &cost, &JobsConfig::default(), "7", T0 + 60 * S)
+        .await
+        .expect("report")
+        .expect("job 7");
+    let w = r.work.clone().expect("work");
+    assert_eq!((w.unit.as_str(), w.done), ("job.samples", 1080.0));
+    assert!((w.usd_per_million_units.expect("usd") - 2.0 * usd / 1080.0 * 1e6).abs() < 1e-9);
+    assert!(
+        render_text(&r).contains("work done 1080.0 job.samples"),
+        "{}",
+        render_text(&r)
+    );
 }

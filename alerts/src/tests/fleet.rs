@@ -59,7 +59,7 @@ async fn idle_notebook_fires_gpu_idle_in_job_and_resolves() {
         default_gpu_hour_usd: 2.0,
         ..CostConfig::default()
     }
-    .register(engine.context(), &crate::cost::AdviceConfig::default())
+    .register(engine.context(), &crate::cost::JobsConfig::default())
     .await
     .expect("cost");
 

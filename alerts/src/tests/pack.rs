@@ -365,7 +365,7 @@ async fn each_pack_rule_fires_on_its_case_only() {
         "default_gpu_hour_usd = 10.0\nuser_budgets_usd = { dan = 1.0, fay = 1000.0, gus = 1000.0 }\n",
     )
     .expect("cost");
-    cost.register(engine.context(), &crate::cost::AdviceConfig::default())
+    cost.register(engine.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     let rules = builtin_rules().expect("pack");

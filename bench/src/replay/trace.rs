@@ -27,12 +27,22 @@ pub(crate) struct Meta {
 /// One GPU's readings, in time order: (time in ns, the sample without job or time).
 pub(crate) type Series = Vec<(i64, GpuSample)>;
 
-/// A trace: its name (the file's stem), its metadata and its GPUs' series by UUID.
+/// The workload's own cumulative counters in a trace, by column, and the counter each is sent
+/// as (docs/cost.md, "Work done").
+pub(crate) const WORK_COLUMNS: [(&str, &str); 3] = [
+    ("work_samples", "job.samples"),
+    ("work_tokens", "job.tokens"),
+    ("work_steps", "job.steps"),
+];
+
+/// A trace: its name (the file's stem), its metadata, its GPUs' series by UUID, and the
+/// workload's own counters (`job.samples`, …) as (time in ns, cumulative value), by counter.
 #[derive(Debug, Clone)]
 pub(crate) struct Trace {
     pub name: String,
     pub meta: Meta,
     pub gpus: BTreeMap<String, Series>,
+    pub work: BTreeMap<&'static str, Vec<(i64, f64)>>,
 }
 
 impl Trace {
@@ -264,6 +274,44 @@ fn names(path: &Path) -> (String, PathBuf) {
     (stem.clone(), path.with_file_name(format!("{stem}.json")))
 }
 
+/// The GPU sample of one CSV row (without job or time), columns found by name.
+fn row_sample(
+    col: &BTreeMap<&str, usize>,
+    fields: &[String],
+    meta: &Meta,
+    uuid: &str,
+) -> GpuSample {
+    let text = |name: &str| col.get(name).and_then(|&i| fields.get(i)).map(|s| s.trim());
+    let model = text("gpu_model")
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .or_else(|| meta.gpu_model.clone())
+        .unwrap_or_else(|| "unknown".to_string());
+    let mut s = GpuSample::empty(0, uuid.to_string(), 0, model);
+    for (column, sources) in FLOATS {
+        let v = sources
+            .iter()
+            .find_map(|(src, scale)| text(src).and_then(number).map(|v| v * scale));
+        if let Some(slot) = float_slot(&mut s, column) {
+            *slot = v;
+        }
+    }
+    for (column, sources) in INTS {
+        let v = sources.iter().find_map(|(src, scale)| {
+            text(src)
+                .and_then(number)
+                .map(|v| (v * scale).round() as i64)
+        });
+        if let Some(slot) = int_slot(&mut s, column) {
+            *slot = v;
+        }
+    }
+    if s.sm_clock_max_mhz.is_none() {
+        s.sm_clock_max_mhz = meta.sm_clock_max_mhz;
+    }
+    s
+}
+
 /// Reads a trace and the JSON beside it (if any).
 pub(crate) fn read(path: &Path) -> Result<Trace, String> {
     let (name, json) = names(path);
@@ -291,43 +339,23 @@ pub(crate) fn read(path: &Path) -> Result<Trace, String> {
         ));
     }
     let mut gpus: BTreeMap<String, Series> = BTreeMap::new();
+    let mut work: BTreeMap<&'static str, Vec<(i64, f64)>> = BTreeMap::new();
     for (n, line) in lines.enumerate() {
         let fields = split_csv(line);
         let row = n + 2;
         let t = row_time(&col, &fields)
             .ok_or_else(|| format!("{}:{row}: no readable time", path.display()))?;
         let text = |name: &str| col.get(name).and_then(|&i| fields.get(i)).map(|s| s.trim());
+        for (column, counter) in WORK_COLUMNS {
+            if let Some(v) = text(column).and_then(number).filter(|v| *v >= 0.0) {
+                work.entry(counter).or_default().push((t, v));
+            }
+        }
         let uuid = text("gpu_uuid")
             .filter(|u| !u.is_empty())
             .unwrap_or("GPU-replay-0")
             .to_string();
-        let model = text("gpu_model")
-            .filter(|m| !m.is_empty())
-            .map(str::to_string)
-            .or_else(|| meta.gpu_model.clone())
-            .unwrap_or_else(|| "unknown".to_string());
-        let mut s = GpuSample::empty(0, uuid.clone(), 0, model);
-        for (column, sources) in FLOATS {
-            let v = sources
-                .iter()
-                .find_map(|(src, scale)| text(src).and_then(number).map(|v| v * scale));
-            if let Some(slot) = float_slot(&mut s, column) {
-                *slot = v;
-            }
-        }
-        for (column, sources) in INTS {
-            let v = sources.iter().find_map(|(src, scale)| {
-                text(src)
-                    .and_then(number)
-                    .map(|v| (v * scale).round() as i64)
-            });
-            if let Some(slot) = int_slot(&mut s, column) {
-                *slot = v;
-            }
-        }
-        if s.sm_clock_max_mhz.is_none() {
-            s.sm_clock_max_mhz = meta.sm_clock_max_mhz;
-        }
+        let s = row_sample(&col, &fields, &meta, &uuid);
         gpus.entry(uuid).or_default().push((t, s));
     }
     if gpus.is_empty() {
@@ -339,7 +367,15 @@ pub(crate) fn read(path: &Path) -> Result<Trace, String> {
             s.gpu_index = index as u32;
         }
     }
-    Ok(Trace { name, meta, gpus })
+    for series in work.values_mut() {
+        series.sort_by_key(|(t, _)| *t);
+    }
+    Ok(Trace {
+        name,
+        meta,
+        gpus,
+        work,
+    })
 }
 
 /// Keeps every `n`th reading of each GPU, as an agent sampling `n` times slower would see it:

@@ -51,7 +51,7 @@ pub(super) fn routers(config: &ServeConfig, app: &App) -> (Router, Router) {
             crate::jobs::router(
                 Arc::clone(&app.engine),
                 config.alerts.cost.clone(),
-                config.alerts.jobs.advice.clone(),
+                config.alerts.jobs.clone(),
             )
             .route_layer(guard(auth::Scope::Query)),
         )

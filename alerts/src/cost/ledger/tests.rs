@@ -144,7 +144,7 @@ async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> u
         e,
         &format!(
             "SELECT * FROM ({}) j{order}",
-            cost.jobs_sql(&crate::cost::AdviceConfig::default())
+            cost.jobs_sql(&crate::cost::JobsConfig::default())
         ),
     )
     .await;
@@ -215,7 +215,7 @@ max_sample_gap = "60s"
     let read: Arc<dyn ReadStore> = store.clone();
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     let ledger = cost
-        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .register(e.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     assert_eq!(ledger.snapshot().watermark, None);

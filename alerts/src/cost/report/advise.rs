@@ -4,7 +4,8 @@
 //! `ecc` always speak. Throttling blames only what the job cannot control: the SW power cap is
 //! at most the informational `power_capped`.
 
-use super::{Advice, AdviceConfig, GpuReport, JobReport, share};
+use super::super::AdviceConfig;
+use super::{Advice, GpuReport, JobReport, share};
 
 /// A ratio as a percentage; one decimal under 1% (0.1% is not 0%).
 fn pct(v: f64) -> String {

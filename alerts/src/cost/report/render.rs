@@ -88,53 +88,36 @@ fn gpu_row(g: &GpuReport) -> String {
     )
 }
 
-/// The report as text, the way `gpuwatch job` prints it.
-pub fn render_text(r: &JobReport) -> String {
+/// `1234567` as `1.23M`: the work counts are large and only their scale matters at a glance.
+fn si(v: f64) -> String {
+    match v.abs() {
+        a if a >= 1e9 => format!("{:.2}G", v / 1e9),
+        a if a >= 1e6 => format!("{:.2}M", v / 1e6),
+        a if a >= 1e4 => format!("{:.1}k", v / 1e3),
+        _ => format!("{v:.1}"),
+    }
+}
+
+/// The work line: what the job counted and what a unit of it cost.
+fn work_line(w: Option<&super::JobWork>) -> String {
+    let Some(w) = w else {
+        return "  work done: not reported (docs/cost.md, \"Work done\", shows how a job reports it)\n"
+            .into();
+    };
+    let or_dash = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".into(), f);
+    format!(
+        "  work done {} {}   {}/s   {} per GPU-hour   USD {} per million\n",
+        si(w.done),
+        w.unit,
+        or_dash(w.per_second, &|v| si(v)),
+        or_dash(w.per_gpu_hour, &|v| si(v)),
+        or_dash(w.usd_per_million_units, &|v| format!("{v:.4}")),
+    )
+}
+
+/// The events during the job and the notes, as text.
+fn events_and_notes(r: &JobReport) -> String {
     let mut o = String::new();
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    o.push_str(&format!(
-        "Job {}  ({})\n  user {}  name {}  scheduler {}\n  hosts {}  GPUs {}\n  first seen {}  last seen {}\n\n",
-        r.job_id,
-        r.state,
-        opt(&r.user),
-        opt(&r.name),
-        opt(&r.scheduler),
-        r.hosts.join(","),
-        r.gpus,
-        r.first_seen,
-        r.last_seen
-    ));
-    o.push_str(&format!(
-        "  GPU-hours {:.3}   idle GPU-hours {:.3} ({})   energy {:.3} kWh\n  cost USD {:.2}   idle cost USD {:.2}   mean utilisation {}\n",
-        r.gpu_hours,
-        r.idle_gpu_hours,
-        pct(r.idle_share),
-        r.energy_kwh,
-        r.cost_usd,
-        r.idle_cost_usd,
-        p(r.mean_utilization)
-    ));
-    o.push_str(&format!(
-        "  limiter {}   (GPU time: {})\n\n",
-        r.limiter.as_deref().unwrap_or("-"),
-        weights(&r.limiter_seconds)
-    ));
-    o.push_str(
-        "  host            gpu  limiter       util(mean/max)  SM    tensor  DRAM  memory peak/total       idle min  throttled  capped  XID  ECC\n",
-    );
-    for g in &r.per_gpu {
-        o.push_str(&gpu_row(g));
-    }
-    o.push_str("\n  roofline (achieved share of each unit's peak over the job):\n");
-    for g in &r.per_gpu {
-        o.push_str(&roofline_line(g));
-        if !g.missing_counters.is_empty() {
-            o.push_str(&format!(
-                "      not read on this GPU: {}\n",
-                g.missing_counters.join(", ")
-            ));
-        }
-    }
     if !r.events.is_empty() {
         o.push_str("\n  events:\n");
         for e in &r.events {
@@ -168,6 +151,58 @@ pub fn render_text(r: &JobReport) -> String {
             ));
         }
     }
+    o
+}
+
+/// The report as text, the way `gpuwatch job` prints it.
+pub fn render_text(r: &JobReport) -> String {
+    let mut o = String::new();
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    o.push_str(&format!(
+        "Job {}  ({})\n  user {}  name {}  scheduler {}\n  hosts {}  GPUs {}\n  first seen {}  last seen {}\n\n",
+        r.job_id,
+        r.state,
+        opt(&r.user),
+        opt(&r.name),
+        opt(&r.scheduler),
+        r.hosts.join(","),
+        r.gpus,
+        r.first_seen,
+        r.last_seen
+    ));
+    o.push_str(&format!(
+        "  GPU-hours {:.3}   idle GPU-hours {:.3} ({})   energy {:.3} kWh\n  cost USD {:.2}   idle cost USD {:.2}   mean utilisation {}\n",
+        r.gpu_hours,
+        r.idle_gpu_hours,
+        pct(r.idle_share),
+        r.energy_kwh,
+        r.cost_usd,
+        r.idle_cost_usd,
+        p(r.mean_utilization)
+    ));
+    o.push_str(&work_line(r.work.as_ref()));
+    o.push_str(&format!(
+        "  limiter {}   (GPU time: {})\n\n",
+        r.limiter.as_deref().unwrap_or("-"),
+        weights(&r.limiter_seconds)
+    ));
+    o.push_str(
+        "  host            gpu  limiter       util(mean/max)  SM    tensor  DRAM  memory peak/total       idle min  throttled  capped  XID  ECC\n",
+    );
+    for g in &r.per_gpu {
+        o.push_str(&gpu_row(g));
+    }
+    o.push_str("\n  roofline (achieved share of each unit's peak over the job):\n");
+    for g in &r.per_gpu {
+        o.push_str(&roofline_line(g));
+        if !g.missing_counters.is_empty() {
+            o.push_str(&format!(
+                "      not read on this GPU: {}\n",
+                g.missing_counters.join(", ")
+            ));
+        }
+    }
+    o.push_str(&events_and_notes(r));
     o
 }
 

@@ -10,6 +10,7 @@ use gpuwatch_store::{ReadStore, Store, StoreConfig};
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::cost::AdviceConfig;
 
 const T0: i64 = 1_800_000_000_000_000_000;
 const S: i64 = 1_000_000_000;
@@ -95,7 +96,7 @@ async fn crafted(dir: &Path) -> QueryEngine {
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     cost()
-        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .register(e.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     e
@@ -109,7 +110,7 @@ fn close(a: f64, b: f64) -> bool {
 async fn report_equals_the_jobs_table_and_a_hand_computation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let e = crafted(dir.path()).await;
-    let r = job_report(&e, &cost(), &AdviceConfig::default(), JOB, T0 + 605 * S)
+    let r = job_report(&e, &cost(), &JobsConfig::default(), JOB, T0 + 605 * S)
         .await
         .expect("report")
         .expect("known job");
@@ -234,7 +235,7 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
     assert!(r.advice[4].figure.contains("XID 79"));
 
     // Ended once two intervals pass without a sample.
-    let later = job_report(&e, &cost(), &AdviceConfig::default(), JOB, T0 + 700 * S)
+    let later = job_report(&e, &cost(), &JobsConfig::default(), JOB, T0 + 700 * S)
         .await
         .expect("report")
         .expect("job");
@@ -247,7 +248,7 @@ async fn unknown_and_hostile_job_ids_are_values() {
     let dir = tempfile::tempdir().expect("tempdir");
     let e = crafted(dir.path()).await;
     for id in ["nope", "' OR '1'='1", "x\\' OR 1=1 --", "42"] {
-        let r = job_report(&e, &cost(), &AdviceConfig::default(), id, T0)
+        let r = job_report(&e, &cost(), &JobsConfig::default(), id, T0)
             .await
             .expect("no sql error");
         assert!(r.is_none(), "{id}");
@@ -263,7 +264,8 @@ async fn unknown_and_hostile_job_ids_are_values() {
         T0,
     )
     .await
-    .expect("list");
+    .expect("list")
+    .jobs;
     assert!(list.is_empty());
     let list = list_jobs(
         &e,
@@ -277,6 +279,8 @@ async fn unknown_and_hostile_job_ids_are_values() {
     )
     .await
     .expect("list");
+    assert!(!list.truncated);
+    let list = list.jobs;
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].job_id, JOB);
     assert_eq!(list[0].state, "running");
@@ -344,6 +348,7 @@ fn report(per_gpu: Vec<GpuReport>) -> JobReport {
         mean_utilization: None,
         limiter: None,
         limiter_seconds: BTreeMap::new(),
+        work: None,
         per_gpu,
         events: Vec::new(),
         advice: Vec::new(),
@@ -645,11 +650,11 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
     let read: Arc<dyn ReadStore> = Arc::new(store);
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     cost()
-        .register(e.context(), &crate::cost::AdviceConfig::default())
+        .register(e.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     for job in ["A", "B"] {
-        let r = job_report(&e, &cost(), &AdviceConfig::default(), job, T0)
+        let r = job_report(&e, &cost(), &JobsConfig::default(), job, T0)
             .await
             .expect("report")
             .expect("job");
@@ -680,7 +685,7 @@ async fn totals_equal_the_jobs_view_when_gpus_are_shared_with_other_jobs() {
     }
     // Job A by hand: GPU a 60 s (gap capped) + 10 s, 8900 J + 500 J; GPU c the same 60 s + 10 s,
     // 800 J + 50 J (the energy counter covers the hole).
-    let a = job_report(&e, &cost(), &AdviceConfig::default(), "A", T0)
+    let a = job_report(&e, &cost(), &JobsConfig::default(), "A", T0)
         .await
         .expect("report")
         .expect("job");
