@@ -354,7 +354,9 @@ fn boot_time() -> Option<f64> {
     line["btime ".len()..].trim().parse().ok()
 }
 
-fn max_fds() -> Option<f64> {
+/// The open-file limit of the process (the soft `RLIMIT_NOFILE`, from /proc/self/limits),
+/// `None` when unknown or unlimited.
+pub fn open_file_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = text.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..]
@@ -362,6 +364,10 @@ fn max_fds() -> Option<f64> {
         .next()?
         .parse()
         .ok()
+}
+
+fn max_fds() -> Option<f64> {
+    open_file_limit().map(|n| n as f64)
 }
 
 /// Appends `value` to `out` escaped as a label value: backslash, double quote and newline.

@@ -25,13 +25,7 @@ use tower_service::Service;
 /// The open-file limit of the process (the soft `RLIMIT_NOFILE`, from /proc/self/limits),
 /// `None` when unknown or unlimited.
 pub(crate) fn file_limit() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    gpuwatch_common::metrics::open_file_limit()
 }
 
 /// The default connection cap per listener for an open-file limit.
