@@ -189,9 +189,14 @@ FROM d GROUP BY job_id, host"#,
         )
     }
 
-    /// USD per joule of GPU energy (`kwh_usd × pue / 3.6e6`), as a SQL literal.
+    /// USD per joule of GPU energy (`kwh_usd × pue / 3.6e6`).
+    pub(crate) fn energy_price(&self) -> f64 {
+        self.kwh_usd * self.pue / 3.6e6
+    }
+
+    /// [`Self::energy_price`] as a SQL literal.
     pub(crate) fn energy_price_sql(&self) -> String {
-        num(self.kwh_usd * self.pue / 3.6e6)
+        num(self.energy_price())
     }
 
     /// The `WITH s AS (..), d AS (..)` part shared by the `jobs` view and the job report: `d`

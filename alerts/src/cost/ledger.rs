@@ -52,6 +52,8 @@ use gpuwatch_store::clock::Clock;
 use tokio::sync::watch;
 
 use super::limiter::{self, LIMITERS};
+use super::report::parts::{self, GpuUsage, Parts};
+use super::report::sql::EXTRA;
 use super::{AdviceConfig, CostConfig, JobsConfig, WorkConfig, num};
 
 /// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
@@ -88,6 +90,15 @@ struct Usage {
     idle_joules: f64,
     /// Seconds per limiter class, in [`LIMITERS`] order.
     class_secs: [f64; LIMITERS.len()],
+    /// Samples of the job.
+    samples: i64,
+    /// The median of the intervals above zero and their count (the job report's
+    /// `sample_interval_s`); set when the hour's fold ends, from `intervals`.
+    interval: (f64, u64),
+    /// The intervals above zero, while the hour is folded.
+    intervals: Vec<f64>,
+    /// The job report's parts ([`parts`]).
+    parts: Parts,
 }
 
 /// `(job_id, host, gpu_uuid, gpu_model)`.
@@ -267,6 +278,30 @@ fn seed_before(folds: &BTreeMap<i64, HourFold>, before: i64) -> Vec<(GpuKey, Las
     v
 }
 
+impl Usage {
+    /// This use as the job report takes it.
+    fn gpu_usage(&self, host: &str, gpu_uuid: &str, model: Option<&String>) -> GpuUsage {
+        GpuUsage {
+            host: host.to_string(),
+            gpu_uuid: gpu_uuid.to_string(),
+            gpu_model: model.cloned(),
+            scheduler: self.scheduler.clone(),
+            job_user: self.job_user.clone(),
+            job_name: self.job_name.clone(),
+            samples: self.samples,
+            first_ns: self.first_seen,
+            last_ns: self.last_seen,
+            secs: self.secs,
+            idle_secs: self.idle_secs,
+            joules: self.joules,
+            idle_joules: self.idle_joules,
+            class_secs: self.class_secs,
+            intervals: vec![self.interval],
+            parts: self.parts.clone(),
+        }
+    }
+}
+
 /// The ledger of one server.
 #[derive(Debug)]
 pub struct JobLedger {
@@ -314,6 +349,56 @@ impl JobLedger {
         self.lock().len()
     }
 
+    /// The end of the folded hours and the job's use of each GPU (and model) in them, merged
+    /// over the hours; `None` before any hour is folded.
+    pub(crate) fn job_usage(&self, job_id: &str) -> Option<(i64, Vec<GpuUsage>)> {
+        let folds = self.lock();
+        let (&last, _) = folds.last_key_value()?;
+        let from: UsageKey = (job_id.to_string(), None, None, None);
+        let mut merged: BTreeMap<(&str, &str, Option<&String>), GpuUsage> = BTreeMap::new();
+        for fold in folds.values() {
+            for ((job, host, gpu, model), u) in fold.usage.range(&from..) {
+                if job != job_id {
+                    break;
+                }
+                let (Some(host), Some(gpu)) = (host, gpu) else {
+                    continue;
+                };
+                let g = u.gpu_usage(host, gpu, model.as_ref());
+                merged
+                    .entry((host.as_str(), gpu.as_str(), model.as_ref()))
+                    .and_modify(|m| m.merge(&g))
+                    .or_insert(g);
+            }
+        }
+        Some((last + HOUR, merged.into_values().collect()))
+    }
+
+    /// The time of each GPU's last sample before `before` in the folded hours (GPUs without
+    /// one are left out).
+    pub(crate) fn last_sample_before(
+        &self,
+        before: i64,
+        gpus: &[(String, String)],
+    ) -> HashMap<(String, String), i64> {
+        let folds = self.lock();
+        let mut out = HashMap::new();
+        for fold in folds.range(..before).rev().map(|(_, f)| f) {
+            if out.len() == gpus.len() {
+                break;
+            }
+            for (h, g) in gpus {
+                if out.contains_key(&(h.clone(), g.clone())) {
+                    continue;
+                }
+                if let Some((t, _)) = fold.last.get(&(Some(h.clone()), Some(g.clone()))) {
+                    out.insert((h.clone(), g.clone()), *t);
+                }
+            }
+        }
+        out
+    }
+
     /// What the `jobs` view reads now.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot
@@ -331,6 +416,23 @@ impl JobLedger {
         Ok(())
     }
 
+    /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the class,
+    /// then the job report's part values ([`parts::fold_sql`]).
+    fn fold_sql(&self, hour: i64) -> String {
+        let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+        format!(
+            "SELECT {RAW_COLUMNS}, limiter, {parts} FROM (SELECT {RAW_COLUMNS}{extra}, {class} AS limiter, \
+             COALESCE(gpu_utilization < {idle}, false) AS idle, {price} AS price FROM gpu_metrics \
+             WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({end})) \
+             ORDER BY host, gpu_uuid, time",
+            end = hour + HOUR,
+            class = self.class_sql(),
+            parts = parts::fold_sql(),
+            idle = num(self.cost.idle_utilization),
+            price = self.cost.price_sql(),
+        )
+    }
+
     /// Folds hour `hour` of `gpu_metrics`, seeded by the GPUs' last samples before it.
     async fn fold_hour(
         &self,
@@ -338,13 +440,7 @@ impl JobLedger {
         hour: i64,
         seed: HashMap<GpuKey, Last>,
     ) -> DfResult<HourFold> {
-        let sql = format!(
-            "SELECT {RAW_COLUMNS}, {class} AS limiter FROM gpu_metrics WHERE time >= to_timestamp_nanos({hour}) \
-             AND time < to_timestamp_nanos({end}) ORDER BY host, gpu_uuid, time",
-            end = hour + HOUR,
-            class = self.class_sql(),
-        );
-        let mut stream = ctx.sql(&sql).await?.execute_stream().await?;
+        let mut stream = ctx.sql(&self.fold_sql(hour)).await?.execute_stream().await?;
         let gap = i64::try_from(self.cost.max_sample_gap().as_nanos()).unwrap_or(i64::MAX);
         let idle = self.cost.idle_utilization;
         let mut fold = HourFold::default();
@@ -367,6 +463,9 @@ impl JobLedger {
             let util = f64_column(&batch, 8)?;
             let energy = f64_column(&batch, 9)?;
             let class = strings(&batch, 10)?;
+            let values = (0..parts::parts().len())
+                .map(|k| f64_column(&batch, 11 + k))
+                .collect::<DfResult<Vec<_>>>()?;
             for i in 0..batch.num_rows() {
                 fold.samples += 1;
                 let t = time.value(i);
@@ -399,10 +498,17 @@ impl JobLedger {
                     keep_max(&mut u.job_user, opt(&user, i));
                     keep_max(&mut u.job_name, opt(&name, i));
                     u.add(t, secs, joules, opt(&class, i), is_idle);
+                    u.parts.add_sample(
+                        secs,
+                        values.iter().map(|c| (!c.is_null(i)).then(|| c.value(i))),
+                    );
                 }
                 fold.last.insert(key.clone(), (t, e));
                 prev = Some((key, (t, e)));
             }
+        }
+        for u in fold.usage.values_mut() {
+            u.finish();
         }
         Ok(fold)
     }
@@ -668,6 +774,11 @@ pub struct JobsTable {
 }
 
 impl JobsTable {
+    /// The ledger the view reads.
+    pub fn ledger(&self) -> &Arc<JobLedger> {
+        &self.ledger
+    }
+
     /// The table over `ledger`; `state` plans the view once for its schema.
     pub async fn new(ledger: Arc<JobLedger>, state: &SessionState) -> DfResult<Self> {
         let snap = Snapshot::empty();
@@ -742,12 +853,23 @@ fn interval(before: Option<Last>, t: i64, e: Option<f64>, gap: i64) -> (f64, f64
 }
 
 impl Usage {
+    /// Ends the hour: keeps the median of its intervals, drops the intervals.
+    fn finish(&mut self) {
+        let n = self.intervals.len() as u64;
+        self.interval = (parts::median(&mut self.intervals).unwrap_or(0.0), n);
+        self.intervals = Vec::new();
+    }
+
     /// Adds one sample at `t` worth `secs` and `joules`, of limiter class `class`.
     fn add(&mut self, t: i64, secs: f64, joules: f64, class: Option<&str>, idle: bool) {
         self.first_seen = self.first_seen.min(t);
         self.last_seen = self.last_seen.max(t);
         self.secs += secs;
         self.joules += joules;
+        self.samples += 1;
+        if secs > 0.0 {
+            self.intervals.push(secs);
+        }
         if let Some(k) = class.and_then(|c| LIMITERS.iter().position(|l| *l == c)) {
             self.class_secs[k] += secs;
         }

@@ -1,18 +1,21 @@
 //! Job reports: how a job used its GPUs, what limited them, and what it cost, in the manner of
 //! Princeton's `jobstats` (rules in docs/jobs.md).
 //!
-//! Data flow ([`sql`] has the three queries): the job's GPUs and, for each, the span of samples
-//! from the one before the job's first to the job's last; then one row per GPU from the
-//! per-sample CTE the `jobs` view is built on ([`CostConfig::sample_ctes`]), grouped by GPU
-//! instead of by host. Each sample's interval, energy delta, price and class are the view's, so
-//! the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle GPU-hours,
-//! energy, cost, idle cost and limiter; with them each GPU's seconds per limiter class
-//! ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]). Events come from `gpu_events` inside each GPU's time in the job.
+//! Data flow ([`gather`]): each GPU's use of the job comes as mergeable parts ([`parts`]) from
+//! the hours the job ledger folded ([`super::ledger`]) plus one query ([`sql`]) over the job's
+//! raw samples after them, through the per-sample CTE the `jobs` view is built on
+//! ([`CostConfig::sample_ctes`]). Each sample's interval, energy delta, price and class are the
+//! view's, so the job's totals (the sums over its GPUs) are the `jobs` table's GPU-hours, idle
+//! GPU-hours, energy, cost, idle cost and limiter; with them each GPU's seconds per limiter
+//! class ([`super::limiter`]), the figures the notes quote, and its roofline ([`roofline`]).
+//! Events come from `gpu_events` inside each GPU's time in the job.
 //! [`advise`] turns the figures into notes, with the `[jobs.advice]` thresholds; the work the
 //! job counted comes from its counters in `metrics` ([`super::work`]). The job id is
 //! always a quoted SQL literal ([`super::sql_str`]).
 
 mod advise;
+mod gather;
+pub mod parts;
 mod render;
 pub mod roofline;
 pub mod sql;
@@ -28,6 +31,8 @@ use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
 pub use render::{render_list, render_text};
 pub use roofline::{RoofUnit, Roofline};
+pub(crate) use gather::ledger_of;
+pub use parts::GpuUsage;
 pub use sql::per_gpu_sql;
 
 /// One GPU of a job.
@@ -460,93 +465,6 @@ fn share(part: f64, whole: f64) -> f64 {
     if whole > 0.0 { part / whole } else { 0.0 }
 }
 
-/// The roofline's measured shares of a per-GPU row.
-fn measured(r: &Row) -> roofline::Measured {
-    roofline::Measured {
-        tensor: f(r, "roof_tensor"),
-        fp16: f(r, "roof_fp16"),
-        fp32: f(r, "roof_fp32"),
-        fp64: f(r, "roof_fp64"),
-        dram: f(r, "roof_dram"),
-        pcie_share: f(r, "roof_pcie"),
-        pcie_bytes: f(r, "roof_pcie_bytes"),
-        nvlink_bytes: f(r, "roof_nvlink_bytes"),
-    }
-}
-
-/// One GPU of the report from its row of [`sql::per_gpu_sql`].
-fn gpu_from_row(r: &Row) -> GpuReport {
-    let used = i(r, "peak_memory_used_bytes");
-    let total = i(r, "memory_total_bytes");
-    let idle = f(r, "idle_gpu_seconds").unwrap_or_default();
-    let model = s(r, "gpu_model");
-    let limiter_seconds: BTreeMap<String, f64> = LIMITERS
-        .iter()
-        .map(|c| {
-            let v = f(r, &limiter::seconds_column(c)).unwrap_or_default();
-            (c.to_string(), v)
-        })
-        .collect();
-    let limiter_figures = LIMITERS
-        .iter()
-        .filter_map(|c| f(r, &format!("limiter_{c}_figure")).map(|v| (c.to_string(), v)))
-        .collect();
-    let throttle_reasons = sql::THROTTLE_BITS
-        .iter()
-        .filter_map(|(b, name)| {
-            f(r, &format!("reason_{b}_share"))
-                .filter(|v| *v > 0.0)
-                .map(|v| (name.to_string(), v))
-        })
-        .collect();
-    let missing_counters = sql::COUNTERS
-        .iter()
-        .filter(|(name, _)| i(r, &format!("counted_{name}")).unwrap_or(0) == 0)
-        .map(|(name, _)| name.to_string())
-        .collect();
-    GpuReport {
-        host: s(r, "host").unwrap_or_default(),
-        gpu_uuid: s(r, "gpu_uuid").unwrap_or_default(),
-        gpu_index: i(r, "gpu_index"),
-        samples: i(r, "samples").unwrap_or_default(),
-        first_seen_ns: i(r, "first_seen_ns").unwrap_or_default(),
-        last_seen_ns: i(r, "last_seen_ns").unwrap_or_default(),
-        gpu_seconds: f(r, "gpu_seconds").unwrap_or_default(),
-        idle_gpu_seconds: idle,
-        idle_minutes: idle / 60.0,
-        energy_joules: f(r, "energy_joules").unwrap_or_default(),
-        cost_usd: f(r, "cost_usd").unwrap_or_default(),
-        idle_cost_usd: f(r, "idle_cost_usd").unwrap_or_default(),
-        mean_utilization: f(r, "mean_utilization"),
-        max_utilization: f(r, "max_utilization"),
-        mean_sm_active: f(r, "mean_sm_active"),
-        mean_tensor_active: f(r, "mean_tensor_active"),
-        mean_dram_active: f(r, "mean_dram_active"),
-        peak_memory_used_bytes: used,
-        memory_total_bytes: total,
-        peak_memory_share: match (used, total) {
-            (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
-            _ => None,
-        },
-        throttled_share: f(r, "throttled_share"),
-        throttle_reasons,
-        power_capped_share: f(r, "power_capped_share"),
-        power_capped_sm_clock_mhz: f(r, "power_capped_sm_clock_mhz"),
-        sm_clock_max_mhz: f(r, "sm_clock_max_mhz"),
-        sample_interval_s: f(r, "sample_interval_s"),
-        xid_events: 0,
-        ecc_events: 0,
-        limiter: limiter::argmax(&limiter_seconds),
-        limiter_seconds,
-        limiter_figures,
-        busy_sm_active: f(r, "busy_sm_active"),
-        busy_utilization: f(r, "busy_utilization"),
-        missing_counters,
-        roofline: roofline::build(model.as_deref(), &measured(r)),
-        gpu_model: model,
-    }
-}
-
 /// Counts the XID and ECC events of each GPU inside its time in the job (from its first sample
 /// to `slack` ns after its last) and returns them.
 async fn job_events(
@@ -610,49 +528,6 @@ fn mean_utilization(per_gpu: &[GpuReport]) -> Option<f64> {
     (n > 0).then(|| w / n as f64)
 }
 
-/// How far back [`job_spans`] first looks for each GPU's sample before the job's first.
-const PREVIOUS_LOOKBACK_NS: i64 = 3_600_000_000_000;
-
-/// Steps 1 and 2 of [`sql`]: the job's GPUs and the span of samples to read for each.
-async fn job_spans(engine: &QueryEngine, job_id: &str) -> QueryResult<Vec<sql::GpuSpan>> {
-    let mut spans: Vec<sql::GpuSpan> = rows(engine, &sql::job_gpus_sql(job_id))
-        .await?
-        .iter()
-        .filter_map(|r| {
-            Some(sql::GpuSpan {
-                host: s(r, "host")?,
-                gpu_uuid: s(r, "gpu_uuid")?,
-                first_ns: i(r, "first_ns")?,
-                last_ns: i(r, "last_ns")?,
-                previous_ns: None,
-            })
-        })
-        .collect();
-    // The hour before first; then, for the GPUs without a sample there, anything earlier.
-    for lookback in [Some(PREVIOUS_LOOKBACK_NS), None] {
-        let missing: Vec<sql::GpuSpan> = spans
-            .iter()
-            .filter(|s| s.previous_ns.is_none())
-            .cloned()
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        for r in rows(engine, &sql::previous_sample_sql(&missing, lookback)).await? {
-            let (Some(host), Some(uuid)) = (s(&r, "host"), s(&r, "gpu_uuid")) else {
-                continue;
-            };
-            if let Some(span) = spans
-                .iter_mut()
-                .find(|x| x.host == host && x.gpu_uuid == uuid)
-            {
-                span.previous_ns = i(&r, "previous_ns");
-            }
-        }
-    }
-    Ok(spans)
-}
-
 /// GPU-seconds per class summed over the GPUs (every class present).
 fn sum_limiter_seconds(per_gpu: &[GpuReport]) -> BTreeMap<String, f64> {
     let mut out: BTreeMap<String, f64> = LIMITERS.iter().map(|c| (c.to_string(), 0.0)).collect();
@@ -690,13 +565,12 @@ pub async fn job_report(
     job_id: &str,
     now_ns: i64,
 ) -> QueryResult<Option<JobReport>> {
-    let spans = job_spans(engine, job_id).await?;
-    if spans.is_empty() {
+    let advice = &jobs.advice;
+    let usages = gather::job_usage(engine, cost, advice, job_id).await?;
+    if usages.is_empty() {
         return Ok(None);
     }
-    let advice = &jobs.advice;
-    let per_gpu_rows = rows(engine, &per_gpu_sql(cost, advice, job_id, &spans)).await?;
-    let mut per_gpu: Vec<GpuReport> = per_gpu_rows.iter().map(gpu_from_row).collect();
+    let mut per_gpu: Vec<GpuReport> = usages.iter().map(|u| gather::gpu_report(u, cost)).collect();
     per_gpu.sort_by(|a, b| {
         (a.host.as_str(), a.gpu_index, a.gpu_uuid.as_str()).cmp(&(
             b.host.as_str(),
@@ -713,16 +587,16 @@ pub async fn job_report(
     let gpu_seconds = sum(|g| g.gpu_seconds);
     let idle_gpu_seconds = sum(|g| g.idle_gpu_seconds);
     let energy_joules = sum(|g| g.energy_joules);
-    let labels = |k: &str| per_gpu_rows.iter().filter_map(|r| s(r, k)).max();
+    let labels = |k: fn(&GpuUsage) -> &Option<String>| usages.iter().filter_map(|u| k(u).clone()).max();
     let limiter_seconds = sum_limiter_seconds(&per_gpu);
     let cost_usd = sum(|g| g.cost_usd);
     let wall_s = (last_seen_ns - first_seen_ns) as f64 / 1e9;
     let work = job_work(engine, &jobs.work, job_id, (wall_s, gpu_seconds, cost_usd)).await?;
     let mut report = JobReport {
         job_id: job_id.to_string(),
-        scheduler: labels("scheduler"),
-        user: labels("job_user"),
-        name: labels("job_name"),
+        scheduler: labels(|u| &u.scheduler),
+        user: labels(|u| &u.job_user),
+        name: labels(|u| &u.job_name),
         hosts,
         gpus: per_gpu.len() as i64,
         first_seen: rfc3339(first_seen_ns),

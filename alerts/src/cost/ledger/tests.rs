@@ -172,6 +172,60 @@ async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> u
     got.len()
 }
 
+/// Whether two JSON values agree, numbers to 1e-9 relative (`sample_interval_s`, the median of
+/// hourly medians once hours are folded, to 10%); the first difference otherwise.
+fn agree(got: &serde_json::Value, want: &serde_json::Value, path: &str) -> Result<(), String> {
+    use serde_json::Value;
+    match (got, want) {
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
+            let tol = if path.ends_with("sample_interval_s") { 0.1 } else { 1e-9 };
+            if (a - b).abs() <= tol * b.abs().max(1.0) {
+                Ok(())
+            } else {
+                Err(format!("{path}: {a} vs {b}"))
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .try_for_each(|(i, (x, y))| agree(x, y, &format!("{path}[{i}]"))),
+        (Value::Object(a), Value::Object(b))
+            if a.keys().collect::<Vec<_>>() == b.keys().collect::<Vec<_>>() =>
+        {
+            b.iter()
+                .try_for_each(|(k, y)| agree(&a[k], y, &format!("{path}.{k}")))
+        }
+        _ if got == want => Ok(()),
+        _ => Err(format!("{path}: {got} vs {want}")),
+    }
+}
+
+/// Every job's report through the ledger (`e`) equals its report from raw samples only (`raw`,
+/// an engine without the `jobs` view and so without a ledger).
+async fn same_reports(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what: &str) {
+    let jobs = crate::cost::JobsConfig::default();
+    use crate::cost::report::ledger_of;
+    assert!(ledger_of(e).await.is_some(), "{what}: the report finds the ledger");
+    assert!(ledger_of(raw).await.is_none(), "{what}: no ledger without the view");
+    let ids = rows(e, "SELECT DISTINCT job_id FROM jobs ORDER BY job_id").await;
+    assert!(ids.len() > 10, "{what}: {} jobs", ids.len());
+    let now = T0 + 7 * H;
+    for id in ids.iter().filter_map(|r| r["job_id"].as_str()) {
+        let report = |engine| crate::cost::report::job_report(engine, cost, &jobs, id, now);
+        let got = report(e).await.expect("report").expect("known job");
+        let want = report(raw).await.expect("report").expect("known job");
+        let (got, want) = (
+            serde_json::to_value(&got).expect("json"),
+            serde_json::to_value(&want).expect("json"),
+        );
+        if let Err(diff) = agree(&got, &want, "report") {
+            panic!("{what}: job {id}: {diff}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn folded_hours_plus_live_samples_equal_the_plain_view() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -213,13 +267,15 @@ max_sample_gap = "60s"
     store.maintain().expect("maintain");
 
     let read: Arc<dyn ReadStore> = store.clone();
-    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let e = QueryEngine::new(read.clone(), EngineConfig::default()).expect("engine");
+    let raw = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     let ledger = cost
         .register(e.context(), &crate::cost::JobsConfig::default())
         .await
         .expect("register");
     assert_eq!(ledger.snapshot().watermark, None);
     let n = same_as_plain_view(&e, &cost, "nothing folded").await;
+    same_reports(&e, &raw, &cost, "nothing folded").await;
     assert!(n > 10, "{n} jobs");
 
     // Hours 0..5 are closed 15 minutes after hour 5 ends; the last hour's samples stay live.
@@ -230,6 +286,7 @@ max_sample_gap = "60s"
     assert_eq!(folded, 5);
     assert_eq!(ledger.snapshot().watermark, Some(T0 + 5 * H));
     same_as_plain_view(&e, &cost, "five hours folded").await;
+    same_reports(&e, &raw, &cost, "five hours folded").await;
     assert_eq!(
         ledger
             .step(e.context(), clock.now_nanos())
@@ -246,6 +303,7 @@ max_sample_gap = "60s"
         &mut energy,
     ));
     same_as_plain_view(&e, &cost, "live samples").await;
+    same_reports(&e, &raw, &cost, "live samples").await;
 
     // Late samples for hour 2, after it was folded: the store rebuilds that hour's rollup, the
     // ledger sees the count differ and refolds hours 2..5.
@@ -270,6 +328,7 @@ max_sample_gap = "60s"
         .expect("step");
     assert_eq!(refolded, 3, "hours 2, 3 and 4 refolded");
     same_as_plain_view(&e, &cost, "late samples").await;
+    same_reports(&e, &raw, &cost, "late samples").await;
 
     // The next hour closes.
     clock.advance(H);
@@ -282,6 +341,7 @@ max_sample_gap = "60s"
     );
     assert_eq!(ledger.snapshot().watermark, Some(T0 + 6 * H));
     same_as_plain_view(&e, &cost, "six hours folded").await;
+    same_reports(&e, &raw, &cost, "six hours folded").await;
     let job_rows = rows(&e, "SELECT count(*) AS n FROM jobs WHERE gpu_seconds > 0").await;
     assert!(job_rows[0]["n"].as_i64().unwrap_or(0) > 10);
     // The limiter column holds several classes, among them the unknown of the A100s (no GPM).
