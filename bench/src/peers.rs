@@ -180,7 +180,7 @@ pub(crate) const FAST_PERSIST: [&str; 4] =
     ["--persist-interval", "30s", "--compaction-interval", "5s"];
 
 /// A `gpuwatch serve` command line: every listener on its own free loopback port, a data
-/// directory and warnings-only logs; flags added with [`GpuwatchCmd::args`].
+/// directory and warnings-only logs (and the jobs ledger's folds); flags added with [`GpuwatchCmd::args`].
 pub(crate) struct GpuwatchCmd {
     args: Vec<String>,
     /// HTTP port (SQL, `/readyz`, remote write).
@@ -208,7 +208,8 @@ impl GpuwatchCmd {
             "--data-dir".into(),
             data_dir.display().to_string(),
             "--log-level".into(),
-            "warn".into(),
+            // Warnings, and the jobs ledger's folds (how many hours, how long).
+            "warn,gpuwatch_alerts::cost::ledger=info".into(),
         ]
         .into();
         Ok(Self {

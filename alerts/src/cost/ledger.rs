@@ -20,6 +20,10 @@
 //! and every later one. Hours whose raw samples retention removed are dropped from the ledger, as
 //! they drop out of the plain view.
 //!
+//! The same fold accumulates the job report's parts ([`super::report::parts`]) per job, GPU and
+//! hour (about 0.6 KB each), so a report merges the folded hours of its job
+//! ([`JobLedger::job_usage`]) and reads only the raw samples after `W`.
+//!
 //! Data flow: [`JobLedger::run`] folds (queries `gpu_metrics` one hour at a time through the
 //! engine) and publishes a [`Snapshot`]; [`JobsTable::scan`] plans the view's SQL over that
 //! snapshot and the raw samples after `W`, in a catalog of its own, so the two always agree.

@@ -31,6 +31,7 @@ use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
 pub use render::{render_list, render_text};
 pub use roofline::{RoofUnit, Roofline};
+#[cfg(test)]
 pub(crate) use gather::ledger_of;
 pub use parts::GpuUsage;
 pub use sql::per_gpu_sql;

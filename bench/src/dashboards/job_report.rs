@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::{DashboardsArgs, prepare};
 use crate::fleet::BIG_JOB_ID;
-use crate::peers::Result;
+use crate::peers::{self, Result};
 use crate::send;
 
 fn median(v: &mut [f64]) -> f64 {
@@ -68,7 +68,44 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
         loaded.rounds(),
         args.gpuwatch.display()
     );
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}/metrics: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("GET {url}/metrics: {e}"))?;
+    let log = peers::parent_dir(&args.data_dir)?.join("dashboards-gpuwatch.log");
+    let (hours, ms) = ledger_folds(&std::fs::read_to_string(&log).unwrap_or_default());
+    println!(
+        "timing server: jobs ledger folded {hours} hours in {:.1} s at start ({} hours held), resident memory {:.0} MiB",
+        ms as f64 / 1e3,
+        gauge(&metrics, "gpuwatch_jobs_ledger_hours").unwrap_or(f64::NAN),
+        gauge(&metrics, "process_resident_memory_bytes").unwrap_or(f64::NAN) / (1u64 << 20) as f64
+    );
     Ok(())
+}
+
+/// The value of an unlabelled series in a Prometheus text answer.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Hours the jobs ledger folded and the milliseconds it took, summed over the server log's
+/// `job-usage ledger: hours folded hours=N elapsed_ms=M` lines.
+fn ledger_folds(log: &str) -> (u64, u64) {
+    let field = |line: &str, key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.parse().ok())
+            .unwrap_or(0)
+    };
+    log.lines()
+        .filter(|l| l.contains("hours folded"))
+        .fold((0, 0), |(h, ms), l| {
+            (h + field(l, "hours="), ms + field(l, "elapsed_ms="))
+        })
 }
 
 /// Checks the warm-up's report (`want` GPUs, as the fleet made the job) and prints its summary.
