@@ -268,3 +268,124 @@ async fn a_crowd_past_the_file_limit_leaves_health_writes_queries_and_the_store_
         assert!(!log.contains(sign), "the store ran out of files:\n{log}");
     }
 }
+
+/// Sends `message` as-is (not necessarily protobuf) as one OTLP/gRPC export, gzip-compressed by
+/// the client; the status tonic gets.
+async fn grpc_raw_export(addr: std::net::SocketAddr, message: bytes::Bytes) -> tonic::Status {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+    #[derive(Clone, Default)]
+    struct Raw;
+    struct RawEncoder;
+    impl tonic::codec::Encoder for RawEncoder {
+        type Item = bytes::Bytes;
+        type Error = tonic::Status;
+        fn encode(
+            &mut self,
+            item: bytes::Bytes,
+            dst: &mut tonic::codec::EncodeBuf<'_>,
+        ) -> Result<(), tonic::Status> {
+            bytes::BufMut::put_slice(dst, &item);
+            Ok(())
+        }
+    }
+    impl tonic::codec::Codec for Raw {
+        type Encode = bytes::Bytes;
+        type Decode = ExportMetricsServiceResponse;
+        type Encoder = RawEncoder;
+        type Decoder = tonic_prost::ProstDecoder<ExportMetricsServiceResponse>;
+        fn encoder(&mut self) -> RawEncoder {
+            RawEncoder
+        }
+        fn decoder(&mut self) -> Self::Decoder {
+            tonic_prost::ProstDecoder::default()
+        }
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("grpc connect");
+    let mut client = tonic::client::Grpc::new(channel)
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .max_encoding_message_size(usize::MAX);
+    client.ready().await.expect("grpc ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    );
+    match client.unary(tonic::Request::new(message), path, Raw).await {
+        Ok(_) => tonic::Status::ok("exported"),
+        Err(s) => s,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_decode_bombs_are_refused_before_tonic_inflates_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::builder()
+        .data_dir(&dir.path().join("d"))
+        .arg("--memory-limit")
+        .arg(&LIMIT.to_string())
+        .arg("--max-body-bytes")
+        .arg(&(96usize << 20).to_string())
+        .start();
+    let pid = server.pid().expect("pid");
+    // 90 MiB of zeros (about 90 KiB once gzipped): within --max-body-bytes, but decoding it
+    // would need 24x its size, more than the whole decode share; and 200 MiB, above the limit.
+    let within = bytes::Bytes::from(vec![0u8; 90 << 20]);
+    let above = bytes::Bytes::from(vec![0u8; 200 << 20]);
+    let done = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let prober = tokio::spawn(probe(
+        server.url(),
+        Arc::clone(&done),
+        Arc::clone(&answered),
+    ));
+    let mut sent = Vec::new();
+    for i in 0..8 {
+        let message = if i % 2 == 0 { &within } else { &above }.clone();
+        sent.push(tokio::spawn(grpc_raw_export(server.grpc, message)));
+    }
+    for s in sent {
+        let status = s.await.expect("bomb task");
+        assert!(
+            matches!(
+                status.code(),
+                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+            ),
+            "a gRPC bomb was answered {status:?}"
+        );
+    }
+    done.store(true, Ordering::Release);
+    let failures = prober.await.expect("probe task");
+    assert!(failures.is_empty(), "not answered during the bombs: {failures:?}");
+    let (rss, hwm) = resident(pid);
+    eprintln!("8 gRPC bombs: VmRSS {rss}, VmHWM {hwm}");
+    assert!(
+        hwm < LIMIT + SLACK,
+        "peak resident memory {hwm} over the limit {LIMIT} + {SLACK} (now {rss})"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(
+        metrics.contains("gpuwatch_decode_memory_reserved_bytes 0"),
+        "{metrics}"
+    );
+    let refused = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch_writes_refused_decode_memory_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("refusal counter");
+    assert!(refused >= 4.0, "the bombs within the limit were refused for memory: {refused}");
+    let exports = metrics
+        .lines()
+        .filter(|l| l.starts_with("gpuwatch_ingest_requests_total") && l.contains("otlp_grpc"))
+        .collect::<Vec<_>>();
+    assert!(
+        exports.iter().any(|l| l.contains("outcome=\"memory\"")),
+        "refusals counted by protocol: {exports:?}"
+    );
+}

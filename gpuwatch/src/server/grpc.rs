@@ -5,6 +5,9 @@
 //! says `OUT_OF_RANGE`, which OTLP exporters retry; [`OversizeIsExhausted`] answers the status
 //! the OTLP specification gives, which they drop),
 //! `UNAVAILABLE` while the WAL replays or when the write could not be stored (retryable).
+//! The message is inflated before tonic decodes it, with room reserved under `--memory-limit`
+//! as it is inflated ([`inflate`]; refused with `UNAVAILABLE`, or `RESOURCE_EXHAUSTED` when it
+//! could never fit).
 //! With `--auth-tokens`, the `authorization: Bearer <token>` metadata needs the `ingest` scope.
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
@@ -24,7 +27,11 @@ use tonic::service::interceptor::InterceptedService;
 use super::App;
 use super::auth::{Tokens, grpc_interceptor};
 use super::conn::raw::{Held, RawConns};
-use super::ingest::{self, Protocol};
+use super::ingest::{self, Protocol, WriteBudget};
+
+mod inflate;
+
+use inflate::{InflateFirst, Reserved};
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -38,20 +45,31 @@ impl MetricsService for Otlp {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        // The room [`InflateFirst`] reserved before the message was inflated and decoded; it
+        // covers the rows built from it too.
+        let reserved = request
+            .extensions()
+            .get::<Reserved>()
+            .and_then(Reserved::take);
         let req = request.into_inner();
-        let stats = ingest::write(
+        let (budget, reserve_now) = match reserved {
+            Some(b) => (b, false),
+            None => (WriteBudget::new(&self.app), true),
+        };
+        let stats = ingest::write_within(
             &self.app,
             Protocol::OtlpGrpc,
             async { Ok(req) },
-            |req, now, budget| {
-                // tonic has inflated (within --max-body-bytes) and decoded the message: what
-                // is reserved here covers the rows built from it.
-                gpuwatch_store::ingest::DecodeBudget::inflated(
-                    budget,
-                    prost::Message::encoded_len(&req),
-                )?;
+            move |req, now, budget| {
+                if reserve_now {
+                    gpuwatch_store::ingest::DecodeBudget::inflated(
+                        budget,
+                        prost::Message::encoded_len(&req),
+                    )?;
+                }
                 gpuwatch_store::ingest::otlp::to_write_batch(&req, now)
             },
+            budget,
         )
         .await
         .map_err(|e| e.grpc_status())?;
@@ -97,11 +115,15 @@ pub(super) fn serve(
     mut rx: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let max = app.max_body_bytes;
-    let service = MetricsServiceServer::new(Otlp { app })
+    let service = MetricsServiceServer::new(Otlp { app: app.clone() })
         .max_decoding_message_size(max)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
-    let service = OversizeIsExhausted(InterceptedService::new(service, grpc_interceptor(tokens)));
+    // Authentication first, then the message inflated within the ceiling, then tonic.
+    let service = OversizeIsExhausted(InterceptedService::new(
+        InflateFirst::new(service, app),
+        grpc_interceptor(tokens),
+    ));
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.changed().await;

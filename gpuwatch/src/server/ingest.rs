@@ -174,6 +174,13 @@ fn decode_refused(why: &(dyn std::error::Error + Send + Sync + 'static)) -> Resp
 #[derive(Debug)]
 pub(super) struct WriteBudget(Option<DecodeReservation>);
 
+impl WriteBudget {
+    /// An empty reservation of `app`'s ceiling.
+    pub(super) fn new(app: &App) -> Self {
+        Self(app.ceiling.as_ref().map(|c| c.reserve_decode()))
+    }
+}
+
 impl DecodeBudget for WriteBudget {
     fn inflated(&mut self, bytes: usize) -> gpuwatch_store::Result<()> {
         match &mut self.0 {
@@ -200,8 +207,25 @@ where
     S: Send + 'static,
     D: FnOnce(R, i64, &mut WriteBudget) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
 {
+    write_within(app, protocol, read, decode, WriteBudget::new(app)).await
+}
+
+/// [`write`] with memory already reserved for the request (an OTLP/gRPC message inflated
+/// before tonic decoded it), held until the rows are written.
+pub(super) async fn write_within<R, S, D>(
+    app: &App,
+    protocol: Protocol,
+    read: impl Future<Output = Result<R, gpuwatch_store::Error>>,
+    decode: D,
+    budget: WriteBudget,
+) -> Result<S, IngestError>
+where
+    R: Send + 'static,
+    S: Send + 'static,
+    D: FnOnce(R, i64, &mut WriteBudget) -> gpuwatch_store::Result<(WriteBatch, S)> + Send + 'static,
+{
     let started = Instant::now();
-    let result = admit_and_store(app, protocol, read, decode).await;
+    let result = admit_and_store(app, protocol, read, decode, budget).await;
     app.metrics.ingest(
         protocol,
         result.as_ref().err().map_or("ok", IngestError::outcome),
@@ -215,6 +239,7 @@ async fn admit_and_store<R, S, D>(
     protocol: Protocol,
     read: impl Future<Output = Result<R, gpuwatch_store::Error>>,
     decode: D,
+    mut budget: WriteBudget,
 ) -> Result<S, IngestError>
 where
     R: Send + 'static,
@@ -229,7 +254,6 @@ where
     );
     let request = read.instrument(span.clone()).await?;
     let now = app.clock.now_nanos();
-    let mut budget = WriteBudget(app.ceiling.as_ref().map(|c| c.reserve_decode()));
     let work = tokio::task::spawn_blocking(move || {
         let _ingest = span.enter();
         let (batch, stats) =
