@@ -421,17 +421,16 @@ impl JobLedger {
     }
 
     /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the class,
-    /// then the job report's part values ([`parts::fold_sql`]).
+    /// then what the job report's parts read ([`parts::physical`]).
     fn fold_sql(&self, hour: i64) -> String {
         let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
         format!(
-            "SELECT {RAW_COLUMNS}, limiter, {parts} FROM (SELECT {RAW_COLUMNS}{extra}, {class} AS limiter, \
+            "SELECT {RAW_COLUMNS}, {class} AS limiter{extra}, \
              COALESCE(gpu_utilization < {idle}, false) AS idle, {price} AS price FROM gpu_metrics \
-             WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({end})) \
+             WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({end}) \
              ORDER BY host, gpu_uuid, time",
             end = hour + HOUR,
             class = self.class_sql(),
-            parts = parts::fold_sql(),
             idle = num(self.cost.idle_utilization),
             price = self.cost.price_sql(),
         )
@@ -444,7 +443,9 @@ impl JobLedger {
         hour: i64,
         seed: HashMap<GpuKey, Last>,
     ) -> DfResult<HourFold> {
-        let mut stream = ctx.sql(&self.fold_sql(hour)).await?.execute_stream().await?;
+        let frame = ctx.sql(&self.fold_sql(hour)).await?;
+        let exprs = parts::physical(ctx, frame.schema())?;
+        let mut stream = frame.execute_stream().await?;
         let gap = i64::try_from(self.cost.max_sample_gap().as_nanos()).unwrap_or(i64::MAX);
         let idle = self.cost.idle_utilization;
         let mut fold = HourFold::default();
@@ -467,9 +468,7 @@ impl JobLedger {
             let util = f64_column(&batch, 8)?;
             let energy = f64_column(&batch, 9)?;
             let class = strings(&batch, 10)?;
-            let values = (0..parts::parts().len())
-                .map(|k| f64_column(&batch, 11 + k))
-                .collect::<DfResult<Vec<_>>>()?;
+            let values = parts::evaluate(&exprs, &batch)?;
             for i in 0..batch.num_rows() {
                 fold.samples += 1;
                 let t = time.value(i);

@@ -3,7 +3,7 @@
 //! one answer:
 //!
 //! - the job ledger ([`super::super::JobLedger`]), which accumulates them per job, GPU and
-//!   closed hour while it folds ([`fold_sql`] gives each sample's values);
+//!   closed hour while it folds ([`physical`] gives each sample's values);
 //! - the raw samples after the ledger's watermark ([`aggregate_sql`] sums them in SQL).
 //!
 //! Every figure of the report is then a ratio or a maximum of merged parts ([`Parts::ratio`],
@@ -12,7 +12,16 @@
 //! (`limiter`, `idle`, `price` and the `gpu_metrics` columns in [`super::sql`]'s `EXTRA`), so
 //! the two places evaluate the same expression.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{AsArray, Float64Array, RecordBatch};
+use arrow::datatypes::{DataType, Float64Type};
+use datafusion::common::DFSchema;
+use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::physical_plan::PhysicalExpr;
+use datafusion::prelude::SessionContext;
 
 use super::super::limiter::{self, LIMITERS};
 use super::super::peaks;
@@ -213,15 +222,37 @@ fn position(name: &str) -> Option<usize> {
     parts().iter().position(|p| p.name == name)
 }
 
-/// The per-sample values of every part, `p_0, p_1, …`, for a query whose rows have the
-/// columns named in the module docs.
-pub fn fold_sql() -> String {
+/// Every part's per-sample value as a physical expression over rows of `schema` (which has
+/// the columns named in the module docs): the ledger evaluates them on each batch of an hour
+/// it folds, after the rows are sorted, so the sort carries only the columns they read.
+pub fn physical(ctx: &SessionContext, schema: &DFSchema) -> DfResult<Vec<Arc<dyn PhysicalExpr>>> {
+    // Simplified as a query plan's expressions are (`coalesce`, for one, has no physical form).
+    let simplifier = ExprSimplifier::new(
+        SimplifyContext::builder()
+            .with_schema(Arc::new(schema.clone()))
+            .with_config_options(Arc::clone(ctx.copied_config().options()))
+            .build(),
+    );
     parts()
         .iter()
-        .enumerate()
-        .map(|(i, p)| format!("CAST({} AS DOUBLE) AS p_{i}", p.value))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .map(|p| {
+            let e = ctx.parse_sql_expr(&format!("CAST({} AS DOUBLE)", p.value), schema)?;
+            let e = simplifier.simplify(simplifier.coerce(e, schema)?)?;
+            ctx.create_physical_expr(e, schema)
+        })
+        .collect()
+}
+
+/// The values of `exprs` ([`physical`]) on `batch`, one array per part.
+pub fn evaluate(exprs: &[Arc<dyn PhysicalExpr>], batch: &RecordBatch) -> DfResult<Vec<Float64Array>> {
+    exprs
+        .iter()
+        .map(|e| {
+            let a = e.evaluate(batch)?.into_array(batch.num_rows())?;
+            let a = arrow::compute::cast(&a, &DataType::Float64)?;
+            Ok(a.as_primitive::<Float64Type>().clone())
+        })
+        .collect()
 }
 
 /// Every part summed over a group of samples with `secs`, `p_0, p_1, …`.
