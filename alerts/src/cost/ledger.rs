@@ -423,7 +423,8 @@ impl JobLedger {
     /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the class,
     /// then what the job report's parts read ([`parts::physical`]).
     fn fold_sql(&self, hour: i64) -> String {
-        let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+        let mut extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+        extra.push_str(&parts::derived_columns());
         format!(
             "SELECT {RAW_COLUMNS}, {class} AS limiter{extra}, \
              COALESCE(gpu_utilization < {idle}, false) AS idle, {price} AS price FROM gpu_metrics \

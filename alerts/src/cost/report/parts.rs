@@ -9,8 +9,8 @@
 //! Every figure of the report is then a ratio or a maximum of merged parts ([`Parts::ratio`],
 //! [`Parts::mean`], ...), so a report costs the same for a job of one hour or of a month.
 //! Each part is one SQL value over the per-sample columns of [`super::super::CostConfig::sample_ctes`]
-//! (`limiter`, `idle`, `price` and the `gpu_metrics` columns in [`super::sql`]'s `EXTRA`), so
-//! the two places evaluate the same expression.
+//! (`limiter`, `idle`, `price`, the `gpu_metrics` columns in [`super::sql`]'s `EXTRA` and
+//! [`derived_columns`]), so the two places evaluate the same expression.
 
 use std::sync::{Arc, LazyLock};
 
@@ -53,13 +53,24 @@ pub struct Part {
     pub value: String,
 }
 
-/// The SM clock as a share of the GPU's maximum (the agent's reading, else the peaks table's),
-/// at most 1; null where either is unknown.
+/// The column of the GPU's maximum SM clock (the agent's reading, else the peaks table's),
+/// computed once per sample by the queries the parts read ([`derived_columns`]).
+const CLOCK_CAP: &str = "sm_clock_cap_mhz";
+
+/// Columns the parts read that are computed from `gpu_metrics` columns, as `, expr AS name`
+/// to add to a select list: the peaks table's lookup by model runs once per sample.
+pub fn derived_columns() -> String {
+    format!(
+        ", COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {}) AS {CLOCK_CAP}",
+        peaks::max_clock_sql()
+    )
+}
+
+/// The SM clock as a share of the GPU's maximum, at most 1; null where either is unknown.
 fn clock_share_sql() -> String {
     format!(
-        "CASE WHEN sm_clock_mhz > 0 AND COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {max}) > 0.0 \
-         THEN least(CAST(sm_clock_mhz AS DOUBLE) / COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {max}), 1.0) END",
-        max = peaks::max_clock_sql()
+        "CASE WHEN sm_clock_mhz > 0 AND {CLOCK_CAP} > 0.0 \
+         THEN least(CAST(sm_clock_mhz AS DOUBLE) / {CLOCK_CAP}, 1.0) END"
     )
 }
 
@@ -169,14 +180,7 @@ fn clocks_and_roofline(b: &mut Builder) {
             "CASE WHEN (clock_event_reasons & {POWER_CAP_BIT}) <> 0 THEN CAST(sm_clock_mhz AS DOUBLE) END"
         ),
     );
-    b.add(
-        "sm_clock_max_mhz",
-        Agg::Max,
-        format!(
-            "COALESCE(CAST(sm_clock_max_mhz AS DOUBLE), {})",
-            peaks::max_clock_sql()
-        ),
-    );
+    b.add("sm_clock_max_mhz", Agg::Max, CLOCK_CAP);
     let clk = format!("COALESCE({}, 1.0)", clock_share_sql());
     for (unit, v) in [
         ("tensor", limiter::tensor_beyond_fp16_sql()),

@@ -198,7 +198,8 @@ pub fn per_gpu_sql(
     watermark: Option<i64>,
 ) -> String {
     let id = sql_str(job_id);
-    let extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+    let mut extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
+    extra.push_str(&parts::derived_columns());
     let ctes = cost.sample_ctes(
         advice,
         &extra,
