@@ -103,9 +103,8 @@ async fn probe(url: String, done: Arc<AtomicBool>, answered: Arc<AtomicUsize>) -
     failures
 }
 
-/// Sends `bombs` at once while `probe` runs; returns each bomb's status, whether it carried
-/// `Retry-After`, and its message.
-async fn round(server: &TestServer, bombs: &[Arc<Vec<u8>>]) -> Vec<(u16, bool, String)> {
+/// Awaits `work` while `probe` runs, then checks every probe was answered.
+async fn while_probed<T>(server: &TestServer, work: impl std::future::Future<Output = T>) -> T {
     let done = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
     let prober = tokio::spawn(probe(
@@ -113,6 +112,41 @@ async fn round(server: &TestServer, bombs: &[Arc<Vec<u8>>]) -> Vec<(u16, bool, S
         Arc::clone(&done),
         Arc::clone(&answered),
     ));
+    let out = work.await;
+    done.store(true, Ordering::Release);
+    let failures = prober.await.expect("probe task");
+    assert!(
+        failures.is_empty(),
+        "not answered during the bombs: {failures:?}"
+    );
+    assert!(answered.load(Ordering::Relaxed) >= 2, "the probe ran");
+    out
+}
+
+/// The server's `/metrics` once the bombs are over, checked to hold nothing reserved, and its
+/// count of writes refused for decode memory.
+async fn after_bombs(server: &TestServer) -> (String, f64) {
+    let metrics = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(
+        metrics.contains("gpuwatch_decode_memory_reserved_bytes 0"),
+        "{metrics}"
+    );
+    let refused = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch_writes_refused_decode_memory_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("refusal counter");
+    (metrics, refused)
+}
+
+/// Sends `bombs` at once while `probe` runs; returns each bomb's status, whether it carried
+/// `Retry-After`, and its message.
+async fn round(server: &TestServer, bombs: &[Arc<Vec<u8>>]) -> Vec<(u16, bool, String)> {
     let mut sent = Vec::new();
     for body in bombs {
         let (url, body) = (server.url(), Arc::clone(body));
@@ -133,18 +167,14 @@ async fn round(server: &TestServer, bombs: &[Arc<Vec<u8>>]) -> Vec<(u16, bool, S
             )
         }));
     }
-    let mut out = Vec::new();
-    for s in sent {
-        out.push(s.await.expect("bomb task"));
-    }
-    done.store(true, Ordering::Release);
-    let failures = prober.await.expect("probe task");
-    assert!(
-        failures.is_empty(),
-        "not answered during the bombs: {failures:?}"
-    );
-    assert!(answered.load(Ordering::Relaxed) >= 2, "the probe ran");
-    out
+    while_probed(server, async {
+        let mut out = Vec::new();
+        for s in sent {
+            out.push(s.await.expect("bomb task"));
+        }
+        out
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -195,21 +225,7 @@ async fn decode_bombs_are_refused_before_they_are_inflated_and_the_server_recove
     )
     .await;
     assert_eq!(got.len(), 1, "{got:?}");
-    let metrics = reqwest::get(format!("{}/metrics", server.url()))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    assert!(
-        metrics.contains("gpuwatch_decode_memory_reserved_bytes 0"),
-        "{metrics}"
-    );
-    let refused = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("gpuwatch_writes_refused_decode_memory_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("refusal counter");
+    let (_, refused) = after_bombs(&server).await;
     assert_eq!(refused, 12.0, "every bomb counted");
 }
 
@@ -333,52 +349,31 @@ async fn grpc_decode_bombs_are_refused_before_tonic_inflates_them() {
     // would need 24x its size, more than the whole decode share; and 200 MiB, above the limit.
     let within = bytes::Bytes::from(vec![0u8; 90 << 20]);
     let above = bytes::Bytes::from(vec![0u8; 200 << 20]);
-    let done = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let prober = tokio::spawn(probe(
-        server.url(),
-        Arc::clone(&done),
-        Arc::clone(&answered),
-    ));
     let mut sent = Vec::new();
     for i in 0..8 {
         let message = if i % 2 == 0 { &within } else { &above }.clone();
         sent.push(tokio::spawn(grpc_raw_export(server.grpc, message)));
     }
-    for s in sent {
-        let status = s.await.expect("bomb task");
-        assert!(
-            matches!(
-                status.code(),
-                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
-            ),
-            "a gRPC bomb was answered {status:?}"
-        );
-    }
-    done.store(true, Ordering::Release);
-    let failures = prober.await.expect("probe task");
-    assert!(failures.is_empty(), "not answered during the bombs: {failures:?}");
+    while_probed(&server, async {
+        for s in sent {
+            let status = s.await.expect("bomb task");
+            assert!(
+                matches!(
+                    status.code(),
+                    tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+                ),
+                "a gRPC bomb was answered {status:?}"
+            );
+        }
+    })
+    .await;
     let (rss, hwm) = resident(pid);
     eprintln!("8 gRPC bombs: VmRSS {rss}, VmHWM {hwm}");
     assert!(
         hwm < LIMIT + SLACK,
         "peak resident memory {hwm} over the limit {LIMIT} + {SLACK} (now {rss})"
     );
-    let metrics = reqwest::get(format!("{}/metrics", server.url()))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    assert!(
-        metrics.contains("gpuwatch_decode_memory_reserved_bytes 0"),
-        "{metrics}"
-    );
-    let refused = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("gpuwatch_writes_refused_decode_memory_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("refusal counter");
+    let (metrics, refused) = after_bombs(&server).await;
     assert!(refused >= 4.0, "the bombs within the limit were refused for memory: {refused}");
     let exports = metrics
         .lines()

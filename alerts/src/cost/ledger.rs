@@ -56,7 +56,7 @@ use gpuwatch_store::clock::Clock;
 use tokio::sync::watch;
 
 use super::limiter::{self, LIMITERS};
-use super::report::parts::{self, GpuUsage, Parts};
+use super::report::parts::{self, GpuUsage, Parts, keep_max};
 use super::report::sql::EXTRA;
 use super::{AdviceConfig, CostConfig, JobsConfig, WorkConfig, num};
 
@@ -122,13 +122,6 @@ struct HourFold {
     samples: u64,
 }
 
-fn keep_max(slot: &mut Option<String>, v: Option<&str>) {
-    if let Some(v) = v
-        && slot.as_deref().is_none_or(|s| v > s)
-    {
-        *slot = Some(v.to_string());
-    }
-}
 
 /// What [`JobsTable`] reads: the folded sums and the seed, up to the watermark.
 #[derive(Debug)]

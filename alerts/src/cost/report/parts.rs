@@ -401,21 +401,23 @@ pub struct GpuUsage {
     pub parts: Parts,
 }
 
-fn keep_max(slot: &mut Option<String>, v: &Option<String>) {
+/// Keeps the larger of `slot` and `v` (a label seen with several values keeps the largest, as
+/// SQL's `max`).
+pub(crate) fn keep_max(slot: &mut Option<String>, v: Option<&str>) {
     if let Some(v) = v
-        && slot.as_ref().is_none_or(|s| v > s)
+        && slot.as_deref().is_none_or(|s| v > s)
     {
-        *slot = Some(v.clone());
+        *slot = Some(v.to_string());
     }
 }
 
 impl GpuUsage {
     /// Adds `other`, a use of the same GPU.
     pub fn merge(&mut self, other: &GpuUsage) {
-        keep_max(&mut self.gpu_model, &other.gpu_model);
-        keep_max(&mut self.scheduler, &other.scheduler);
-        keep_max(&mut self.job_user, &other.job_user);
-        keep_max(&mut self.job_name, &other.job_name);
+        keep_max(&mut self.gpu_model, other.gpu_model.as_deref());
+        keep_max(&mut self.scheduler, other.scheduler.as_deref());
+        keep_max(&mut self.job_user, other.job_user.as_deref());
+        keep_max(&mut self.job_name, other.job_name.as_deref());
         if self.samples == 0 {
             self.first_ns = other.first_ns;
             self.last_ns = other.last_ns;
