@@ -74,7 +74,7 @@ use tracing::{debug, info, warn};
 
 pub use collect::nvml::NvmlSource;
 pub use collect::synthetic::{Fleet, NodeOptions, StandingJob};
-pub use collect::{GpuSample, JobLabels, ProcessSample, Source};
+pub use collect::{GpuSample, JobExtra, JobLabels, ProcessSample, Source};
 pub use config::{AgentOptions, Protocol, Settings, SourceKind};
 pub use error::{Error, Result};
 pub use export::{Exporter, encode};

@@ -122,6 +122,7 @@ fn job_of(args: &ReplayArgs, t: &Trace) -> JobLabels {
             .unwrap_or_else(|| t.name.clone()),
         scheduler: args.scheduler.clone(),
         k8s: None,
+        extra: Default::default(),
     }
 }
 
@@ -335,6 +336,7 @@ mod tests {
             name: "n".into(),
             scheduler: "slurm".into(),
             k8s: None,
+            extra: Default::default(),
         };
         let body = work_body(&t, 2.0, 1_000_000_000_000, &job, "h").expect("work");
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");

@@ -143,6 +143,7 @@ impl JobProfile {
             name: self.name.to_string(),
             scheduler: "slurm".to_string(),
             k8s: None,
+            extra: Default::default(),
         }
     }
 }

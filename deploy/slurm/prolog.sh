@@ -9,8 +9,13 @@
 #
 # Layout of GPUWATCH_JOB_MAPPING_DIR (default /run/gpuwatch/jobs, the agent's --job-mapping-dir):
 #   <gpu index>        one job id per line (several lines when jobs share the GPU)
-#   .jobs/<job id>     user=<SLURM_JOB_USER> and name=<SLURM_JOB_NAME>, read by gpuwatch-agent
-#                      so an idle allocated GPU still shows who holds it
+#   .jobs/<job id>     key=value lines read by gpuwatch-agent (dcgm-exporter skips the hidden
+#                      directory): user, name (so an idle allocated GPU still shows who holds
+#                      it), and for chargeback account, partition, qos, array_job_id,
+#                      array_task_id and time_limit (TimeLimit as `scontrol show job` prints it,
+#                      e.g. 1-00:00:00 or UNLIMITED). The prolog environment gives the account,
+#                      partition and array ids; QOS and the time limit come from
+#                      `scontrol -o show job` (left out when scontrol is missing or slow).
 # A MIG site writes `<gpu index>.<gpu instance>` files the same way.
 #
 # Never fails the job: every problem is logged to stderr (slurmd's log) and the script exits 0.
@@ -34,6 +39,21 @@ if ! mkdir -p "$DIR/.jobs" 2>/dev/null; then
 fi
 chmod 755 "$DIR" "$DIR/.jobs" 2>/dev/null
 
+# QOS and TimeLimit of the job, as `qos=` and `time_limit=` lines, from one `scontrol -o show
+# job` (space-separated Key=Value pairs); nothing when scontrol is absent or does not answer.
+job_fields() {
+  local line
+  command -v scontrol >/dev/null 2>&1 || return 0
+  line=$(timeout 5 scontrol -o show job "$JOB" 2>/dev/null) || return 0
+  local word
+  for word in $line; do
+    case "$word" in
+      QOS=*) printf 'qos=%s\n' "${word#QOS=}" ;;
+      TimeLimit=*) printf 'time_limit=%s\n' "${word#TimeLimit=}" ;;
+    esac
+  done
+}
+
 (
   flock -w 10 9 || { log "cannot lock $DIR/.lock"; exit 0; }
   IFS=',' read -ra gpus <<< "$GPUS"
@@ -51,6 +71,11 @@ chmod 755 "$DIR" "$DIR/.jobs" 2>/dev/null
     { [[ -f "$file" ]] && cat "$file"; echo "$JOB"; } > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"
   done
   info="$DIR/.jobs/$JOB"
-  printf 'user=%s\nname=%s\n' "${SLURM_JOB_USER:-}" "${SLURM_JOB_NAME:-}" > "$info.tmp.$$" && mv -f "$info.tmp.$$" "$info"
+  {
+    printf 'user=%s\nname=%s\n' "${SLURM_JOB_USER:-}" "${SLURM_JOB_NAME:-}"
+    printf 'account=%s\npartition=%s\n' "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}"
+    printf 'array_job_id=%s\narray_task_id=%s\n' "${SLURM_ARRAY_JOB_ID:-}" "${SLURM_ARRAY_TASK_ID:-}"
+    job_fields
+  } > "$info.tmp.$$" && mv -f "$info.tmp.$$" "$info"
 ) 9>"$DIR/.lock"
 exit 0

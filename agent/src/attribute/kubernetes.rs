@@ -166,6 +166,7 @@ pub fn job_of(pod: &PodLabels) -> JobLabels {
         name: String::new(),
         scheduler: KUBERNETES.to_string(),
         k8s: Some(pod.clone()),
+        extra: Default::default(),
     }
 }
 

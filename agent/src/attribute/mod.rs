@@ -8,7 +8,10 @@
 //! 2. each GPU from the job mapping directory written by the Slurm prolog/epilog
 //!    ([`slurm`], dcgm-exporter's `--hpc-job-mapping-dir` layout), so that a GPU allocated to
 //!    a job with no process on it still carries the job;
-//! 3. a GPU with no mapping file takes the job of its first process that has one.
+//! 3. a GPU with no mapping file takes the job of its first process that has one;
+//! 5. what `/proc` did not say of a Slurm job (always its time limit; account, partition, QOS
+//!    and array ids of a process the agent cannot read) is filled from `.jobs/<id>` of the
+//!    mapping directory.
 //!
 //! 4. on Kubernetes, a GPU that the kubelet's pod-resources API lists as allocated to a pod
 //!    takes that pod ([`kubernetes`]; `scheduler = kubernetes`, `k8s.*` labels), and so do the
@@ -74,6 +77,7 @@ impl Attributor {
         for gpu in gpus.iter_mut() {
             gpu.job = self.job_of_gpu(gpu, procs, &mapping);
         }
+        self.fill_from_mapping(gpus, procs);
         self.label_pods(gpus, procs, &in_pod);
     }
 
@@ -175,6 +179,31 @@ impl Attributor {
             if *in_pod && let Some(pod) = self.pods.get(&p.gpu_uuid).and_then(|v| v.first()) {
                 p.job = Some(kubernetes::job_of(pod));
             }
+        }
+    }
+}
+
+impl Attributor {
+    /// What `/proc` did not give of a Slurm job (its time limit always, its account and the
+    /// rest for a process the agent cannot read) is taken from `.jobs/<id>` of the mapping
+    /// directory, read once per job per collection.
+    fn fill_from_mapping(&self, gpus: &mut [GpuSample], procs: &mut [ProcessSample]) {
+        let mut infos: HashMap<String, JobLabels> = HashMap::new();
+        let jobs = gpus
+            .iter_mut()
+            .filter_map(|g| g.job.as_mut())
+            .chain(procs.iter_mut().filter_map(|p| p.job.as_mut()));
+        for job in jobs.filter(|j| j.scheduler == SLURM) {
+            let info = infos
+                .entry(job.id.clone())
+                .or_insert_with(|| slurm::read_job_info(&self.mapping_dir, &job.id));
+            if job.user.is_empty() {
+                job.user.clone_from(&info.user);
+            }
+            if job.name.is_empty() {
+                job.name.clone_from(&info.name);
+            }
+            job.extra.fill_from(&info.extra);
         }
     }
 }
@@ -372,6 +401,46 @@ mod tests {
         a.apply(&mut gpus, &mut procs);
         assert_eq!(gpus[0].job, None);
         assert_eq!(procs[0].job, None);
+    }
+
+    #[test]
+    fn the_mapping_dir_fills_what_proc_does_not_say() {
+        let d = Dirs::new("extra");
+        std::fs::write(d.jobs().join("0"), "30\n").unwrap();
+        std::fs::write(
+            d.jobs().join(".jobs/30"),
+            "user=dan\naccount=bio\npartition=long\nqos=low\ntime_limit=02:00:00\n",
+        )
+        .unwrap();
+        // The process says its own account; the file only adds what the process lacks.
+        d.fake_process(
+            7000,
+            &[
+                ("SLURM_JOB_ID", "30"),
+                ("SLURM_JOB_ACCOUNT", "chem"),
+                ("SLURM_ARRAY_JOB_ID", "29"),
+                ("SLURM_ARRAY_TASK_ID", "1"),
+            ],
+            "",
+        );
+        let mut gpus = vec![gpu(0), gpu(1)];
+        let mut procs = vec![process(0, 7000)];
+        let mut a = Attributor::new(&d.jobs(), &d.proc());
+        a.apply(&mut gpus, &mut procs);
+        for job in [
+            gpus[0].job.as_ref().unwrap(),
+            procs[0].job.as_ref().unwrap(),
+        ] {
+            let e = &job.extra;
+            assert_eq!(job.user, "dan");
+            assert_eq!(
+                (e.account.as_str(), e.partition.as_str(), e.qos.as_str()),
+                ("chem", "long", "low")
+            );
+            assert_eq!((e.array_id.as_str(), e.array_task_id.as_str()), ("29", "1"));
+            assert_eq!(e.time_limit_seconds, Some(7_200));
+        }
+        assert_eq!(gpus[1].job, None);
     }
 
     #[test]

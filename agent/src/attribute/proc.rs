@@ -1,5 +1,7 @@
 //! What `/proc/<pid>` says about a GPU process: its name, and its job from the environment
-//! (`SLURM_JOB_ID`, `SLURM_JOB_USER`, `SLURM_JOB_NAME`) or, failing that, from its cgroup path
+//! (`SLURM_JOB_ID`, `SLURM_JOB_USER`, `SLURM_JOB_NAME`, and for chargeback
+//! `SLURM_JOB_ACCOUNT`, `SLURM_JOB_PARTITION`, `SLURM_JOB_QOS`, `SLURM_ARRAY_JOB_ID`,
+//! `SLURM_ARRAY_TASK_ID`) or, failing that, from its cgroup path
 //! (`…/job_<id>/…`, as Slurm's cgroup plugins name them). Every read may fail (the process
 //! exited, or belongs to another user and the agent is not root): the answer is then "unknown",
 //! never an error.
@@ -39,6 +41,7 @@ pub fn read_process(proc_root: &Path, pid: u32) -> ProcessInfo {
             name: String::new(),
             scheduler: SLURM.to_string(),
             k8s: None,
+            extra: Default::default(),
         })
     });
     ProcessInfo {
@@ -77,6 +80,7 @@ pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
     let mut id = None;
     let mut user = String::new();
     let mut name = String::new();
+    let mut extra = crate::collect::JobExtra::default();
     for entry in environ.split(|b| *b == 0) {
         let Ok(entry) = std::str::from_utf8(entry) else {
             continue;
@@ -90,6 +94,11 @@ pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
             "SLURM_JOBID" if id.is_none() => id = Some(v.trim().to_string()),
             "SLURM_JOB_USER" => user = v.trim().to_string(),
             "SLURM_JOB_NAME" => name = v.trim().to_string(),
+            "SLURM_JOB_ACCOUNT" => extra.account = v.trim().to_string(),
+            "SLURM_JOB_PARTITION" => extra.partition = v.trim().to_string(),
+            "SLURM_JOB_QOS" => extra.qos = v.trim().to_string(),
+            "SLURM_ARRAY_JOB_ID" => extra.array_id = v.trim().to_string(),
+            "SLURM_ARRAY_TASK_ID" => extra.array_task_id = v.trim().to_string(),
             _ => {}
         }
     }
@@ -100,6 +109,7 @@ pub fn job_from_environ(environ: &[u8]) -> Option<JobLabels> {
         name,
         scheduler: SLURM.to_string(),
         k8s: None,
+        extra,
     })
 }
 
@@ -157,6 +167,22 @@ mod tests {
         assert_eq!(job.id, "123");
         assert_eq!(job.user, "alice");
         assert_eq!(job.name, "train llm");
+        assert!(job.extra.is_empty());
+        let env = b"SLURM_JOB_ID=124\0SLURM_JOB_ACCOUNT=physics\0SLURM_JOB_PARTITION=gpu\0\
+SLURM_JOB_QOS=normal\0SLURM_ARRAY_JOB_ID=120\0SLURM_ARRAY_TASK_ID=4\0";
+        let extra = job_from_environ(env).unwrap().extra;
+        assert_eq!(
+            (
+                extra.account.as_str(),
+                extra.partition.as_str(),
+                extra.qos.as_str(),
+                extra.array_id.as_str(),
+                extra.array_task_id.as_str()
+            ),
+            ("physics", "gpu", "normal", "120", "4")
+        );
+        // The environment never carries the time limit: the mapping dir does.
+        assert_eq!(extra.time_limit_seconds, None);
         assert_eq!(job_from_environ(b"PATH=/bin\0"), None);
         assert_eq!(job_from_environ(b"SLURM_JOB_ID=\0"), None);
         assert_eq!(

@@ -4,8 +4,12 @@
 //! that own it, one per line. `deploy/slurm/prolog.sh` writes it and `epilog.sh` removes the
 //! job from it.
 //!
-//! The prolog also writes `.jobs/<job id>` (`user=…` and `name=…` lines) so that a GPU whose
-//! job runs no process still carries the job's user. dcgm-exporter ignores it.
+//! The prolog also writes `.jobs/<job id>` (`key=value` lines: `user`, `name`, and for
+//! chargeback `account`, `partition`, `qos`, `array_job_id`, `array_task_id`, `time_limit` as
+//! `scontrol show job` prints `TimeLimit`, or `time_limit_seconds`) so that a GPU whose job runs
+//! no process still carries the job's user, and so that what `/proc` cannot say (the time limit,
+//! or anything of a process the agent may not read) is known. Unknown keys are ignored, so a
+//! newer prolog works with an older agent. dcgm-exporter ignores the hidden directory.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -91,6 +95,7 @@ pub fn read_job_info(dir: &Path, id: &str) -> JobLabels {
         name: String::new(),
         scheduler: SLURM.to_string(),
         k8s: None,
+        extra: Default::default(),
     };
     // An id is a file name here: refuse anything that could leave the directory.
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
@@ -100,13 +105,52 @@ pub fn read_job_info(dir: &Path, id: &str) -> JobLabels {
         return job;
     };
     for line in text.lines() {
-        match line.split_once('=') {
-            Some(("user", v)) => job.user = v.trim().to_string(),
-            Some(("name", v)) => job.name = v.trim().to_string(),
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let v = v.trim().to_string();
+        match k.trim() {
+            "user" => job.user = v,
+            "name" => job.name = v,
+            "account" => job.extra.account = v,
+            "partition" => job.extra.partition = v,
+            "qos" => job.extra.qos = v,
+            "array_job_id" => job.extra.array_id = v,
+            "array_task_id" => job.extra.array_task_id = v,
+            "time_limit" => job.extra.time_limit_seconds = parse_time_limit(&v),
+            "time_limit_seconds" => job.extra.time_limit_seconds = v.parse().ok(),
             _ => {}
         }
     }
     job
+}
+
+/// A Slurm time limit as `scontrol show job` prints `TimeLimit` (`[days-]hours:minutes:seconds`,
+/// `minutes:seconds`, or plain minutes), in seconds. `UNLIMITED`, `Partition_Limit` and
+/// anything unreadable give `None`.
+pub fn parse_time_limit(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (days, rest) = match text.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().ok()?, rest),
+        None => (0, text),
+    };
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|p| p.parse::<u64>().ok())
+        .collect::<Option<_>>()?;
+    let (h, m, s) = match (parts.as_slice(), days > 0) {
+        // With days, a lone number is hours ("1-12" is a day and a half).
+        ([h], true) => (*h, 0, 0),
+        ([m], false) => (0, *m, 0),
+        ([a, b], true) => (*a, *b, 0),
+        ([m, s], false) => (0, *m, *s),
+        ([h, m, s], _) => (*h, *m, *s),
+        _ => return None,
+    };
+    days.checked_mul(86_400)?
+        .checked_add(h.checked_mul(3_600)?)?
+        .checked_add(m.checked_mul(60)?)?
+        .checked_add(s)
 }
 
 #[cfg(test)]
@@ -121,6 +165,27 @@ mod tests {
         assert!(
             !is_key(".jobs") && !is_key("a") && !is_key("1.") && !is_key("1.2.3") && !is_key("")
         );
+    }
+
+    #[test]
+    fn time_limits() {
+        assert_eq!(parse_time_limit("00:10:00"), Some(600));
+        assert_eq!(parse_time_limit("2-00:00:00"), Some(172_800));
+        assert_eq!(parse_time_limit("1-12"), Some(129_600));
+        assert_eq!(parse_time_limit("1-01:02"), Some(90_120));
+        assert_eq!(parse_time_limit("45:30"), Some(2_730));
+        assert_eq!(parse_time_limit("30"), Some(1_800));
+        for bad in [
+            "UNLIMITED",
+            "Partition_Limit",
+            "",
+            "1:2:3:4",
+            "-5",
+            "x-1:00:00",
+        ] {
+            assert_eq!(parse_time_limit(bad), None, "{bad}");
+        }
+        assert_eq!(parse_time_limit("99999999999999999-00:00:00"), None);
     }
 
     #[test]
@@ -139,6 +204,25 @@ mod tests {
         assert_eq!(m["1.2"], vec!["14"]);
         let job = read_job_info(&dir, "12");
         assert_eq!((job.user.as_str(), job.name.as_str()), ("alice", "a=b"));
+        assert!(job.extra.is_empty());
+        std::fs::write(
+            dir.join(".jobs/15"),
+            "user=bob\naccount=physics\npartition=gpu\nqos=high\narray_job_id=14\n\
+array_task_id=1\ntime_limit=1-00:30:00\nfuture=x\nnot a pair\n",
+        )
+        .unwrap();
+        let extra = read_job_info(&dir, "15").extra;
+        assert_eq!(
+            (
+                extra.account.as_str(),
+                extra.partition.as_str(),
+                extra.qos.as_str(),
+                extra.array_id.as_str(),
+                extra.array_task_id.as_str(),
+                extra.time_limit_seconds
+            ),
+            ("physics", "gpu", "high", "14", "1", Some(88_200))
+        );
         assert_eq!(read_job_info(&dir, "13").user, "");
         assert_eq!(read_job_info(&dir, "../x").user, "");
         assert!(read_mapping_dir(&dir.join("absent")).unwrap().is_empty());

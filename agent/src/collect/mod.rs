@@ -29,6 +29,97 @@ pub struct JobLabels {
     /// The Kubernetes pod and container, for `scheduler = kubernetes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub k8s: Option<PodLabels>,
+    /// Account, partition, QOS, array ids, time limit and pod labels, where known.
+    #[serde(skip_serializing_if = "JobExtra::is_empty")]
+    pub extra: JobExtra,
+}
+
+/// What a job says of itself beyond its id, user and name: the chargeback labels. Empty
+/// strings (and `None`) mean unknown and are not sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct JobExtra {
+    /// Slurm account (`SLURM_JOB_ACCOUNT`, `job.account`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub account: String,
+    /// Slurm partition (`SLURM_JOB_PARTITION`, `job.partition`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub partition: String,
+    /// Slurm QOS (`SLURM_JOB_QOS`, `job.qos`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub qos: String,
+    /// Id of the array job this job is a task of (`SLURM_ARRAY_JOB_ID`, `job.array_id`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub array_id: String,
+    /// Task id within the array (`SLURM_ARRAY_TASK_ID`, `job.array_task_id`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub array_task_id: String,
+    /// The job's time limit in seconds (`job.time_limit_seconds`), from the job mapping dir.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_limit_seconds: Option<u64>,
+    /// The pod labels named by `--pod-label`, sorted by name (`k8s.pod.label.<name>`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<(String, String)>,
+}
+
+impl JobExtra {
+    /// True when nothing is known.
+    pub fn is_empty(&self) -> bool {
+        *self == JobExtra::default()
+    }
+
+    /// Fills what `self` does not know from `other` (field by field).
+    pub fn fill_from(&mut self, other: &JobExtra) {
+        for (mine, theirs) in [
+            (&mut self.account, &other.account),
+            (&mut self.partition, &other.partition),
+            (&mut self.qos, &other.qos),
+            (&mut self.array_id, &other.array_id),
+            (&mut self.array_task_id, &other.array_task_id),
+        ] {
+            if mine.is_empty() {
+                mine.clone_from(theirs);
+            }
+        }
+        if self.time_limit_seconds.is_none() {
+            self.time_limit_seconds = other.time_limit_seconds;
+        }
+        if self.labels.is_empty() {
+            self.labels.clone_from(&other.labels);
+        }
+    }
+
+    /// The attributes to send, `(OTLP name, value)`, unknown ones left out.
+    pub fn attributes(&self) -> Vec<(String, ExtraValue<'_>)> {
+        let mut out = Vec::new();
+        for (k, v) in [
+            ("job.account", &self.account),
+            ("job.partition", &self.partition),
+            ("job.qos", &self.qos),
+            ("job.array_id", &self.array_id),
+            ("job.array_task_id", &self.array_task_id),
+        ] {
+            if !v.is_empty() {
+                out.push((k.to_string(), ExtraValue::Str(v)));
+            }
+        }
+        if let Some(t) = self.time_limit_seconds {
+            let t = i64::try_from(t).unwrap_or(i64::MAX);
+            out.push(("job.time_limit_seconds".to_string(), ExtraValue::Int(t)));
+        }
+        for (k, v) in &self.labels {
+            out.push((format!("k8s.pod.label.{k}"), ExtraValue::Str(v)));
+        }
+        out
+    }
+}
+
+/// The value of one [`JobExtra::attributes`] entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtraValue<'a> {
+    /// A string attribute.
+    Str(&'a str),
+    /// An integer attribute.
+    Int(i64),
 }
 
 /// Where a GPU is allocated in Kubernetes (from the kubelet's pod-resources API).

@@ -340,6 +340,12 @@ fn push_job(attrs: &mut Vec<KeyValue>, job: Option<&crate::collect::JobLabels>) 
             attrs.push(string_kv("k8s.container.name", &k8s.container));
         }
     }
+    for (k, v) in job.extra.attributes() {
+        attrs.push(match v {
+            crate::collect::ExtraValue::Str(v) => string_kv(&k, v),
+            crate::collect::ExtraValue::Int(v) => int_kv(&k, v),
+        });
+    }
 }
 
 /// Metric name of a process's GPU memory (`gpu_processes.used_memory_bytes`).

@@ -500,6 +500,7 @@ mod tests {
             name: "train".into(),
             scheduler: "slurm".into(),
             k8s: None,
+            extra: Default::default(),
         });
         s
     }

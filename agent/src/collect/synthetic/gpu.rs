@@ -105,6 +105,7 @@ impl Fleet {
             name: j.kind.name().to_string(),
             scheduler: "slurm".to_string(),
             k8s: None,
+            extra: Default::default(),
         });
         let gpu = &self.gpus[i];
         let n = &mut self.noise;

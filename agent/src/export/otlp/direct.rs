@@ -162,6 +162,7 @@ fn write_point_attributes(out: &mut Vec<u8>, s: &GpuSample) {
 
 /// [`push_job`] as NumberDataPoint `attributes` fields.
 fn write_job(out: &mut Vec<u8>, job: Option<&crate::collect::JobLabels>) {
+    use crate::collect::ExtraValue;
     use wire::*;
     let Some(job) = job else {
         return;
@@ -180,6 +181,12 @@ fn write_job(out: &mut Vec<u8>, job: Option<&crate::collect::JobLabels>) {
         attr("k8s.pod.name", &k8s.pod);
         if !k8s.container.is_empty() {
             attr("k8s.container.name", &k8s.container);
+        }
+    }
+    for (k, v) in job.extra.attributes() {
+        match v {
+            ExtraValue::Str(v) => message(out, 7, |out| string_key_value(out, &k, v)),
+            ExtraValue::Int(v) => message(out, 7, |out| int_key_value(out, &k, v)),
         }
     }
 }

@@ -150,6 +150,7 @@ fn point_attributes_and_none_values() {
         name: "train-llm".into(),
         scheduler: "slurm".into(),
         k8s: None,
+        extra: Default::default(),
     });
     a.mig_instance = Some("1.0".into());
     let mut b = sample("GPU-b", 1, 200);

@@ -16,6 +16,7 @@ fn processes_and_events_travel_with_the_gpus() {
             name: String::new(),
             scheduler: "slurm".into(),
             k8s: None,
+            extra: Default::default(),
         }),
         used_memory_bytes: Some(1 << 30),
         sm_utilization: Some(0.5),

@@ -28,6 +28,19 @@ fn job(k8s: bool) -> JobLabels {
             pod: "trainer-0".into(),
             container: String::new(),
         }),
+        extra: crate::collect::JobExtra {
+            account: if k8s { String::new() } else { "physics".into() },
+            partition: if k8s { String::new() } else { "gpu".into() },
+            array_id: if k8s { String::new() } else { "4240".into() },
+            array_task_id: if k8s { String::new() } else { "2".into() },
+            time_limit_seconds: (!k8s).then_some(3600),
+            labels: if k8s {
+                vec![("team".into(), "vision".into())]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        },
     }
 }
 
