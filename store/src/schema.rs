@@ -115,7 +115,39 @@ pub const LABEL_COLUMNS: &[(&str, &[&str])] = &[
     ("k8s_namespace", &["k8s.namespace.name"]),
     ("k8s_pod", &["k8s.pod.name"]),
     ("k8s_container", &["k8s.container.name"]),
+    // Added after the first release (chargeback): tables created earlier gain them on open.
+    ("job_account", &["job.account"]),
+    ("job_partition", &["job.partition"]),
+    ("job_qos", &["job.qos"]),
+    ("job_array_id", &["job.array_id"]),
+    ("job_array_task_id", &["job.array_task_id"]),
+    ("job_time_limit_seconds", &["job.time_limit_seconds"]),
+    ("job_labels", &[POD_LABEL_PREFIX]),
 ];
+
+/// Prefix of the OTLP attributes that fill `job_labels`: `k8s.pod.label.<name>`, stored as
+/// `name=value` pairs sorted by name and joined by `,` ([`job_labels_text`]).
+pub const POD_LABEL_PREFIX: &str = "k8s.pod.label.";
+
+/// The `job_labels` text of `(name, value)` pairs: sorted by name, `name=value` joined by `,`;
+/// `None` when there are none. A `,` or `=` inside a name or value is replaced by `_`, so the
+/// text always splits back into the same pairs (Kubernetes label names and values never hold
+/// either).
+pub fn job_labels_text(mut pairs: Vec<(String, String)>) -> Option<String> {
+    if pairs.is_empty() {
+        return None;
+    }
+    pairs.sort();
+    pairs.dedup_by(|a, b| a.0 == b.0);
+    let clean = |s: &str| s.replace([',', '='], "_");
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", clean(k), clean(v)))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
 
 /// Index of a value column by its OTLP name.
 pub fn value_index(otlp_name: &str) -> Option<usize> {
@@ -133,6 +165,7 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         let (ty, nullable) = match *name {
             "host" | "gpu_uuid" => (DataType::Utf8, false),
             "gpu_index" => (DataType::Int32, true),
+            "job_time_limit_seconds" => (DataType::Int64, true),
             _ => (DataType::Utf8, true),
         };
         fields.push(Field::new(*name, ty, nullable));
@@ -418,10 +451,42 @@ mod tests {
             "pcie_link_width",
             "gr_engine_active",
             "series_labels",
+            "job_account",
+            "job_partition",
+            "job_qos",
+            "job_array_id",
+            "job_array_task_id",
+            "job_time_limit_seconds",
+            "job_labels",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 45);
+        assert_eq!(names.len(), 52);
+        let rollup = Table::GpuMetrics1h.schema();
+        for col in ["job_account", "job_labels"] {
+            assert!(rollup.field_with_name(col).is_ok(), "rollup lacks {col}");
+        }
+        assert_eq!(
+            rollup
+                .field_with_name("job_time_limit_seconds")
+                .map(|f| f.data_type().clone())
+                .ok(),
+            Some(DataType::Int64)
+        );
+    }
+
+    #[test]
+    fn job_labels_text_is_sorted_and_splits_back() {
+        assert_eq!(job_labels_text(Vec::new()), None);
+        let pairs = vec![
+            ("team".to_string(), "vision".to_string()),
+            ("project".to_string(), "a,b=c".to_string()),
+            ("team".to_string(), "other".to_string()),
+        ];
+        assert_eq!(
+            job_labels_text(pairs).as_deref(),
+            Some("project=a_b_c,team=other")
+        );
     }
 
     #[test]

@@ -18,7 +18,25 @@ use crate::schema::value_index;
 use crate::{Store, StoreConfig};
 
 const T0: i64 = 1_800_000_000_000_000_000;
-const NEW: [&str; 3] = ["sm_clock_max_mhz", "pcie_link_gen", "pcie_link_width"];
+const NEW: [&str; 10] = [
+    "sm_clock_max_mhz",
+    "pcie_link_gen",
+    "pcie_link_width",
+    "job_account",
+    "job_partition",
+    "job_qos",
+    "job_array_id",
+    "job_array_task_id",
+    "job_time_limit_seconds",
+    "job_labels",
+];
+
+fn label_index(name: &str) -> usize {
+    crate::schema::LABEL_COLUMNS
+        .iter()
+        .position(|(c, _)| *c == name)
+        .expect("label column")
+}
 
 fn row(t: i64, power: f64, link: Option<i64>) -> GpuRow {
     let mut r = GpuRow::new(T0 + t * 1_000_000_000);
@@ -27,6 +45,8 @@ fn row(t: i64, power: f64, link: Option<i64>) -> GpuRow {
     r.values[value_index("hw.power").expect("power")] = Some(Cell::F(power));
     if let Some(g) = link {
         r.values[value_index("gpu.pcie.link.generation").expect("gen")] = Some(Cell::I(g));
+        r.labels[label_index("job_account")] = Some("physics".into());
+        r.labels[label_index("job_time_limit_seconds")] = Some("600".into());
     }
     r
 }
@@ -141,9 +161,29 @@ fn a_table_of_an_earlier_release_gains_the_new_columns_and_keeps_its_rows() {
         .column_by_name("pcie_link_gen")
         .expect("gen")
         .as_primitive::<Int64Type>();
-    let mut seen: Vec<(f64, Option<i64>)> = (0..all.num_rows())
-        .map(|i| (power.value(i), (!link.is_null(i)).then(|| link.value(i))))
+    let account = all.column_by_name("job_account").expect("account");
+    let account = account.as_string::<i32>();
+    let limit = all
+        .column_by_name("job_time_limit_seconds")
+        .expect("limit")
+        .as_primitive::<Int64Type>();
+    type Seen = (f64, Option<i64>, Option<String>, Option<i64>);
+    let mut seen: Vec<Seen> = (0..all.num_rows())
+        .map(|i| {
+            (
+                power.value(i),
+                (!link.is_null(i)).then(|| link.value(i)),
+                (!account.is_null(i)).then(|| account.value(i).to_string()),
+                (!limit.is_null(i)).then(|| limit.value(i)),
+            )
+        })
         .collect();
     seen.sort_by(|a, b| a.0.total_cmp(&b.0));
-    assert_eq!(seen, [(100.0, None), (200.0, Some(5))]);
+    assert_eq!(
+        seen,
+        [
+            (100.0, None, None, None),
+            (200.0, Some(5), Some("physics".into()), Some(600))
+        ]
+    );
 }

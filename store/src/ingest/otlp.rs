@@ -16,8 +16,8 @@ use super::otlp_json::Rejections;
 use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
 use crate::Result;
 use crate::schema::{
-    EVENT_METRIC, LABEL_COLUMNS, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC, VALUE_COLUMNS,
-    value_index,
+    EVENT_METRIC, LABEL_COLUMNS, POD_LABEL_PREFIX, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC,
+    VALUE_COLUMNS, job_labels_text, value_index,
 };
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
@@ -468,8 +468,12 @@ impl Decoder {
             Some(&i) => i,
             None => {
                 let mut row = GpuRow::new(time);
-                for (li, (_, names)) in LABEL_COLUMNS.iter().enumerate() {
-                    row.labels[li] = find_attr(&p.attributes, res, names);
+                for (li, (column, names)) in LABEL_COLUMNS.iter().enumerate() {
+                    row.labels[li] = if *column == "job_labels" {
+                        pod_labels(&p.attributes, res)
+                    } else {
+                        find_attr(&p.attributes, res, names)
+                    };
                 }
                 self.gpu_rows.push(row);
                 self.gpu_index.insert(key, self.gpu_rows.len() - 1);
@@ -543,6 +547,26 @@ fn point_value(p: &NumberDataPoint) -> Option<Cell> {
         number_data_point::Value::AsDouble(_) => None,
         number_data_point::Value::AsInt(v) => Some(Cell::I(v)),
     }
+}
+
+/// The `job_labels` text of every `k8s.pod.label.<name>` attribute (the point's winning over
+/// the resource's for the same name), or `None` when there is none.
+fn pod_labels(point: &[KeyValue], resource: &[KeyValue]) -> Option<String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for attrs in [point, resource] {
+        for kv in attrs {
+            let Some(name) = kv.key.strip_prefix(POD_LABEL_PREFIX) else {
+                continue;
+            };
+            if name.is_empty() || pairs.iter().any(|(k, _)| k == name) {
+                continue;
+            }
+            if let Some(v) = kv.value.as_ref().and_then(any_to_string) {
+                pairs.push((name.to_string(), v));
+            }
+        }
+    }
+    job_labels_text(pairs)
 }
 
 /// The first of `names` found in the point's attributes, then in the resource's.

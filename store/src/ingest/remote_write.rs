@@ -213,6 +213,14 @@ pub const DCGM_LABELS: &[(&str, &[&str])] = &[
         "k8s_container",
         &["exported_container", "container", "container_name"],
     ),
+    // dcgm-exporter has no chargeback labels: these stay null for remote write.
+    ("job_account", &[]),
+    ("job_partition", &[]),
+    ("job_qos", &[]),
+    ("job_array_id", &[]),
+    ("job_array_task_id", &[]),
+    ("job_time_limit_seconds", &[]),
+    ("job_labels", &[]),
 ];
 
 /// dcgm-exporter's labels of a `gpu_metrics` row, from its label columns (in [`LABEL_COLUMNS`]

@@ -43,7 +43,8 @@ impl Cell {
 pub struct GpuRow {
     /// Nanoseconds since the Unix epoch.
     pub time: i64,
-    /// Label values, in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text).
+    /// Label values, in [`LABEL_COLUMNS`] order (`gpu_index` and `job_time_limit_seconds` as
+    /// decimal text).
     pub labels: Vec<Option<String>>,
     /// Value cells, in [`VALUE_COLUMNS`] order.
     pub values: Vec<Option<Cell>>,
@@ -208,6 +209,13 @@ pub(crate) fn gpu_batch_with<'s>(
             let mut b = Int32Builder::with_capacity(n);
             for r in 0..n {
                 b.append_option(label(r, i).and_then(|s| s.parse::<i32>().ok()));
+            }
+            columns.push(Arc::new(b.finish()));
+        } else if *name == "job_time_limit_seconds" {
+            // Sent as an integer attribute (text here); anything else is left null.
+            let mut b = Int64Builder::with_capacity(n);
+            for r in 0..n {
+                b.append_option(label(r, i).and_then(|s| s.parse::<i64>().ok()));
             }
             columns.push(Arc::new(b.finish()));
         } else {

@@ -417,3 +417,56 @@ fn semantic_convention_names_and_those_of_earlier_agents() {
     assert_eq!(cell(&g, "ecc_dbe_volatile_total"), Some(2.0));
     assert!(wb.batches.iter().all(|(t, _)| *t != Table::Metrics));
 }
+
+#[test]
+fn chargeback_attributes_fill_their_columns() {
+    let body = r#"{"resourceMetrics":[{"resource":{"attributes":[
+        {"key":"host.name","value":{"stringValue":"node-1"}},
+        {"key":"k8s.pod.label.team","value":{"stringValue":"from-resource"}},
+        {"key":"k8s.pod.label.project","value":{"stringValue":"llm"}}]},
+      "scopeMetrics":[{"metrics":[
+        {"name":"hw.power","unit":"W","gauge":{"dataPoints":[
+          {"timeUnixNano":"1700000000000000000","asDouble":300,"attributes":[
+            {"key":"hw.id","value":{"stringValue":"GPU-a"}},{"key":"job.id","value":{"stringValue":"42"}},
+            {"key":"job.account","value":{"stringValue":"physics"}},
+            {"key":"job.partition","value":{"stringValue":"gpu"}},
+            {"key":"job.qos","value":{"stringValue":"high"}},
+            {"key":"job.array_id","value":{"stringValue":"40"}},
+            {"key":"job.array_task_id","value":{"stringValue":"2"}},
+            {"key":"job.time_limit_seconds","value":{"intValue":"3600"}},
+            {"key":"k8s.pod.label.team","value":{"stringValue":"vision"}}]},
+          {"timeUnixNano":"1700000000000000000","asDouble":100,"attributes":[
+            {"key":"hw.id","value":{"stringValue":"GPU-b"}},
+            {"key":"job.time_limit_seconds","value":{"stringValue":"soon"}}]}]}}
+      ]}]}]}"#;
+    let req = json(body.as_bytes()).expect("valid json");
+    let (wb, _) = to_write_batch(&req, 1_700_000_000_000_000_000).expect("decodes");
+    let (_, b) = wb
+        .batches
+        .iter()
+        .find(|(t, _)| *t == Table::GpuMetrics)
+        .expect("gpu_metrics batch");
+    let text = |n: &str, r: usize| {
+        let c = b.column_by_name(n).expect(n);
+        (!c.is_null(r)).then(|| c.as_string::<i32>().value(r).to_string())
+    };
+    for (col, want) in [
+        ("job_account", "physics"),
+        ("job_partition", "gpu"),
+        ("job_qos", "high"),
+        ("job_array_id", "40"),
+        ("job_array_task_id", "2"),
+        ("job_labels", "project=llm,team=vision"),
+    ] {
+        assert_eq!(text(col, 0).as_deref(), Some(want), "{col}");
+    }
+    let limit = b.column_by_name("job_time_limit_seconds").expect("limit");
+    assert_eq!(limit.as_primitive::<Int64Type>().value(0), 3600);
+    // Not a number: null, the row is kept.
+    assert!(limit.is_null(1));
+    assert_eq!(text("job_account", 1), None);
+    assert_eq!(
+        text("job_labels", 1).as_deref(),
+        Some("project=llm,team=from-resource")
+    );
+}
