@@ -170,6 +170,7 @@ impl CostConfig {
     /// [`Self::sample_ctes`] takes them: for one job it gives the view's rows of that job while
     /// running the window functions over that job's GPUs only.
     pub(crate) fn jobs_sql_where(&self, advice: &AdviceConfig, gpus: &str, filter: &str) -> String {
+        let charge_max = charge_max_sql(true);
         let energy_price = num(self.kwh_usd * self.pue / 3.6e6);
         let limiter = limiter::argmax_sql(|c| {
             format!("sum(CASE WHEN limiter = '{c}' THEN secs ELSE 0.0 END)")
@@ -183,9 +184,9 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, max(gpu_model) AS gpu_model
+  {limiter} AS limiter, max(gpu_model) AS gpu_model{charge_max}
 FROM d GROUP BY job_id, host"#,
-            ctes = self.sample_ctes(advice, "", gpus, filter),
+            ctes = self.sample_ctes(advice, &charge_list_sql(), gpus, filter),
         )
     }
 
@@ -303,6 +304,42 @@ pub mod work;
 pub use advice::{AdviceConfig, JobsConfig};
 pub use ledger::{JobLedger, JobsTable};
 pub use work::WorkConfig;
+
+/// The chargeback label columns of `gpu_metrics` that the `jobs` view carries, after its other
+/// columns and in this order: each is the largest value over the job's samples on the host (a
+/// job's labels do not change while it runs; null when no sample had one).
+pub(crate) const CHARGE_COLUMNS: [&str; 8] = [
+    "job_account",
+    "job_partition",
+    "job_qos",
+    "job_array_id",
+    "job_array_task_id",
+    "job_time_limit_seconds",
+    "k8s_namespace",
+    "job_labels",
+];
+
+/// Index of the one integer column of [`CHARGE_COLUMNS`].
+pub(crate) const TIME_LIMIT_COLUMN: usize = 5;
+
+/// `, job_account, job_partition, …`.
+pub(crate) fn charge_list_sql() -> String {
+    CHARGE_COLUMNS.iter().map(|c| format!(", {c}")).collect()
+}
+
+/// `, max(job_account) AS job_account, …` (`named`) or `, max(job_account), …`.
+pub(crate) fn charge_max_sql(named: bool) -> String {
+    CHARGE_COLUMNS
+        .iter()
+        .map(|c| {
+            if named {
+                format!(", max({c}) AS {c}")
+            } else {
+                format!(", max({c})")
+            }
+        })
+        .collect()
+}
 
 #[cfg(test)]
 mod tests;

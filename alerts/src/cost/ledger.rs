@@ -58,7 +58,10 @@ use tokio::sync::watch;
 use super::limiter::{self, LIMITERS};
 use super::report::parts::{self, GpuUsage, Parts, keep_max};
 use super::report::sql::EXTRA;
-use super::{AdviceConfig, CostConfig, JobsConfig, WorkConfig, num};
+use super::{
+    AdviceConfig, CHARGE_COLUMNS, CostConfig, JobsConfig, TIME_LIMIT_COLUMN, WorkConfig,
+    charge_list_sql, charge_max_sql, num,
+};
 
 /// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
 pub const SETTLE: Duration = Duration::from_secs(15 * 60);
@@ -69,8 +72,16 @@ const PUBLISH_EVERY: usize = 24;
 
 const HOUR: i64 = 3_600_000_000_000;
 
-/// The raw columns a fold reads, in this order.
+/// The raw columns a fold reads, in this order, before the [`CHARGE_COLUMNS`].
 const RAW_COLUMNS: &str = "time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules";
+
+/// Index of the first of the [`CHARGE_COLUMNS`] in what a fold reads.
+const CHARGE_AT: usize = 10;
+
+/// [`RAW_COLUMNS`] and the [`CHARGE_COLUMNS`].
+fn raw_columns() -> String {
+    format!("{RAW_COLUMNS}{}", charge_list_sql())
+}
 
 fn floor_hour(t: i64) -> i64 {
     t.div_euclid(HOUR) * HOUR
@@ -103,6 +114,10 @@ struct Usage {
     intervals: Vec<f64>,
     /// The job report's parts ([`parts`]).
     parts: Parts,
+    /// The text [`CHARGE_COLUMNS`] (the time limit's slot unused), largest value seen.
+    charge: [Option<String>; CHARGE_COLUMNS.len()],
+    /// `job_time_limit_seconds`, largest value seen.
+    time_limit: Option<i64>,
 }
 
 /// `(job_id, host, gpu_uuid, gpu_model)`.
@@ -154,13 +169,26 @@ fn usage_schema() -> SchemaRef {
             .iter()
             .map(|c| Field::new(limiter::seconds_column(c), DataType::Float64, false)),
     );
+    fields.extend(charge_fields());
     Arc::new(Schema::new(fields))
+}
+
+/// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
+fn charge_fields() -> impl Iterator<Item = Field> {
+    CHARGE_COLUMNS.iter().enumerate().map(|(i, c)| {
+        let ty = if i == TIME_LIMIT_COLUMN {
+            DataType::Int64
+        } else {
+            DataType::Utf8View
+        };
+        Field::new(*c, ty, true)
+    })
 }
 
 /// The raw columns of the seed: the same names and types as `gpu_metrics`' columns.
 fn seed_schema() -> SchemaRef {
     let s = |n: &str| Field::new(n, DataType::Utf8View, true);
-    Arc::new(Schema::new(vec![
+    let mut fields = vec![
         Field::new("time", time_type(), false),
         s("host"),
         s("gpu_uuid"),
@@ -171,7 +199,9 @@ fn seed_schema() -> SchemaRef {
         s("job_name"),
         Field::new("gpu_utilization", DataType::Float64, true),
         Field::new("energy_joules", DataType::Float64, true),
-    ]))
+    ];
+    fields.extend(charge_fields());
+    Arc::new(Schema::new(fields))
 }
 
 fn views<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
@@ -227,6 +257,17 @@ impl Snapshot {
                     .collect::<Float64Array>(),
             ));
         }
+        for k in 0..CHARGE_COLUMNS.len() {
+            columns.push(if k == TIME_LIMIT_COLUMN {
+                Arc::new(
+                    rows.iter()
+                        .map(|(_, u)| u.time_limit)
+                        .collect::<Int64Array>(),
+                )
+            } else {
+                views(rows.iter().map(|(_, u)| u.charge[k].as_deref()))
+            });
+        }
         let usage = RecordBatch::try_new(usage_schema(), columns)?;
         let last = seed_before(folds, last_hour + HOUR);
         let n = last.len();
@@ -242,7 +283,7 @@ impl Snapshot {
                         last.iter().map(|(_, (t, _))| *t).collect::<Vec<_>>(),
                     )
                     .with_timezone("UTC"),
-                ),
+                ) as ArrayRef,
                 views(last.iter().map(|(k, _)| k.0.as_deref())),
                 views(last.iter().map(|(k, _)| k.1.as_deref())),
                 new_null_array(&DataType::Utf8View, n),
@@ -252,7 +293,10 @@ impl Snapshot {
                 new_null_array(&DataType::Utf8View, n),
                 new_null_array(&DataType::Float64, n),
                 Arc::new(energy.finish()),
-            ],
+            ]
+            .into_iter()
+            .chain(charge_fields().map(|f| new_null_array(f.data_type(), n)))
+            .collect(),
         )?;
         Ok(Self {
             watermark: Some(last_hour + HOUR),
@@ -413,16 +457,17 @@ impl JobLedger {
         Ok(())
     }
 
-    /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the class,
+    /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the [`CHARGE_COLUMNS`], the class,
     /// then what the job report's parts read ([`parts::physical`]).
     fn fold_sql(&self, hour: i64) -> String {
         let mut extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
         extra.push_str(&parts::derived_columns());
         format!(
-            "SELECT {RAW_COLUMNS}, {class} AS limiter{extra}, \
+            "SELECT {raw}, {class} AS limiter{extra}, \
              COALESCE(gpu_utilization < {idle}, false) AS idle, {price} AS price FROM gpu_metrics \
              WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({end}) \
              ORDER BY host, gpu_uuid, time",
+            raw = raw_columns(),
             end = hour + HOUR,
             class = self.class_sql(),
             idle = num(self.cost.idle_utilization),
@@ -461,7 +506,15 @@ impl JobLedger {
             );
             let util = f64_column(&batch, 8)?;
             let energy = f64_column(&batch, 9)?;
-            let class = strings(&batch, 10)?;
+            let charge = (0..CHARGE_COLUMNS.len())
+                .map(|k| strings(&batch, CHARGE_AT + k))
+                .collect::<DfResult<Vec<_>>>()?;
+            let limit = cast(
+                batch.column(CHARGE_AT + TIME_LIMIT_COLUMN),
+                &DataType::Int64,
+            )?;
+            let limit = limit.as_primitive::<arrow::datatypes::Int64Type>();
+            let class = strings(&batch, CHARGE_AT + CHARGE_COLUMNS.len())?;
             let values = parts::evaluate(&exprs, &batch)?;
             for i in 0..batch.num_rows() {
                 fold.samples += 1;
@@ -494,6 +547,12 @@ impl JobLedger {
                     keep_max(&mut u.scheduler, opt(&scheduler, i));
                     keep_max(&mut u.job_user, opt(&user, i));
                     keep_max(&mut u.job_name, opt(&name, i));
+                    for (slot, column) in u.charge.iter_mut().zip(&charge) {
+                        keep_max(slot, opt(column, i));
+                    }
+                    if !limit.is_null(i) {
+                        u.time_limit = u.time_limit.max(Some(limit.value(i)));
+                    }
                     u.add(t, secs, joules, opt(&class, i), is_idle);
                     u.parts.add_sample(
                         secs,
@@ -658,26 +717,30 @@ impl JobLedger {
         let after = watermark.map_or("true".to_string(), |w| {
             format!("time >= to_timestamp_nanos({w})")
         });
+        let raw = raw_columns();
+        let charge = charge_list_sql();
+        let charge_max = charge_max_sql(false);
+        let charge_named = charge_max_sql(true);
         format!(
             r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter,
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge},
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
-  FROM (SELECT {RAW_COLUMNS}, {class} AS limiter FROM gpu_metrics WHERE {after}
-        UNION ALL SELECT {RAW_COLUMNS}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
+  FROM (SELECT {raw}, {class} AS limiter FROM gpu_metrics WHERE {after}
+        UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
 ), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter,
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge},
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
     COALESCE(gpu_utilization < {idle}, false) AS idle
   FROM s WHERE job_id IS NOT NULL AND {after}
 ), u AS (
   SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns} FROM job_usage
+    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge} FROM job_usage
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
-    {class_sums}
+    {class_sums}{charge_max}
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model
 ), p AS (
   SELECT u.*, {price} AS price FROM u
@@ -689,7 +752,7 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(energy_joules) AS energy_joules,
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, max(gpu_model) AS gpu_model
+  {limiter} AS limiter, max(gpu_model) AS gpu_model{charge_named}
 FROM p GROUP BY job_id, host"#,
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
