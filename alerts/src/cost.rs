@@ -258,11 +258,13 @@ FROM d GROUP BY job_id, host"#,
         self.validate()?;
         jobs.validate()?;
         let ledger = Arc::new(JobLedger::new(self.clone(), jobs.clone()));
-        let table = JobsTable::new(Arc::clone(&ledger), &ctx.state())
-            .await
-            .map_err(|e| Error::Other(format!("cannot plan the jobs view: {e}")))?;
-        ctx.register_table("jobs", Arc::new(table))
-            .map_err(|e| Error::Other(format!("cannot register the jobs view: {e}")))?;
+        for (name, view) in [("jobs", View::Jobs), ("job_hours", View::Hours)] {
+            let table = JobsTable::new(Arc::clone(&ledger), view, &ctx.state())
+                .await
+                .map_err(|e| Error::Other(format!("cannot plan the {name} view: {e}")))?;
+            ctx.register_table(name, Arc::new(table))
+                .map_err(|e| Error::Other(format!("cannot register the {name} view: {e}")))?;
+        }
 
         let schema = Arc::new(Schema::new(vec![
             Field::new("job_user", DataType::Utf8, true),
@@ -299,10 +301,11 @@ pub mod ledger;
 pub mod limiter;
 pub mod peaks;
 pub mod report;
+
 pub mod work;
 
 pub use advice::{AdviceConfig, JobsConfig};
-pub use ledger::{JobLedger, JobsTable};
+pub use ledger::{JobLedger, JobsTable, View};
 pub use work::WorkConfig;
 
 /// The chargeback label columns of `gpu_metrics` that the `jobs` view carries, after its other

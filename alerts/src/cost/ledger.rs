@@ -38,18 +38,7 @@ use arrow::array::{
 };
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use async_trait::async_trait;
-use datafusion::catalog::{
-    CatalogProvider, CatalogProviderList, MemTable, MemoryCatalogProvider,
-    MemoryCatalogProviderList, MemorySchemaProvider, SchemaProvider, Session, TableProvider,
-};
-use datafusion::dataframe::DataFrame;
-use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::execution::SessionStateBuilder;
-use datafusion::execution::context::SessionState;
-use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use gpuwatch_store::clock::Clock;
@@ -60,7 +49,7 @@ use super::report::parts::{self, GpuUsage, Parts, keep_max};
 use super::report::sql::EXTRA;
 use super::{
     AdviceConfig, CHARGE_COLUMNS, CostConfig, JobsConfig, TIME_LIMIT_COLUMN, WorkConfig,
-    charge_list_sql, charge_max_sql, num,
+    charge_list_sql, num,
 };
 
 /// An hour is folded this long after it ends (the store closes an hour 10 minutes after it ends).
@@ -79,7 +68,7 @@ const RAW_COLUMNS: &str = "time, host, gpu_uuid, gpu_model, job_id, scheduler, j
 const CHARGE_AT: usize = 10;
 
 /// [`RAW_COLUMNS`] and the [`CHARGE_COLUMNS`].
-fn raw_columns() -> String {
+pub(super) fn raw_columns() -> String {
     format!("{RAW_COLUMNS}{}", charge_list_sql())
 }
 
@@ -137,7 +126,6 @@ struct HourFold {
     samples: u64,
 }
 
-
 /// What [`JobsTable`] reads: the folded sums and the seed, up to the watermark.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -170,6 +158,7 @@ fn usage_schema() -> SchemaRef {
             .map(|c| Field::new(limiter::seconds_column(c), DataType::Float64, false)),
     );
     fields.extend(charge_fields());
+    fields.push(Field::new("hour", time_type(), false));
     Arc::new(Schema::new(fields))
 }
 
@@ -225,6 +214,10 @@ impl Snapshot {
         let Some((&last_hour, _)) = folds.last_key_value() else {
             return Ok(Self::empty());
         };
+        let hours: Vec<i64> = folds
+            .iter()
+            .flat_map(|(&h, f)| std::iter::repeat_n(h, f.usage.len()))
+            .collect();
         let rows: Vec<(&UsageKey, &Usage)> = folds.values().flat_map(|f| &f.usage).collect();
         let f64s = |f: fn(&Usage) -> f64| -> ArrayRef {
             Arc::new(rows.iter().map(|(_, u)| f(u)).collect::<Float64Array>())
@@ -268,6 +261,9 @@ impl Snapshot {
                 views(rows.iter().map(|(_, u)| u.charge[k].as_deref()))
             });
         }
+        columns.push(Arc::new(
+            TimestampNanosecondArray::from(hours).with_timezone("UTC"),
+        ));
         let usage = RecordBatch::try_new(usage_schema(), columns)?;
         let last = seed_before(folds, last_hour + HOUR);
         let n = last.len();
@@ -353,7 +349,7 @@ pub struct JobLedger {
     folds: Mutex<BTreeMap<i64, HourFold>>,
 }
 
-fn plain(e: impl std::fmt::Display) -> DataFusionError {
+pub(super) fn plain(e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(e.to_string())
 }
 
@@ -696,119 +692,9 @@ impl JobLedger {
         }
     }
 
-    /// The `jobs` view's SQL over the snapshot's tables (`job_usage`, `job_seed`) and the raw
-    /// samples at or after the watermark.
     /// The class of a raw sample (`limiter::sample_class_sql` with this ledger's thresholds).
     fn class_sql(&self) -> String {
         limiter::sample_class_sql(&self.advice, self.cost.idle_utilization)
-    }
-
-    fn sql(&self, watermark: Option<i64>) -> String {
-        let cost = &self.cost;
-        let class = self.class_sql();
-        let class_columns: String = LIMITERS
-            .iter()
-            .map(|c| format!(", {}", limiter::seconds_column(c)))
-            .collect();
-        let limiter = limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c)));
-        let gap = cost.max_sample_gap().as_nanos();
-        let idle = num(cost.idle_utilization);
-        let energy_price = cost.energy_price_sql();
-        let after = watermark.map_or("true".to_string(), |w| {
-            format!("time >= to_timestamp_nanos({w})")
-        });
-        let raw = raw_columns();
-        let charge = charge_list_sql();
-        let charge_max = charge_max_sql(false);
-        let charge_named = charge_max_sql(true);
-        format!(
-            r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge},
-    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
-    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
-  FROM (SELECT {raw}, {class} AS limiter FROM gpu_metrics WHERE {after}
-        UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
-), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge},
-    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
-    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
-    COALESCE(gpu_utilization < {idle}, false) AS idle
-  FROM s WHERE job_id IS NOT NULL AND {after}
-), u AS (
-  SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge} FROM job_usage
-  UNION ALL
-  SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
-    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
-    {class_sums}{charge_max}
-  FROM d GROUP BY job_id, host, gpu_uuid, gpu_model
-), p AS (
-  SELECT u.*, {price} AS price FROM u
-)
-SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
-  count(DISTINCT gpu_uuid) AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
-  sum(gpu_seconds) AS gpu_seconds,
-  sum(idle_gpu_seconds) AS idle_gpu_seconds,
-  sum(energy_joules) AS energy_joules,
-  sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
-  sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, max(gpu_model) AS gpu_model{charge_named}
-FROM p GROUP BY job_id, host"#,
-            price = cost.price_sql(),
-            class_sums = limiter::class_sums_sql(),
-        )
-    }
-
-    /// A session whose catalog holds `gpu_metrics` and `metrics` (from `state`) and the
-    /// snapshot's tables.
-    async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
-        let options = state.config_options();
-        let (catalog_name, schema_name) = (
-            options.catalog.default_catalog.clone(),
-            options.catalog.default_schema.clone(),
-        );
-        let shared = state
-            .catalog_list()
-            .catalog(&catalog_name)
-            .and_then(|c| c.schema(&schema_name))
-            .ok_or_else(|| plain("the jobs view: no default schema"))?;
-        let schema = MemorySchemaProvider::new();
-        for name in ["gpu_metrics", "metrics"] {
-            let table = shared
-                .table(name)
-                .await?
-                .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
-            schema.register_table(name.into(), table)?;
-        }
-        schema.register_table(
-            "job_usage".into(),
-            Arc::new(MemTable::try_new(
-                snap.usage.schema(),
-                vec![vec![snap.usage.clone()]],
-            )?),
-        )?;
-        schema.register_table(
-            "job_seed".into(),
-            Arc::new(MemTable::try_new(
-                snap.seed.schema(),
-                vec![vec![snap.seed.clone()]],
-            )?),
-        )?;
-        let catalog = MemoryCatalogProvider::new();
-        catalog.register_schema(&schema_name, Arc::new(schema))?;
-        let list = MemoryCatalogProviderList::new();
-        list.register_catalog(catalog_name, Arc::new(catalog));
-        Ok(SessionStateBuilder::new_from_existing(state.clone())
-            .with_catalog_list(Arc::new(list))
-            .build())
-    }
-
-    /// The `jobs` view's rows over `snap`, as a data frame.
-    async fn frame(&self, state: &SessionState, snap: &Snapshot) -> DfResult<DataFrame> {
-        let private = self.private_state(state, snap).await?;
-        let sql = self.work.jobs_with_work(&self.sql(snap.watermark));
-        let plan = private.create_logical_plan(&sql).await?;
-        Ok(DataFrame::new(private, plan))
     }
 }
 
@@ -824,72 +710,6 @@ async fn first_time(ctx: &SessionContext, sql: &str) -> DfResult<Option<i64>> {
         }
     }
     Ok(None)
-}
-
-/// The `jobs` table: [`JobLedger`]'s snapshot plus the raw samples after its watermark.
-#[derive(Debug)]
-pub struct JobsTable {
-    ledger: Arc<JobLedger>,
-    schema: SchemaRef,
-}
-
-impl JobsTable {
-    /// The ledger the view reads.
-    pub fn ledger(&self) -> &Arc<JobLedger> {
-        &self.ledger
-    }
-
-    /// The table over `ledger`; `state` plans the view once for its schema.
-    pub async fn new(ledger: Arc<JobLedger>, state: &SessionState) -> DfResult<Self> {
-        let snap = Snapshot::empty();
-        let schema = ledger
-            .frame(state, &snap)
-            .await?
-            .schema()
-            .as_arrow()
-            .clone();
-        Ok(Self {
-            ledger,
-            schema: Arc::new(schema),
-        })
-    }
-}
-
-#[async_trait]
-impl TableProvider for JobsTable {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        limit: Option<usize>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let state = state
-            .as_any()
-            .downcast_ref::<SessionState>()
-            .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
-        let snap = self.ledger.snapshot();
-        let mut frame = self.ledger.frame(state, &snap).await?;
-        if let Some(p) = projection {
-            let names: Vec<&str> = p
-                .iter()
-                .map(|&i| self.schema.field(i).name().as_str())
-                .collect();
-            frame = frame.select_columns(&names)?;
-        }
-        if limit.is_some() {
-            frame = frame.limit(0, limit)?;
-        }
-        frame.create_physical_plan().await
-    }
 }
 
 /// The GPU-seconds (capped at `gap`) and joules from the previous sample `before` to this one,
@@ -939,6 +759,9 @@ impl Usage {
         }
     }
 }
+
+mod view;
+pub use view::{JobsTable, View};
 
 #[cfg(test)]
 mod tests;

@@ -109,11 +109,10 @@ impl WorkConfig {
         )
     }
 
-    /// The `jobs` view's statement: `core` (a statement with one row per job and host) with
-    /// the work columns added: `gpu_model` is kept, then `work_unit`, `work_done`,
-    /// `work_per_second` (over the row's first to last sample), `work_per_gpu_hour` and
-    /// `usd_per_million_units`.
-    pub(crate) fn jobs_with_work(&self, core: &str) -> String {
+    /// `WITH j AS (core), …, jw AS (…)`: `core`'s rows (one job may have several) with
+    /// `work_unit` and `work_done`, the job's work split by the rows' GPU-seconds (evenly when
+    /// the job has none).
+    fn work_split(&self, core: &str) -> String {
         format!(
             r#"WITH j AS (
 {core}
@@ -123,14 +122,39 @@ impl WorkConfig {
   SELECT jt.*, w.work_unit,
     w.work * CASE WHEN jt.job_gpu_seconds > 0 THEN jt.gpu_seconds / jt.job_gpu_seconds ELSE 1.0 / jt.job_rows END AS work_done
   FROM jt LEFT JOIN w ON w.job_id = jt.job_id
-)
+)"#,
+            work = self.work_ctes(""),
+        )
+    }
+
+    /// The `jobs` view's statement: `core` (a statement with one row per job and host) with
+    /// the work columns added: `gpu_model` is kept, then `work_unit`, `work_done`,
+    /// `work_per_second` (over the row's first to last sample), `work_per_gpu_hour` and
+    /// `usd_per_million_units`.
+    pub(crate) fn jobs_with_work(&self, core: &str) -> String {
+        format!(
+            r#"{split}
 SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds, idle_gpu_seconds,
   energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, work_unit, work_done,
   CASE WHEN last_seen > first_seen THEN work_done / (CAST(CAST(last_seen AS BIGINT) - CAST(first_seen AS BIGINT) AS DOUBLE) / 1e9) END AS work_per_second,
   CASE WHEN gpu_seconds > 0 THEN work_done / (gpu_seconds / 3600.0) END AS work_per_gpu_hour,
   CASE WHEN work_done > 0 THEN cost_usd / work_done * 1e6 END AS usd_per_million_units{charge}
 FROM jw"#,
-            work = self.work_ctes(""),
+            split = self.work_split(core),
+            charge = super::charge_list_sql(),
+        )
+    }
+
+    /// The `job_hours` view's statement: `core` (one row per job, host, GPU model and hour)
+    /// with `work_unit` and `work_done` (the job's work split by GPU-seconds, so that a job's
+    /// hours add up to its rows of `jobs`).
+    pub(crate) fn hours_with_work(&self, core: &str) -> String {
+        format!(
+            r#"{split}
+SELECT hour, job_id, scheduler, job_user, job_name, host, gpu_model, gpus, first_seen, last_seen, gpu_seconds,
+  idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, work_unit, work_done{charge}
+FROM jw"#,
+            split = self.work_split(core),
             charge = super::charge_list_sql(),
         )
     }

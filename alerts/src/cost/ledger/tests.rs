@@ -169,7 +169,71 @@ async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> u
             }
         }
     }
+    hours_add_up(e, what).await;
     got.len()
+}
+
+/// `job_hours` summed over hours and GPU models gives `jobs`, each of its rows lies within its
+/// hour, and jobs longer than an hour have several.
+async fn hours_add_up(e: &QueryEngine, what: &str) {
+    let sums = [
+        "gpu_seconds",
+        "idle_gpu_seconds",
+        "energy_joules",
+        "cost_usd",
+        "idle_cost_usd",
+        "work_done",
+    ];
+    let summed: Vec<String> = sums.iter().map(|c| format!("sum({c}) AS {c}")).collect();
+    let got = rows(
+        e,
+        &format!(
+            "SELECT job_id, host, count(*) AS hours, {} FROM job_hours GROUP BY job_id, host ORDER BY job_id, host",
+            summed.join(", ")
+        ),
+    )
+    .await;
+    let want = rows(
+        e,
+        &format!(
+            "SELECT job_id, host, {} FROM jobs ORDER BY job_id, host",
+            sums.join(", ")
+        ),
+    )
+    .await;
+    assert_eq!(got.len(), want.len(), "{what}: job_hours' jobs");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(
+            (&g["job_id"], &g["host"]),
+            (&w["job_id"], &w["host"]),
+            "{what}"
+        );
+        for c in sums {
+            let (a, b) = (
+                g.get(c).and_then(|v| v.as_f64()),
+                w.get(c).and_then(|v| v.as_f64()),
+            );
+            match (a, b) {
+                (Some(a), Some(b)) => assert!(
+                    (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+                    "{what}: job_hours' {c} of job {}: {a} vs {b}",
+                    w["job_id"]
+                ),
+                _ => assert_eq!(a, b, "{what}: job_hours' {c} of job {}", w["job_id"]),
+            }
+        }
+    }
+    assert!(
+        got.iter().any(|r| r["hours"].as_i64() > Some(1)),
+        "{what}: no job spans two hours"
+    );
+    let outside = rows(
+        e,
+        "SELECT count(*) AS n FROM job_hours WHERE hour <> date_trunc('hour', hour) \
+         OR first_seen < hour OR last_seen >= hour + interval '1 hour'",
+    )
+    .await;
+    assert_eq!(outside[0]["n"], 0, "{what}: rows outside their hour");
 }
 
 /// Whether two JSON values agree, numbers to 1e-9 relative (`sample_interval_s`, the median of
@@ -178,8 +242,15 @@ fn agree(got: &serde_json::Value, want: &serde_json::Value, path: &str) -> Resul
     use serde_json::Value;
     match (got, want) {
         (Value::Number(a), Value::Number(b)) => {
-            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
-            let tol = if path.ends_with("sample_interval_s") { 0.1 } else { 1e-9 };
+            let (a, b) = (
+                a.as_f64().unwrap_or(f64::NAN),
+                b.as_f64().unwrap_or(f64::NAN),
+            );
+            let tol = if path.ends_with("sample_interval_s") {
+                0.1
+            } else {
+                1e-9
+            };
             if (a - b).abs() <= tol * b.abs().max(1.0) {
                 Ok(())
             } else {
@@ -207,8 +278,14 @@ fn agree(got: &serde_json::Value, want: &serde_json::Value, path: &str) -> Resul
 async fn same_reports(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what: &str) {
     let jobs = crate::cost::JobsConfig::default();
     use crate::cost::report::ledger_of;
-    assert!(ledger_of(e).await.is_some(), "{what}: the report finds the ledger");
-    assert!(ledger_of(raw).await.is_none(), "{what}: no ledger without the view");
+    assert!(
+        ledger_of(e).await.is_some(),
+        "{what}: the report finds the ledger"
+    );
+    assert!(
+        ledger_of(raw).await.is_none(),
+        "{what}: no ledger without the view"
+    );
     let ids = rows(e, "SELECT DISTINCT job_id FROM jobs ORDER BY job_id").await;
     assert!(ids.len() > 10, "{what}: {} jobs", ids.len());
     let now = T0 + 7 * H;

@@ -1,0 +1,241 @@
+//! The views over the ledger: `jobs` (one row per job and host) and `job_hours` (one row per
+//! job, host, GPU model and hour, what monthly statements sum). Both are the ledger's folded
+//! hours plus the same formulas over the raw samples at or after the watermark, planned in a
+//! catalog of their own so that the two parts always agree.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{
+    CatalogProvider, CatalogProviderList, MemTable, MemoryCatalogProvider,
+    MemoryCatalogProviderList, MemorySchemaProvider, SchemaProvider, Session, TableProvider,
+};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::TableType;
+use datafusion::error::Result as DfResult;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::super::limiter::{self, LIMITERS};
+use super::super::{charge_list_sql, charge_max_sql, num};
+use super::{JobLedger, Snapshot, plain, raw_columns};
+
+/// Which view over the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// `jobs`: one row per job and host.
+    Jobs,
+    /// `job_hours`: one row per job, host, GPU model and hour (UTC).
+    Hours,
+}
+
+impl JobLedger {
+    /// The CTEs both views share, over the snapshot's tables (`job_usage`, `job_seed`) and the
+    /// raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
+    /// sums and `price`.
+    fn usage_ctes(&self, watermark: Option<i64>) -> String {
+        let cost = &self.cost;
+        let class_columns: String = LIMITERS
+            .iter()
+            .map(|c| format!(", {}", limiter::seconds_column(c)))
+            .collect();
+        let gap = cost.max_sample_gap().as_nanos();
+        let idle = num(cost.idle_utilization);
+        let after = watermark.map_or("true".to_string(), |w| {
+            format!("time >= to_timestamp_nanos({w})")
+        });
+        let raw = raw_columns();
+        let charge = charge_list_sql();
+        let charge_max = charge_max_sql(false);
+        format!(
+            r#"WITH s AS (
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge},
+    CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
+    energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
+  FROM (SELECT {raw}, {class} AS limiter FROM gpu_metrics WHERE {after}
+        UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
+), d AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge},
+    date_trunc('hour', time) AS hour,
+    CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
+    CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
+    COALESCE(gpu_utilization < {idle}, false) AS idle
+  FROM s WHERE job_id IS NOT NULL AND {after}
+), u AS (
+  SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
+    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, hour FROM job_usage
+  UNION ALL
+  SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
+    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
+    {class_sums}{charge_max}, hour
+  FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
+), p AS (
+  SELECT u.*, {price} AS price FROM u
+)"#,
+            class = self.class_sql(),
+            price = cost.price_sql(),
+            class_sums = limiter::class_sums_sql(),
+        )
+    }
+
+    /// The view's SQL over the snapshot's tables, before its work columns.
+    fn core_sql(&self, view: View, watermark: Option<i64>) -> String {
+        let energy_price = self.cost.energy_price_sql();
+        let (key, extra) = match view {
+            View::Jobs => (
+                "job_id, host",
+                format!(
+                    ", {} AS limiter, max(gpu_model) AS gpu_model",
+                    limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c)))
+                ),
+            ),
+            View::Hours => ("hour, job_id, host, gpu_model", String::new()),
+        };
+        let lead = if view == View::Hours { "hour, " } else { "" };
+        format!(
+            r#"{ctes}
+SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
+  count(DISTINCT gpu_uuid) AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
+  sum(gpu_seconds) AS gpu_seconds,
+  sum(idle_gpu_seconds) AS idle_gpu_seconds,
+  sum(energy_joules) AS energy_joules,
+  sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
+  sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
+FROM p GROUP BY {key}"#,
+            ctes = self.usage_ctes(watermark),
+            gpu_model = if view == View::Hours {
+                ", gpu_model"
+            } else {
+                ""
+            },
+            charge_named = charge_max_sql(true),
+        )
+    }
+
+    /// A session whose catalog holds `gpu_metrics` and `metrics` (from `state`) and the
+    /// snapshot's tables.
+    async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
+        let options = state.config_options();
+        let (catalog_name, schema_name) = (
+            options.catalog.default_catalog.clone(),
+            options.catalog.default_schema.clone(),
+        );
+        let shared = state
+            .catalog_list()
+            .catalog(&catalog_name)
+            .and_then(|c| c.schema(&schema_name))
+            .ok_or_else(|| plain("the jobs view: no default schema"))?;
+        let schema = MemorySchemaProvider::new();
+        for name in ["gpu_metrics", "metrics"] {
+            let table = shared
+                .table(name)
+                .await?
+                .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
+            schema.register_table(name.into(), table)?;
+        }
+        for (name, batch) in [("job_usage", &snap.usage), ("job_seed", &snap.seed)] {
+            schema.register_table(
+                name.into(),
+                Arc::new(MemTable::try_new(
+                    batch.schema(),
+                    vec![vec![batch.clone()]],
+                )?),
+            )?;
+        }
+        let catalog = MemoryCatalogProvider::new();
+        catalog.register_schema(&schema_name, Arc::new(schema))?;
+        let list = MemoryCatalogProviderList::new();
+        list.register_catalog(catalog_name, Arc::new(catalog));
+        Ok(SessionStateBuilder::new_from_existing(state.clone())
+            .with_catalog_list(Arc::new(list))
+            .build())
+    }
+
+    /// The view's rows over `snap`, as a data frame.
+    async fn frame(
+        &self,
+        view: View,
+        state: &SessionState,
+        snap: &Snapshot,
+    ) -> DfResult<DataFrame> {
+        let private = self.private_state(state, snap).await?;
+        let core = self.core_sql(view, snap.watermark);
+        let sql = match view {
+            View::Jobs => self.work.jobs_with_work(&core),
+            View::Hours => self.work.hours_with_work(&core),
+        };
+        let plan = private.create_logical_plan(&sql).await?;
+        Ok(DataFrame::new(private, plan))
+    }
+}
+
+/// A view over the ledger: [`JobLedger`]'s snapshot plus the raw samples after its watermark.
+#[derive(Debug)]
+pub struct JobsTable {
+    ledger: Arc<JobLedger>,
+    view: View,
+    schema: SchemaRef,
+}
+
+impl JobsTable {
+    /// The ledger the view reads.
+    pub fn ledger(&self) -> &Arc<JobLedger> {
+        &self.ledger
+    }
+
+    /// The view `view` over `ledger`; `state` plans it once for its schema.
+    pub async fn new(ledger: Arc<JobLedger>, view: View, state: &SessionState) -> DfResult<Self> {
+        let snap = Snapshot::empty();
+        let schema = ledger
+            .frame(view, state, &snap)
+            .await?
+            .schema()
+            .as_arrow()
+            .clone();
+        Ok(Self {
+            ledger,
+            view,
+            schema: Arc::new(schema),
+        })
+    }
+}
+
+#[async_trait]
+impl TableProvider for JobsTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let state = state
+            .as_any()
+            .downcast_ref::<SessionState>()
+            .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
+        let snap = self.ledger.snapshot();
+        let mut frame = self.ledger.frame(self.view, state, &snap).await?;
+        if let Some(p) = projection {
+            let names: Vec<&str> = p
+                .iter()
+                .map(|&i| self.schema.field(i).name().as_str())
+                .collect();
+            frame = frame.select_columns(&names)?;
+        }
+        if limit.is_some() {
+            frame = frame.limit(0, limit)?;
+        }
+        frame.create_physical_plan().await
+    }
+}
