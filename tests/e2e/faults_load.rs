@@ -374,7 +374,10 @@ async fn grpc_decode_bombs_are_refused_before_tonic_inflates_them() {
         "peak resident memory {hwm} over the limit {LIMIT} + {SLACK} (now {rss})"
     );
     let (metrics, refused) = after_bombs(&server).await;
-    assert!(refused >= 4.0, "the bombs within the limit were refused for memory: {refused}");
+    assert!(
+        refused >= 4.0,
+        "the bombs within the limit were refused for memory: {refused}"
+    );
     let exports = metrics
         .lines()
         .filter(|l| l.starts_with("gpuwatch_ingest_requests_total") && l.contains("otlp_grpc"))

@@ -29,11 +29,11 @@ use serde::{Deserialize, Serialize};
 use super::limiter::{self, LIMITERS};
 use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
-pub use render::{render_list, render_text};
-pub use roofline::{RoofUnit, Roofline};
 #[cfg(test)]
 pub(crate) use gather::ledger_of;
 pub use parts::GpuUsage;
+pub use render::{render_list, render_text};
+pub use roofline::{RoofUnit, Roofline};
 pub use sql::per_gpu_sql;
 
 /// One GPU of a job.
@@ -588,7 +588,8 @@ pub async fn job_report(
     let gpu_seconds = sum(|g| g.gpu_seconds);
     let idle_gpu_seconds = sum(|g| g.idle_gpu_seconds);
     let energy_joules = sum(|g| g.energy_joules);
-    let labels = |k: fn(&GpuUsage) -> &Option<String>| usages.iter().filter_map(|u| k(u).clone()).max();
+    let labels =
+        |k: fn(&GpuUsage) -> &Option<String>| usages.iter().filter_map(|u| k(u).clone()).max();
     let limiter_seconds = sum_limiter_seconds(&per_gpu);
     let cost_usd = sum(|g| g.cost_usd);
     let wall_s = (last_seen_ns - first_seen_ns) as f64 / 1e9;

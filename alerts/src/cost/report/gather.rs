@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use std::any::Any;
 use gpuwatch_query::{QueryEngine, Result as QueryResult};
+use std::any::Any;
 
 use super::parts::{self, GpuUsage, Parts};
 use super::roofline;

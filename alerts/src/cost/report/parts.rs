@@ -248,7 +248,10 @@ pub fn physical(ctx: &SessionContext, schema: &DFSchema) -> DfResult<Vec<Arc<dyn
 }
 
 /// The values of `exprs` ([`physical`]) on `batch`, one array per part.
-pub fn evaluate(exprs: &[Arc<dyn PhysicalExpr>], batch: &RecordBatch) -> DfResult<Vec<Float64Array>> {
+pub fn evaluate(
+    exprs: &[Arc<dyn PhysicalExpr>],
+    batch: &RecordBatch,
+) -> DfResult<Vec<Float64Array>> {
     exprs
         .iter()
         .map(|e| {
@@ -498,7 +501,11 @@ mod tests {
         assert_eq!(Parts::default().ratio("busy_sm_active"), None);
 
         let mut c = Parts::default();
-        let bits = |b: i64| parts().iter().map(move |p| (p.name == "counted").then_some(b as f64));
+        let bits = |b: i64| {
+            parts()
+                .iter()
+                .map(move |p| (p.name == "counted").then_some(b as f64))
+        };
         c.add_sample(1.0, bits(counted_bit(0)));
         c.add_sample(1.0, bits(counted_bit(2)));
         assert!(c.counted(0) && c.counted(2) && !c.counted(1));
