@@ -301,6 +301,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod peaks;
 pub mod report;
+pub mod statement;
 
 pub mod work;
 

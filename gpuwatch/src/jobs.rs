@@ -165,7 +165,7 @@ pub(crate) enum ReportFormat {
 }
 
 /// Percent-encodes `s` for a URL path segment or query value.
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

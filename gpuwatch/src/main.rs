@@ -6,6 +6,7 @@ mod alerts_wiring;
 mod check;
 mod client;
 mod config;
+mod cost;
 mod demo;
 mod error;
 mod jobs;
@@ -46,6 +47,9 @@ enum Command {
     Job(JobArgs),
     /// List jobs with their GPU-hours, idle share and cost (most recent first).
     Jobs(JobsArgs),
+    /// A monthly cost statement: GPU-hours, idle GPU-hours, energy, cost and work done per
+    /// account, user, namespace, partition or pod label, and GPU model (docs/cost.md).
+    Cost(CostArgs),
     /// Check a stopped server's data (WAL, Delta logs, data files, alerting state) offline:
     /// list every damaged item with what it holds; exit 1 when anything is damaged.
     Check(check::CheckArgs),
@@ -82,6 +86,21 @@ struct JobsArgs {
     /// Output format.
     #[arg(long, env = "GPUWATCH_FORMAT", value_enum, default_value = "table")]
     format: jobs::ReportFormat,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+struct CostArgs {
+    /// Group by account, user, namespace, partition or label:NAME (a pod label).
+    #[arg(long, default_value = "account")]
+    by: String,
+    /// The calendar month, UTC, as YYYY-MM [default: this month].
+    #[arg(long)]
+    month: Option<String>,
+    /// Output format.
+    #[arg(long, env = "GPUWATCH_FORMAT", value_enum, default_value = "table")]
+    format: cost::CostFormat,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -285,6 +304,15 @@ async fn run() -> Result<()> {
             jobs::jobs(&args.client.client()?, &filter, args.format)
                 .await?
                 .into_bytes()
+        }
+        Command::Cost(args) => {
+            cost::statement(
+                &args.client.client()?,
+                &args.by,
+                args.month.as_deref(),
+                args.format,
+            )
+            .await?
         }
         // The report is printed whether or not it finds damage; damage is exit code 1.
         Command::Check(args) => return check::check(&args),

@@ -30,7 +30,7 @@ pub(crate) async fn run(client: &Client, sql: &str, format: OutputFormat) -> Res
     let body = serde_json::json!({ "sql": sql, "format": wire }).to_string();
     let bytes = client.post_json("/api/v1/sql", body).await?;
     match format {
-        OutputFormat::Table => render_table(&bytes),
+        OutputFormat::Table => render_arrow(&bytes),
         _ => {
             let mut out = bytes;
             if !out.ends_with(b"\n") {
@@ -41,7 +41,7 @@ pub(crate) async fn run(client: &Client, sql: &str, format: OutputFormat) -> Res
     }
 }
 
-fn render_table(ipc: &[u8]) -> Result<Vec<u8>> {
+fn render_arrow(ipc: &[u8]) -> Result<Vec<u8>> {
     let reader =
         StreamReader::try_new(std::io::Cursor::new(ipc), None).map_err(|e| Error::Malformed {
             what: "arrow answer",
@@ -55,11 +55,19 @@ fn render_table(ipc: &[u8]) -> Result<Vec<u8>> {
                 what: "arrow answer",
                 source: Box::new(e),
             })?;
+    render_table(&batches, schema)
+}
+
+/// `batches` (of `schema`) as an aligned table and a row count.
+pub(crate) fn render_table(
+    batches: &[RecordBatch],
+    schema: arrow::datatypes::SchemaRef,
+) -> Result<Vec<u8>> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let table = if batches.is_empty() {
         arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(schema)])
     } else {
-        arrow::util::pretty::pretty_format_batches(&batches)
+        arrow::util::pretty::pretty_format_batches(batches)
     }
     .map_err(|e| Error::Malformed {
         what: "answer (cannot format it)",

@@ -15,6 +15,7 @@ mod bad_input;
 mod cli;
 mod config;
 mod console;
+mod cost;
 mod crash_stress;
 mod dashboards;
 mod delta;

@@ -65,8 +65,11 @@ async fn engine_with(
     e
 }
 
-async fn one_row(e: &QueryEngine, sql: &str) -> serde_json::Map<String, serde_json::Value> {
-    let r = e.query(sql).await.expect("query");
+async fn json_rows(e: &QueryEngine, sql: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let r = e
+        .query(sql)
+        .await
+        .unwrap_or_else(|err| panic!("{sql}: {err}"));
     let mut buf = Vec::new();
     {
         let mut w = arrow::json::ArrayWriter::new(&mut buf);
@@ -75,8 +78,14 @@ async fn one_row(e: &QueryEngine, sql: &str) -> serde_json::Map<String, serde_js
         }
         w.finish().expect("finish");
     }
-    let v: Vec<serde_json::Map<String, serde_json::Value>> =
-        serde_json::from_slice(&buf).expect("rows");
+    if buf.is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_slice(&buf).expect("rows")
+}
+
+async fn one_row(e: &QueryEngine, sql: &str) -> serde_json::Map<String, serde_json::Value> {
+    let v = json_rows(e, sql).await;
     assert_eq!(v.len(), 1, "{sql}: {v:?}");
     v.into_iter().next().expect("row")
 }
@@ -317,5 +326,142 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
         render_text(&r).contains("work done 1080.0 job.samples"),
         "{}",
         render_text(&r)
+    );
+}
+
+/// Sets label column `name` of `r`.
+fn label(r: &mut GpuRow, name: &str, value: &str) {
+    let i = gpuwatch_store::schema::LABEL_COLUMNS
+        .iter()
+        .position(|(c, _)| *c == name)
+        .unwrap_or_else(|| panic!("no label {name}"));
+    r.labels[i] = Some(value.into());
+}
+
+#[tokio::test]
+async fn monthly_statements_split_jobs_at_the_month_and_add_up_to_the_jobs_view() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cost: CostConfig = toml::from_str(
+        "gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}, {model = \"*A100*\", usd = 1.5}]\n\
+         default_gpu_hour_usd = 0.5\nkwh_usd = 0.2\n",
+    )
+    .expect("cost");
+    // 2027-02-01T00:00:00Z, in seconds after T0 (2027-01-15T08:00:00Z).
+    let feb = 1_801_440_000 - T0 / S;
+    let mut rows = Vec::new();
+    let mut push =
+        |t: i64, gpu: &str, model: &str, job: &str, energy: f64, labels: &[(&str, &str)]| {
+            let mut r = row(&Sample {
+                t: feb + t,
+                host: "n1",
+                gpu,
+                model,
+                job: Some(job),
+                util: 0.5,
+                energy,
+            });
+            for (k, v) in labels {
+                label(&mut r, k, v);
+            }
+            rows.push(r);
+        };
+    let physics = [
+        ("job_account", "physics"),
+        ("k8s_namespace", "ml"),
+        ("job_labels", "team=vision"),
+    ];
+    // Job 7 (physics, H100) crosses the month: 10 s in January, 30 s in February.
+    for (t, e) in [
+        (-20, 0.0),
+        (-10, 1000.0),
+        (0, 2000.0),
+        (10, 3000.0),
+        (20, 4000.0),
+    ] {
+        push(t, "GPU-a", "NVIDIA H100", "7", e, &physics);
+    }
+    // Job 8 (chem, A100): 60 s in February. Job 9 (no account, unpriced model): 10 s.
+    for (t, e) in [(0, 0.0), (30, 9000.0), (60, 18000.0)] {
+        push(
+            t,
+            "GPU-b",
+            "NVIDIA A100",
+            "8",
+            e,
+            &[
+                ("job_account", "chem"),
+                ("job_labels", "project=x,team=nlp"),
+            ],
+        );
+    }
+    for (t, e) in [(100, 0.0), (110, 500.0)] {
+        push(t, "GPU-c", "Tesla T4", "9", e, &[]);
+    }
+    let e = engine(dir.path(), &rows, &cost).await;
+    let st = |by: &str, month: &str| statement::Statement {
+        by: by.parse().expect("by"),
+        month: month.parse().expect("month"),
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let feb_rows = json_rows(&e, &st("account", "2027-02").sql()).await;
+    assert_eq!(feb_rows.len(), 3, "{feb_rows:?}");
+    // Most costly first: chem 60 s × 1.5 $/h + 18000 J; physics 30 s × 3 $/h + 3000 J; none.
+    let (chem, phys, none) = (&feb_rows[0], &feb_rows[1], &feb_rows[2]);
+    assert_eq!(
+        (chem["account"].as_str(), chem["month"].as_str()),
+        (Some("chem"), Some("2027-02"))
+    );
+    assert!(close(f(chem, "gpu_hours"), 60.0 / 3600.0));
+    assert!(close(f(chem, "energy_kwh"), 18000.0 / 3.6e6));
+    assert!(close(
+        f(chem, "cost_usd"),
+        60.0 * 1.5 / 3600.0 + 18000.0 / 3.6e6 * 0.2
+    ));
+    assert_eq!(phys["account"], "physics");
+    assert!(close(
+        f(phys, "cost_usd"),
+        30.0 * 3.0 / 3600.0 + 3000.0 / 3.6e6 * 0.2
+    ));
+    // The JSON writer leaves nulls out.
+    assert!(!none.contains_key("account"), "{none:?}");
+    assert!(close(
+        f(none, "cost_usd"),
+        10.0 * 0.5 / 3600.0 + 500.0 / 3.6e6 * 0.2
+    ));
+    assert_eq!(f(none, "idle_gpu_hours"), 0.0);
+    // January holds job 7's first 10 s only.
+    let jan = json_rows(&e, &st("account", "2027-01").sql()).await;
+    assert_eq!(jan.len(), 1, "{jan:?}");
+    assert!(close(
+        f(&jan[0], "cost_usd"),
+        10.0 * 3.0 / 3600.0 + 1000.0 / 3.6e6 * 0.2
+    ));
+    // Both months add up to the jobs view, to the cent and below.
+    let total = |rows: &[serde_json::Map<String, serde_json::Value>]| {
+        rows.iter().map(|r| f(r, "cost_usd")).sum::<f64>()
+    };
+    let jobs = one_row(&e, "SELECT sum(cost_usd) AS c FROM jobs").await;
+    assert!(close(total(&jan) + total(&feb_rows), f(&jobs, "c")));
+    // By pod label and by namespace.
+    let teams = json_rows(&e, &st("label:team", "2027-02").sql()).await;
+    let names: Vec<_> = teams
+        .iter()
+        .map(|r| r.get("label:team").cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            serde_json::json!("nlp"),
+            serde_json::json!("vision"),
+            serde_json::Value::Null
+        ]
+    );
+    let ns = json_rows(&e, &st("namespace", "2027-02").sql()).await;
+    let ml = Some(&serde_json::json!("ml"));
+    assert_eq!(ns.iter().filter(|r| r.get("namespace") == ml).count(), 1);
+    assert!(
+        json_rows(&e, &st("account", "2027-03").sql())
+            .await
+            .is_empty()
     );
 }

@@ -1,6 +1,8 @@
 //! SQL over HTTP: `POST /api/v1/sql` with `{"sql": "...", "format": "json"}`, or
 //! `GET /api/v1/sql?q=...&format=...`. An answer that leaves damaged data out says so in a
-//! `Gpuwatch-Warning` header per warning ([`WARNING_HEADER`]).
+//! `Gpuwatch-Warning` header per warning ([`WARNING_HEADER`]). Monthly cost statements,
+//! `GET /api/v1/cost?by=account&month=2026-11&format=csv`, are SQL over the `job_hours` view
+//! ([`gpuwatch_alerts::cost::statement`]) answered the same way.
 
 use std::sync::{Arc, OnceLock};
 
@@ -10,6 +12,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use gpuwatch_alerts::cost::statement::{Month, Statement};
 use serde::Deserialize;
 
 use bytes::Bytes;
@@ -45,6 +48,7 @@ pub(crate) const MAX_SQL_BODY_BYTES: usize = 1 << 20;
 pub(crate) fn router(engine: EngineSlot, seconds: Histogram) -> Router {
     Router::new()
         .route("/api/v1/sql", get(get_sql).post(post_sql))
+        .route("/api/v1/cost", get(get_cost))
         .with_state(Sql { engine, seconds })
 }
 
@@ -106,6 +110,47 @@ async fn get_sql(
         return Error::BadRequest("missing query: use ?q=<sql>".into()).into_response();
     };
     run(&engine, &seconds, &sql, params.format.as_deref()).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostParams {
+    by: Option<String>,
+    month: Option<String>,
+    format: Option<String>,
+}
+
+/// The statement `params` ask for: by account and this month (UTC) unless they say otherwise.
+fn statement(params: CostParams) -> Result<(Statement, Option<String>), Error> {
+    let bad = |e: gpuwatch_alerts::Error| Error::BadRequest(e.to_string());
+    let by = params
+        .by
+        .as_deref()
+        .unwrap_or("account")
+        .parse()
+        .map_err(bad)?;
+    let month = match params.month.as_deref() {
+        Some(m) => m.parse().map_err(bad)?,
+        None => Month::of(chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX)),
+    };
+    Ok((Statement { by, month }, params.format))
+}
+
+async fn get_cost(
+    State(Sql { engine, seconds }): State<Sql>,
+    params: Result<Query<CostParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let parsed = params
+        .map_err(|e| {
+            Error::BadRequest(format!(
+                "malformed query string ({e}): use ?by=account|user|namespace|partition|label:NAME&month=YYYY-MM&format=json"
+            ))
+        })
+        .and_then(|Query(p)| statement(p));
+    match parsed {
+        Ok((st, format)) => run(&engine, &seconds, &st.sql(), format.as_deref()).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn post_sql(State(Sql { engine, seconds }): State<Sql>, body: Body) -> Response {
