@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Float64Array, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::MemTable;
 use datafusion::prelude::SessionContext;
@@ -66,6 +66,13 @@ pub struct CostConfig {
     /// Budget of users not listed, USD [default: none].
     #[serde(default)]
     pub default_budget_usd: Option<f64>,
+    /// Monthly budgets per Slurm account, USD: the month's spend so far (calendar month, UTC)
+    /// against it (table `group_budgets`, used by the `SpendOverBudget` rule).
+    #[serde(default)]
+    pub account_budgets_usd: BTreeMap<String, f64>,
+    /// Monthly budgets per Kubernetes namespace, USD (as `account_budgets_usd`).
+    #[serde(default)]
+    pub namespace_budgets_usd: BTreeMap<String, f64>,
 }
 
 fn one() -> f64 {
@@ -86,6 +93,8 @@ impl Default for CostConfig {
             idle_utilization: 0.01,
             user_budgets_usd: BTreeMap::new(),
             default_budget_usd: None,
+            account_budgets_usd: BTreeMap::new(),
+            namespace_budgets_usd: BTreeMap::new(),
         }
     }
 }
@@ -134,6 +143,19 @@ impl CostConfig {
         }
         if self.max_sample_gap().is_zero() {
             return bad("max_sample_gap must be above zero");
+        }
+        let budgets = [
+            &self.user_budgets_usd,
+            &self.account_budgets_usd,
+            &self.namespace_budgets_usd,
+        ];
+        if budgets
+            .iter()
+            .flat_map(|m| m.values())
+            .chain(&self.default_budget_usd)
+            .any(|b| !(b.is_finite() && *b >= 0.0))
+        {
+            return bad("budgets must be numbers of 0 or more (USD)");
         }
         Ok(())
     }
@@ -266,10 +288,13 @@ FROM d GROUP BY job_id, host"#,
                 .map_err(|e| Error::Other(format!("cannot register the {name} view: {e}")))?;
         }
 
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("job_user", DataType::Utf8, true),
-            Field::new("budget_usd", DataType::Float64, false),
-        ]));
+        self.register_budgets(ctx)?;
+        Ok(ledger)
+    }
+
+    /// Registers `budgets` (`job_user`, `budget_usd`; a row with null `job_user` holds the
+    /// default) and `group_budgets` (`scope`: `account` or `namespace`, `name`, `budget_usd`).
+    fn register_budgets(&self, ctx: &SessionContext) -> Result<()> {
         let mut users: Vec<Option<String>> = self
             .user_budgets_usd
             .keys()
@@ -280,20 +305,65 @@ FROM d GROUP BY job_id, host"#,
             users.push(None);
             budgets.push(d);
         }
-        let batch = RecordBatch::try_new(
-            Arc::clone(&schema),
+        register_memory(
+            ctx,
+            "budgets",
             vec![
-                Arc::new(StringArray::from(users)),
-                Arc::new(Float64Array::from(budgets)),
+                (
+                    Field::new("job_user", DataType::Utf8, true),
+                    Arc::new(StringArray::from(users)),
+                ),
+                (
+                    Field::new("budget_usd", DataType::Float64, false),
+                    Arc::new(Float64Array::from(budgets)),
+                ),
+            ],
+        )?;
+        let groups: Vec<(&str, &String, f64)> = [
+            ("account", &self.account_budgets_usd),
+            ("namespace", &self.namespace_budgets_usd),
+        ]
+        .into_iter()
+        .flat_map(|(scope, m)| m.iter().map(move |(name, usd)| (scope, name, *usd)))
+        .collect();
+        register_memory(
+            ctx,
+            "group_budgets",
+            vec![
+                (
+                    Field::new("scope", DataType::Utf8, false),
+                    Arc::new(StringArray::from_iter_values(groups.iter().map(|g| g.0))),
+                ),
+                (
+                    Field::new("name", DataType::Utf8, false),
+                    Arc::new(StringArray::from_iter_values(
+                        groups.iter().map(|g| g.1.as_str()),
+                    )),
+                ),
+                (
+                    Field::new("budget_usd", DataType::Float64, false),
+                    Arc::new(Float64Array::from_iter_values(groups.iter().map(|g| g.2))),
+                ),
             ],
         )
-        .map_err(|e| Error::Other(e.to_string()))?;
-        let table = MemTable::try_new(schema, vec![vec![batch]])
-            .map_err(|e| Error::Other(e.to_string()))?;
-        ctx.register_table("budgets", Arc::new(table))
-            .map_err(|e| Error::Other(format!("cannot register the budgets table: {e}")))?;
-        Ok(ledger)
     }
+}
+
+/// Registers the one-batch table `name` of `columns` in `ctx`.
+fn register_memory(
+    ctx: &SessionContext,
+    name: &str,
+    columns: Vec<(Field, ArrayRef)>,
+) -> Result<()> {
+    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), arrays)
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let table =
+        MemTable::try_new(schema, vec![vec![batch]]).map_err(|e| Error::Other(e.to_string()))?;
+    ctx.register_table(name, Arc::new(table))
+        .map_err(|e| Error::Other(format!("cannot register the {name} table: {e}")))?;
+    Ok(())
 }
 
 pub mod advice;
@@ -302,7 +372,6 @@ pub mod limiter;
 pub mod peaks;
 pub mod report;
 pub mod statement;
-
 pub mod work;
 
 pub use advice::{AdviceConfig, JobsConfig};

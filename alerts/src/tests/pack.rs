@@ -26,6 +26,7 @@ struct Series {
     host: &'static str,
     gpu: &'static str,
     job: Option<(&'static str, &'static str, &'static str)>, // id, user, name
+    account: Option<&'static str>,
     from: i64,
     to: i64,
     values: Vec<(&'static str, f64)>,
@@ -47,6 +48,13 @@ fn rows(s: &Series) -> Vec<GpuRow> {
             r.labels[6] = Some(user.into());
             r.labels[7] = Some(name.into());
             r.labels[8] = Some("slurm".into());
+        }
+        if let Some(account) = s.account {
+            let i = gpuwatch_store::schema::LABEL_COLUMNS
+                .iter()
+                .position(|(c, _)| *c == "job_account")
+                .expect("job_account");
+            r.labels[i] = Some(account.into());
         }
         let mut set = |name: &str, v: f64| {
             let i = value_index(name).unwrap_or_else(|| panic!("no column for {name}"));
@@ -99,6 +107,7 @@ fn scenario() -> Vec<Series> {
             host: "h1",
             gpu: "GPU-idle40",
             job: job("101", "ann", "notebook"),
+            account: Some("chem"),
             from: T - 60 * M,
             to: T - 40 * M,
             values: busy(),
@@ -108,6 +117,7 @@ fn scenario() -> Vec<Series> {
             host: "h1",
             gpu: "GPU-idle40",
             job: job("101", "ann", "notebook"),
+            account: Some("chem"),
             from: T - 40 * M + 30 * S,
             to: T + 2 * M,
             values: idle(),
@@ -118,6 +128,7 @@ fn scenario() -> Vec<Series> {
             host: "h1",
             gpu: "GPU-idle40",
             job: job("101", "ann", "notebook"),
+            account: Some("chem"),
             from: T + 2 * M + 30 * S,
             to: end,
             values: busy(),
@@ -208,10 +219,13 @@ fn scenario() -> Vec<Series> {
         // JobLowEfficiency: 4 GPUs × 20 min at sm_active 0.1 (1.33 GPU-hours); a 1-GPU job at 0.1
         // for 20 min (0.33 GPU-hours: quiet).
         // JobCostOverBudget: dan's budget is 1 USD; at 10 USD/GPU-hour job 201 costs ~13 USD.
+        // SpendOverBudget: its account bio's monthly budget is 5 USD (account chem, job 101:
+        // under its 1000 USD).
         Series {
             host: "h4",
             gpu: "GPU-l0",
             job: job("201", "dan", "llm-eval"),
+            account: Some("bio"),
             from: T - 20 * M,
             to: end,
             values: vec![
@@ -225,6 +239,7 @@ fn scenario() -> Vec<Series> {
             host: "h4",
             gpu: "GPU-l1",
             job: job("201", "dan", "llm-eval"),
+            account: Some("bio"),
             from: T - 20 * M,
             to: end,
             values: vec![
@@ -238,6 +253,7 @@ fn scenario() -> Vec<Series> {
             host: "h4",
             gpu: "GPU-l2",
             job: job("201", "dan", "llm-eval"),
+            account: Some("bio"),
             from: T - 20 * M,
             to: end,
             values: vec![
@@ -251,6 +267,7 @@ fn scenario() -> Vec<Series> {
             host: "h4",
             gpu: "GPU-l3",
             job: job("201", "dan", "llm-eval"),
+            account: Some("bio"),
             from: T - 20 * M,
             to: end,
             values: vec![
@@ -332,6 +349,7 @@ fn firing(e: &RuleEngine) -> BTreeMap<String, Vec<String>> {
             .get("gpu_uuid")
             .or_else(|| a.labels.get("job_id"))
             .or_else(|| a.labels.get("host"))
+            .or_else(|| a.labels.get("name"))
             .cloned()
             .unwrap_or_default();
         let sev = a.labels.get("severity").cloned().unwrap_or_default();
@@ -362,7 +380,8 @@ async fn each_pack_rule_fires_on_its_case_only() {
     let read: Arc<dyn ReadStore> = store.clone();
     let engine = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     let cost: CostConfig = toml::from_str(
-        "default_gpu_hour_usd = 10.0\nuser_budgets_usd = { dan = 1.0, fay = 1000.0, gus = 1000.0 }\n",
+        "default_gpu_hour_usd = 10.0\nuser_budgets_usd = { dan = 1.0, fay = 1000.0, gus = 1000.0 }\n\
+         account_budgets_usd = { bio = 5.0, chem = 1000.0 }\n",
     )
     .expect("cost");
     cost.register(engine.context(), &crate::cost::JobsConfig::default())
@@ -407,6 +426,7 @@ async fn each_pack_rule_fires_on_its_case_only() {
         Some(&v(&["GPU-remap:critical"]))
     );
     assert_eq!(now.get("JobCostOverBudget"), Some(&v(&["201:warning"])));
+    assert_eq!(now.get("SpendOverBudget"), Some(&v(&["bio:warning"])));
     assert_eq!(now.get("GpuIdleInJob"), None, "for: 1m");
     // After 1 minute.
     assert_eq!(
