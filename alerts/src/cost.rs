@@ -395,6 +395,31 @@ pub(crate) const CHARGE_COLUMNS: [&str; 8] = [
 /// Index of the one integer column of [`CHARGE_COLUMNS`].
 pub(crate) const TIME_LIMIT_COLUMN: usize = 5;
 
+/// A job's chargeback labels on one GPU ([`CHARGE_COLUMNS`]), each the largest value seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// The text columns in [`CHARGE_COLUMNS`] order (the time limit's slot unused).
+    pub text: [Option<String>; CHARGE_COLUMNS.len()],
+    /// `job_time_limit_seconds`.
+    pub time_limit: Option<i64>,
+}
+
+impl Charge {
+    /// Keeps the larger value of each label.
+    pub fn merge(&mut self, other: &Charge) {
+        for (slot, v) in self.text.iter_mut().zip(&other.text) {
+            report::parts::keep_max(slot, v.as_deref());
+        }
+        self.time_limit = self.time_limit.max(other.time_limit);
+    }
+
+    /// The value of text column `column` of [`CHARGE_COLUMNS`].
+    pub fn get(&self, column: &str) -> Option<&str> {
+        let k = CHARGE_COLUMNS.iter().position(|c| *c == column)?;
+        self.text[k].as_deref()
+    }
+}
+
 /// `, job_account, job_partition, …`.
 pub(crate) fn charge_list_sql() -> String {
     CHARGE_COLUMNS.iter().map(|c| format!(", {c}")).collect()

@@ -91,6 +91,9 @@ pub struct AdviceConfig {
     /// `power_capped` (informational): the SW power cap in at least this share of the samples
     /// [default: 0.1].
     pub power_capped_share: f64,
+    /// `time_limit`: an ended job that ran less than this share of its requested time limit
+    /// (and left at least an hour of it unused) [default: 0.4].
+    pub time_limit_share: f64,
 }
 
 impl Default for AdviceConfig {
@@ -112,13 +115,14 @@ impl Default for AdviceConfig {
             low_memory_max_sm_active: 0.5,
             throttled_share: 0.1,
             power_capped_share: 0.1,
+            time_limit_share: 0.4,
         }
     }
 }
 
 impl AdviceConfig {
     /// The ratios, by their TOML key.
-    fn ratios(&self) -> [(&'static str, f64); 14] {
+    fn ratios(&self) -> [(&'static str, f64); 15] {
         [
             ("idle_gpu_share", self.idle_gpu_share),
             ("host_transfer_link_share", self.host_transfer_link_share),
@@ -137,6 +141,7 @@ impl AdviceConfig {
             ("low_memory_max_sm_active", self.low_memory_max_sm_active),
             ("throttled_share", self.throttled_share),
             ("power_capped_share", self.power_capped_share),
+            ("time_limit_share", self.time_limit_share),
         ]
     }
 

@@ -48,7 +48,7 @@ use super::limiter::{self, LIMITERS};
 use super::report::parts::{self, GpuUsage, Parts, keep_max};
 use super::report::sql::EXTRA;
 use super::{
-    AdviceConfig, CHARGE_COLUMNS, CostConfig, JobsConfig, TIME_LIMIT_COLUMN, WorkConfig,
+    AdviceConfig, CHARGE_COLUMNS, Charge, CostConfig, JobsConfig, TIME_LIMIT_COLUMN, WorkConfig,
     charge_list_sql, num,
 };
 
@@ -103,10 +103,8 @@ struct Usage {
     intervals: Vec<f64>,
     /// The job report's parts ([`parts`]).
     parts: Parts,
-    /// The text [`CHARGE_COLUMNS`] (the time limit's slot unused), largest value seen.
-    charge: [Option<String>; CHARGE_COLUMNS.len()],
-    /// `job_time_limit_seconds`, largest value seen.
-    time_limit: Option<i64>,
+    /// The chargeback labels, largest value seen.
+    charge: Charge,
 }
 
 /// `(job_id, host, gpu_uuid, gpu_model)`.
@@ -254,11 +252,11 @@ impl Snapshot {
             columns.push(if k == TIME_LIMIT_COLUMN {
                 Arc::new(
                     rows.iter()
-                        .map(|(_, u)| u.time_limit)
+                        .map(|(_, u)| u.charge.time_limit)
                         .collect::<Int64Array>(),
                 )
             } else {
-                views(rows.iter().map(|(_, u)| u.charge[k].as_deref()))
+                views(rows.iter().map(|(_, u)| u.charge.text[k].as_deref()))
             });
         }
         columns.push(Arc::new(
@@ -335,6 +333,7 @@ impl Usage {
             class_secs: self.class_secs,
             intervals: vec![self.interval],
             parts: self.parts.clone(),
+            charge: self.charge.clone(),
         }
     }
 }
@@ -543,11 +542,12 @@ impl JobLedger {
                     keep_max(&mut u.scheduler, opt(&scheduler, i));
                     keep_max(&mut u.job_user, opt(&user, i));
                     keep_max(&mut u.job_name, opt(&name, i));
-                    for (slot, column) in u.charge.iter_mut().zip(&charge) {
+                    let text = u.charge.text.iter_mut().zip(&charge).enumerate();
+                    for (_, (slot, column)) in text.filter(|(k, _)| *k != TIME_LIMIT_COLUMN) {
                         keep_max(slot, opt(column, i));
                     }
                     if !limit.is_null(i) {
-                        u.time_limit = u.time_limit.max(Some(limit.value(i)));
+                        u.charge.time_limit = u.charge.time_limit.max(Some(limit.value(i)));
                     }
                     u.add(t, secs, joules, opt(&class, i), is_idle);
                     u.parts.add_sample(

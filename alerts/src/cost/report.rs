@@ -14,6 +14,7 @@
 //! always a quoted SQL literal ([`super::sql_str`]).
 
 mod advise;
+pub mod charge;
 mod gather;
 pub mod parts;
 mod render;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::limiter::{self, LIMITERS};
 use super::{CostConfig, JobsConfig, WorkConfig, sql_str};
 pub use advise::advise;
+pub use charge::JobCharge;
 #[cfg(test)]
 pub(crate) use gather::ledger_of;
 pub use parts::GpuUsage;
@@ -254,6 +256,9 @@ pub struct JobReport {
     /// Work the job counted (`job.samples`, … docs/cost.md), or null when it reported none.
     #[serde(default)]
     pub work: Option<JobWork>,
+    /// Account, partition, QOS, array ids, namespace, pod labels and time limit.
+    #[serde(default)]
+    pub charge: JobCharge,
     /// Per GPU, by host and index.
     pub per_gpu: Vec<GpuReport>,
     /// XID and ECC events during the job.
@@ -620,6 +625,7 @@ pub async fn job_report(
         limiter: limiter::argmax(&limiter_seconds),
         limiter_seconds,
         work,
+        charge: JobCharge::of(&usages, wall_s),
         per_gpu,
         events,
         advice: Vec::new(),

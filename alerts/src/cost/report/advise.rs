@@ -326,5 +326,6 @@ pub fn advise(r: &JobReport, t: &AdviceConfig) -> Vec<Advice> {
     for g in &r.per_gpu {
         error_notes(r, g, &mut out);
     }
+    out.extend(super::charge::time_limit_note(r, t));
     out
 }

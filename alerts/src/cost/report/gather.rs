@@ -15,7 +15,7 @@ use super::sql::{self, COUNTERS, GpuSpan, THROTTLE_BITS};
 use super::{GpuReport, Row, f, i, rows, s};
 use crate::cost::ledger::{JobLedger, JobsTable};
 use crate::cost::limiter::{self, LIMITERS};
-use crate::cost::{AdviceConfig, CostConfig};
+use crate::cost::{AdviceConfig, CHARGE_COLUMNS, Charge, CostConfig, TIME_LIMIT_COLUMN};
 
 /// How far back [`raw_spans`] first looks for each GPU's sample before the job's first.
 const PREVIOUS_LOOKBACK_NS: i64 = 3_600_000_000_000;
@@ -152,6 +152,14 @@ fn usage_from_row(r: &Row) -> Option<GpuUsage> {
         class_secs,
         intervals,
         parts: Parts::from_values((0..parts::parts().len()).map(|k| f(r, &format!("p_{k}")))),
+        charge: Charge {
+            text: std::array::from_fn(|k| {
+                (k != TIME_LIMIT_COLUMN)
+                    .then(|| s(r, CHARGE_COLUMNS[k]))
+                    .flatten()
+            }),
+            time_limit: i(r, CHARGE_COLUMNS[TIME_LIMIT_COLUMN]),
+        },
     })
 }
 

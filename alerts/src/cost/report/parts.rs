@@ -23,6 +23,7 @@ use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::physical_plan::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 
+use super::super::Charge;
 use super::super::limiter::{self, LIMITERS};
 use super::super::peaks;
 use super::sql::{COUNTERS, POWER_CAP_BIT, THROTTLE_BITS, throttle_mask};
@@ -402,6 +403,8 @@ pub struct GpuUsage {
     pub intervals: Vec<(f64, u64)>,
     /// The parts.
     pub parts: Parts,
+    /// The job's chargeback labels on the GPU.
+    pub charge: Charge,
 }
 
 /// Keeps the larger of `slot` and `v` (a label seen with several values keeps the largest, as
@@ -438,6 +441,7 @@ impl GpuUsage {
         }
         self.intervals.extend_from_slice(&other.intervals);
         self.parts.merge(&other.parts);
+        self.charge.merge(&other.charge);
     }
 }
 

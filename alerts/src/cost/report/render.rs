@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::advise::{gib, gpu_name};
+use super::charge::{JobCharge, slurm_duration};
 use super::{GpuReport, JobReport, JobSummary};
 
 fn pct(v: f64) -> String {
@@ -154,6 +155,34 @@ fn events_and_notes(r: &JobReport) -> String {
     o
 }
 
+/// `  account physics  partition gpu  …  time limit 02:00:00 (used 12%)`, or nothing when the
+/// job carried no accounting label.
+fn charge_line(c: &JobCharge) -> String {
+    let mut parts: Vec<String> = [
+        ("account", &c.account),
+        ("partition", &c.partition),
+        ("QOS", &c.qos),
+        ("namespace", &c.namespace),
+        ("labels", &c.labels),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k} {v}")))
+    .collect();
+    if let (Some(a), Some(t)) = (&c.array_job_id, &c.array_task_id) {
+        parts.push(format!("array {a}_{t}"));
+    }
+    if let Some(l) = c.time_limit_seconds {
+        let used = c
+            .time_limit_used
+            .map_or_else(String::new, |u| format!(" (used {})", pct(u)));
+        parts.push(format!("time limit {}{used}", slurm_duration(l)));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("  {}\n", parts.join("  "))
+}
+
 /// The report as text, the way `gpuwatch job` prints it.
 pub fn render_text(r: &JobReport) -> String {
     let mut o = String::new();
@@ -170,6 +199,7 @@ pub fn render_text(r: &JobReport) -> String {
         r.first_seen,
         r.last_seen
     ));
+    o.push_str(&charge_line(&r.charge));
     o.push_str(&format!(
         "  GPU-hours {:.3}   idle GPU-hours {:.3} ({})   energy {:.3} kWh\n  cost USD {:.2}   idle cost USD {:.2}   mean utilisation {}\n",
         r.gpu_hours,

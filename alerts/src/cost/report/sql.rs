@@ -16,7 +16,7 @@
 //! limiter: `Σ secs × v / Σ secs` over the samples where `v` is read.
 
 use super::super::limiter;
-use super::super::{AdviceConfig, CostConfig, sql_str};
+use super::super::{AdviceConfig, CostConfig, charge_list_sql, charge_max_sql, sql_str};
 use super::parts;
 
 /// NVML clock-event-reason bits the job is never blamed for: SW power cap (0x4).
@@ -200,6 +200,7 @@ pub fn per_gpu_sql(
     let id = sql_str(job_id);
     let mut extra: String = EXTRA.iter().map(|c| format!(", {c}")).collect();
     extra.push_str(&parts::derived_columns());
+    extra.push_str(&charge_list_sql());
     let ctes = cost.sample_ctes(
         advice,
         &extra,
@@ -215,9 +216,10 @@ SELECT host, gpu_uuid, gpu_model,
   sum(joules) AS energy_joules, sum(CASE WHEN idle THEN joules ELSE 0.0 END) AS idle_energy_joules,
   median(CASE WHEN secs > 0 THEN secs END) AS interval_median, count(CASE WHEN secs > 0 THEN 1 END) AS interval_n,
   {classes},
-  {parts}
+  {parts}{charge}
 FROM d GROUP BY host, gpu_uuid, gpu_model"#,
         classes = limiter::class_sums_sql(),
         parts = parts::aggregate_sql(),
+        charge = charge_max_sql(true),
     )
 }

@@ -33,6 +33,17 @@ fn sample(t: i64, idx: usize, util: f64, sm: f64, mem: i64, reasons: i64, energy
     r.labels[6] = Some("alice".into());
     r.labels[7] = Some("train".into());
     r.labels[8] = Some("slurm".into());
+    for (name, v) in [
+        ("job_account", "physics"),
+        ("job_partition", "gpu"),
+        ("job_time_limit_seconds", "7200"),
+    ] {
+        let i = gpuwatch_store::schema::LABEL_COLUMNS
+            .iter()
+            .position(|(c, _)| *c == name)
+            .expect(name);
+        r.labels[i] = Some(v.into());
+    }
     set(&mut r, "hw.gpu.utilization", Cell::F(util));
     set(&mut r, "gpu.sm.active", Cell::F(sm));
     set(&mut r, "gpu.tensor.active", Cell::F(sm / 2.0));
@@ -241,6 +252,26 @@ async fn report_equals_the_jobs_table_and_a_hand_computation() {
         .expect("job");
     assert_eq!(later.state, "ended");
     assert!(render_text(&later).contains("request 3 GPUs"));
+    // The job's accounting: 600 s of a 2-hour limit, so the ended job gets the time_limit note.
+    assert_eq!(later.charge.account.as_deref(), Some("physics"));
+    assert_eq!(later.charge.partition.as_deref(), Some("gpu"));
+    assert_eq!(later.charge.time_limit_seconds, Some(7200));
+    assert!(close(
+        later.charge.time_limit_used.expect("used"),
+        600.0 / 7200.0
+    ));
+    let last = later.advice.last().expect("notes");
+    assert_eq!(last.rule, "time_limit");
+    assert!(
+        render_text(&later)
+            .contains("account physics  partition gpu  time limit 02:00:00 (used 8%)"),
+        "{}",
+        render_text(&later)
+    );
+    assert!(
+        !r.advice.iter().any(|a| a.rule == "time_limit"),
+        "running: no note"
+    );
 }
 
 #[tokio::test]
@@ -349,6 +380,7 @@ fn report(per_gpu: Vec<GpuReport>) -> JobReport {
         limiter: None,
         limiter_seconds: BTreeMap::new(),
         work: None,
+        charge: JobCharge::default(),
         per_gpu,
         events: Vec::new(),
         advice: Vec::new(),
@@ -373,6 +405,52 @@ fn rules_of(g: GpuReport) -> Vec<String> {
 #[test]
 fn a_healthy_job_gets_no_notes() {
     assert!(rules(&report(vec![gpu(0, 3600.0, 60.0), gpu(1, 3600.0, 0.0)])).is_empty());
+}
+
+/// A report of an ended job that ran `ran` seconds with a time limit of `limit`.
+fn limited(ran: i64, limit: i64) -> JobReport {
+    let mut r = report(vec![gpu(0, 3600.0, 0.0)]);
+    r.last_seen_ns = ran * S;
+    r.charge = JobCharge::of(&[], ran as f64);
+    r.charge.time_limit_seconds = Some(limit);
+    r.charge.time_limit_used = Some(ran as f64 / limit as f64);
+    r
+}
+
+#[test]
+fn time_limit_note_needs_an_ended_job_under_its_share_with_an_hour_unused() {
+    let t = AdviceConfig::default();
+    // 1 h of 24 h: 4%, 23 h unused.
+    let a = advise(&limited(3600, 86_400), &t);
+    assert_eq!(rules(&limited(3600, 86_400)), ["time_limit"]);
+    assert!(
+        a[0].figure
+            .contains("used 4% of the requested time (01:00:00 of 1-00:00:00)"),
+        "{}",
+        a[0].figure
+    );
+    assert!(a[0].advice.contains("--time=01:12:00"), "{}", a[0].advice);
+    assert_eq!(
+        (a[0].value, a[0].threshold),
+        (Some(3600.0 / 86_400.0), Some(0.4))
+    );
+    // 40% and more: quiet; under 40% but less than an hour unused: quiet.
+    assert!(rules(&limited(4 * 3600, 10 * 3600)).is_empty());
+    assert!(rules(&limited(600, 3600)).is_empty());
+    // Still running: quiet.
+    let mut running = limited(3600, 86_400);
+    running.state = "running".into();
+    assert!(rules(&running).is_empty());
+    // No limit known: quiet.
+    assert!(rules(&report(vec![gpu(0, 3600.0, 0.0)])).is_empty());
+    let strict = AdviceConfig {
+        time_limit_share: 0.5,
+        ..AdviceConfig::default()
+    };
+    assert_eq!(
+        advise(&limited(4 * 3600, 10 * 3600), &strict)[0].rule,
+        "time_limit"
+    );
 }
 
 #[test]
