@@ -354,8 +354,8 @@ fn every_panel_answers_on_the_demo_fleet() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("gpuwatch.toml");
     // Prices as the demo's defaults; budgets low enough that running jobs go over them, so the
-    // built-in JobCostOverBudget rule fires for them (Alerts dashboard, the Job dashboard's
-    // alerts).
+    // built-in JobCostOverBudget and SpendOverBudget rules fire for them (Alerts dashboard, the
+    // Job dashboard's alerts, the Cost dashboard's spend by account).
     std::fs::write(
         &config,
         "[cost]\n\
@@ -363,7 +363,8 @@ fn every_panel_answers_on_the_demo_fleet() {
          kwh_usd = 0.12\n\
          pue = 1.3\n\
          user_budgets_usd = { alice = 0.5 }\n\
-         default_budget_usd = 1.0\n",
+         default_budget_usd = 1.0\n\
+         account_budgets_usd = { physics = 1.0, chem = 1000.0 }\n",
     )
     .expect("config");
     let demo = Demo::start(dir.path(), &config);

@@ -2,6 +2,7 @@
 //! noisy reading of it.
 
 use super::*;
+use crate::JobExtra;
 
 #[derive(Debug, Clone)]
 pub(super) struct Gpu {
@@ -105,7 +106,16 @@ impl Fleet {
             name: j.kind.name().to_string(),
             scheduler: "slurm".to_string(),
             k8s: None,
-            extra: Default::default(),
+            extra: JobExtra {
+                account: super::account_of(j.user).to_string(),
+                partition: if j.kind == Kind::Notebook {
+                    "interactive"
+                } else {
+                    "gpu"
+                }
+                .to_string(),
+                ..JobExtra::default()
+            },
         });
         let gpu = &self.gpus[i];
         let n = &mut self.noise;

@@ -126,6 +126,20 @@ const USERS: &[&str] = &[
     "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
 ];
 
+/// The Slurm account of each of [`USERS`] (a user bills one project), so statements and budgets
+/// per account have something to show on the demo.
+const ACCOUNTS: &[&str] = &[
+    "physics", "physics", "chem", "chem", "bio", "ml", "ml", "ml",
+];
+
+/// The account of `user` ([`ACCOUNTS`]); `ml` for a user not listed.
+fn account_of(user: &str) -> &'static str {
+    USERS
+        .iter()
+        .position(|u| *u == user)
+        .map_or("ml", |i| ACCOUNTS[i])
+}
+
 /// How a node is set up beyond its size and seed. [`Fleet::new`] takes the defaults: a demo
 /// node. The benchmark fleet (bench/src/fleet.rs: many nodes scraped as dcgm-exporter) sets the
 /// others: no demo jobs, job ids unique across its nodes, a multi-node job's share of a node,
