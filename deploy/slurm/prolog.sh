@@ -14,8 +14,10 @@
 #                      it), and for chargeback account, partition, qos, array_job_id,
 #                      array_task_id and time_limit (TimeLimit as `scontrol show job` prints it,
 #                      e.g. 1-00:00:00 or UNLIMITED). The prolog environment gives the account,
-#                      partition and array ids; QOS and the time limit come from
-#                      `scontrol -o show job` (left out when scontrol is missing or slow).
+#                      partition and array ids; QOS, the time limit and the array ids
+#                      (again) come from `scontrol -o show job` (left out when scontrol is
+#                      missing or slow). The agent ignores empty values and `(null)`, so a later
+#                      empty line never blanks an earlier one.
 # A MIG site writes `<gpu index>.<gpu instance>` files the same way.
 #
 # Never fails the job: every problem is logged to stderr (slurmd's log) and the script exits 0.
@@ -50,6 +52,9 @@ job_fields() {
     case "$word" in
       QOS=*) printf 'qos=%s\n' "${word#QOS=}" ;;
       TimeLimit=*) printf 'time_limit=%s\n' "${word#TimeLimit=}" ;;
+      # Array ids, for a Slurm whose prolog environment lacks SLURM_ARRAY_*.
+      ArrayJobId=*) printf 'array_job_id=%s\n' "${word#ArrayJobId=}" ;;
+      ArrayTaskId=*) printf 'array_task_id=%s\n' "${word#ArrayTaskId=}" ;;
     esac
   done
 }

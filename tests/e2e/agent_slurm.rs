@@ -4,6 +4,8 @@
 //! GPU open (a "process" on the GPU), the other holds the allocation only (the idle-GPU case).
 //! Checked through SQL on the real server: each GPU carries its job while it runs, the process
 //! row carries its pid and job, and the labels go when the jobs end, without an agent restart.
+//! The jobs bill two accounts and two partitions, one of them as an array task: their labels
+//! reach `gpu_metrics`, `gpuwatch cost` and `gpuwatch job`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,11 +57,13 @@ impl Slurm {
         c
     }
 
-    /// Submit a one-GPU batch job running `script`; returns its id.
-    fn sbatch(&mut self, name: &str, script: &str) -> String {
+    /// Submit a one-GPU batch job running `script` with sbatch options `args`; returns its id
+    /// (an array job's id for an array).
+    fn sbatch(&mut self, name: &str, args: &[&str], script: &str) -> String {
         let out = self
             .cmd("sbatch")
             .args(["--parsable", "--gres=gpu:1", "-J", name, "-o", "/dev/null"])
+            .args(args)
             .arg("--wrap")
             .arg(script)
             .output()
@@ -123,35 +127,47 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
     let mapping = slurm.dir.join("jobs");
     let fake = slurm.dir.join("fakegpu");
 
-    // Each job writes the GPU Slurm gave it, so the test knows where to look.
-    let busy = slurm.sbatch(
+    // Each job writes the GPU Slurm gave it and its job id, so the test knows where to look
+    // (the files of an earlier run go first).
+    for name in ["train-a", "idle-b"] {
+        let _ = std::fs::remove_file(slurm.dir.join(format!("gpus.{name}")));
+    }
+    // Two accounts, two partitions, two time limits; the idle job is task 3 of an array job.
+    let busy_submit = slurm.sbatch(
         "train-a",
+        &["--account=physics", "--partition=debug", "--time=00:05:00"],
         &format!(
-            "echo $SLURM_JOB_GPUS > {d}/gpus.$SLURM_JOB_ID; exec 3<{f}/nvidia$SLURM_JOB_GPUS; exec sleep 120",
+            "echo $SLURM_JOB_GPUS $SLURM_JOB_ID > {d}/gpus.train-a; exec 3<{f}/nvidia$SLURM_JOB_GPUS; exec sleep 120",
             d = slurm.dir.display(),
             f = fake.display()
         ),
     );
-    let idle = slurm.sbatch(
+    let array = slurm.sbatch(
         "idle-b",
+        &[
+            "--account=chem",
+            "--partition=long",
+            "--time=00:30:00",
+            "--array=3",
+        ],
         &format!(
-            "echo $SLURM_JOB_GPUS > {d}/gpus.$SLURM_JOB_ID; exec sleep 120",
+            "echo $SLURM_JOB_GPUS $SLURM_JOB_ID > {d}/gpus.idle-b; exec sleep 120",
             d = slurm.dir.display()
         ),
     );
-    let gpu_of = |id: &str| -> Option<u32> {
-        std::fs::read_to_string(slurm.dir.join(format!("gpus.{id}")))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+    let started = |name: &str| -> Option<(u32, String)> {
+        let text = std::fs::read_to_string(slurm.dir.join(format!("gpus.{name}"))).ok()?;
+        let (gpu, id) = text.trim().split_once(' ')?;
+        Some((gpu.parse().ok()?, id.to_string()))
     };
     eventually(Duration::from_secs(30), "both jobs running", || async {
-        gpu_of(&busy).is_some() && gpu_of(&idle).is_some()
+        started("train-a").is_some() && started("idle-b").is_some()
     })
     .await;
-    let busy_gpu = gpu_of(&busy).expect("gpu of the busy job");
-    let idle_gpu = gpu_of(&idle).expect("gpu of the idle job");
+    let (busy_gpu, busy) = started("train-a").expect("gpu of the busy job");
+    let (idle_gpu, idle) = started("idle-b").expect("gpu of the idle job");
+    assert_eq!(busy, busy_submit);
+    slurm.jobs.push(idle.clone());
     assert_ne!(busy_gpu, idle_gpu, "two one-GPU jobs share a GPU");
 
     let endpoint = server.otlp_url();
@@ -209,6 +225,8 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
         assert_eq!(field(row, "scheduler").as_str(), Some("slurm"), "{row}");
     }
 
+    chargeback_reaches_the_statement(&server, host, (&busy, busy_gpu), (&idle, &array)).await;
+
     // The per-process row: the job's pid on the busy GPU, with its job.
     let procs = rows(
         &server,
@@ -256,5 +274,90 @@ async fn slurm_jobs_label_their_gpus_and_go_when_they_end() {
         !mapping.join(busy_gpu.to_string()).exists()
             && !mapping.join(idle_gpu.to_string()).exists(),
         "the epilog left mapping files behind"
+    );
+}
+
+/// The accounting labels of the two jobs: `busy` (account physics, partition debug, 5 minutes,
+/// a process on its GPU: its account from the process's environment) and `idle` (task 3 of
+/// array job `array`, account chem, partition long, 30 minutes, no process: everything from the
+/// prolog's `.jobs/<id>`), in `gpu_metrics`, in `gpuwatch cost` and in `gpuwatch job`.
+async fn chargeback_reaches_the_statement(
+    server: &TestServer,
+    host: &str,
+    (busy, busy_gpu): (&str, u32),
+    (idle, array): (&str, &str),
+) {
+    let labels = rows(
+        server,
+        &format!(
+            "SELECT job_id, max(job_account) AS account, max(job_partition) AS partition, \
+             max(job_array_id) AS array_id, max(job_array_task_id) AS task, \
+             max(job_time_limit_seconds) AS time_limit, max(job_qos) AS qos, min(gpu_index) AS gpu \
+             FROM gpu_metrics WHERE host = '{host}' AND job_id IS NOT NULL GROUP BY job_id ORDER BY job_id"
+        ),
+    )
+    .await;
+    let of = |id: &str| {
+        labels
+            .iter()
+            .find(|r| field(r, "job_id").as_str() == Some(id))
+            .unwrap_or_else(|| panic!("no rows of job {id}: {labels:?}"))
+    };
+    let (b, i) = (of(busy), of(idle));
+    assert_eq!(field(b, "account").as_str(), Some("physics"), "{b}");
+    assert_eq!(field(b, "partition").as_str(), Some("debug"), "{b}");
+    assert_eq!(field(b, "time_limit").as_i64(), Some(300), "{b}");
+    assert_eq!(field(b, "gpu").as_u64(), Some(u64::from(busy_gpu)), "{b}");
+    assert!(field(b, "array_id").is_null(), "not an array task: {b}");
+    assert_eq!(field(i, "account").as_str(), Some("chem"), "{i}");
+    assert_eq!(field(i, "partition").as_str(), Some("long"), "{i}");
+    assert_eq!(field(i, "time_limit").as_i64(), Some(1800), "{i}");
+    assert_eq!(field(i, "array_id").as_str(), Some(array), "{i}");
+    assert_eq!(field(i, "task").as_str(), Some("3"), "{i}");
+    // Without slurmdbd a job has no QOS: scontrol prints `(null)`, which the agent drops.
+    assert!(field(b, "qos").is_null(), "{b}");
+
+    // `gpuwatch cost` bills this month by account and by partition.
+    let cost = |by: &str| -> Vec<Value> {
+        let out = Command::new(gpuwatch_e2e::bin_dir().join("gpuwatch"))
+            .args([
+                "cost",
+                "--by",
+                by,
+                "--format",
+                "json",
+                "--server",
+                &server.url(),
+            ])
+            .output()
+            .expect("gpuwatch cost");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let groups = |rows: &[Value], key: &str| -> Vec<String> {
+        let mut g: Vec<String> = rows
+            .iter()
+            .filter(|r| field(r, "gpu_hours").as_f64().is_some_and(|h| h > 0.0))
+            .filter_map(|r| field(r, key).as_str().map(String::from))
+            .collect();
+        g.sort();
+        g
+    };
+    assert_eq!(groups(&cost("account"), "account"), ["chem", "physics"]);
+    assert_eq!(groups(&cost("partition"), "partition"), ["debug", "long"]);
+
+    // The job report names them.
+    let out = Command::new(gpuwatch_e2e::bin_dir().join("gpuwatch"))
+        .args(["job", busy, "--server", &server.url()])
+        .output()
+        .expect("gpuwatch job");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("account physics  partition debug") && text.contains("time limit 00:05:00"),
+        "{text}"
     );
 }

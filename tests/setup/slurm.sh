@@ -90,6 +90,7 @@ Epilog=$S/epilog
 ReturnToService=2
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP
+PartitionName=long Nodes=ALL MaxTime=60 State=UP
 CONF
 echo "NodeName=$HOST Name=gpu File=$S/fakedev/nvidia[0-1]" > "$S/gres.conf"
 changed=0

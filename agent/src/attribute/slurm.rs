@@ -109,6 +109,11 @@ pub fn read_job_info(dir: &Path, id: &str) -> JobLabels {
             continue;
         };
         let v = v.trim().to_string();
+        // Empty, or Slurm's word for unset (QOS without accounting): nothing said, so an earlier
+        // line with a value stands.
+        if v.is_empty() || v == "(null)" {
+            continue;
+        }
         match k.trim() {
             "user" => job.user = v,
             "name" => job.name = v,
@@ -223,6 +228,19 @@ array_task_id=1\ntime_limit=1-00:30:00\nfuture=x\nnot a pair\n",
             ),
             ("physics", "gpu", "high", "14", "1", Some(88_200))
         );
+        // An empty line (the prolog environment lacked the array ids) and `(null)` (no QOS
+        // without slurmdbd) say nothing: the other lines stand.
+        std::fs::write(
+            dir.join(".jobs/16"),
+            "array_job_id=20\narray_task_id=3\nqos=(null)\narray_job_id=\naccount=\n",
+        )
+        .unwrap();
+        let extra = read_job_info(&dir, "16").extra;
+        assert_eq!(
+            (extra.array_id.as_str(), extra.array_task_id.as_str()),
+            ("20", "3")
+        );
+        assert_eq!((extra.qos.as_str(), extra.account.as_str()), ("", ""));
         assert_eq!(read_job_info(&dir, "13").user, "");
         assert_eq!(read_job_info(&dir, "../x").user, "");
         assert!(read_mapping_dir(&dir.join("absent")).unwrap().is_empty());
