@@ -159,12 +159,9 @@ async fn print_once(opts: &AgentOptions, mut source: Box<dyn Source>) -> Result<
     let mut samples = source.collect(now_unix_nano())?;
     let mut processes = source.processes();
     if source.attributable() {
-        let mut attributor =
-            attribute::Attributor::new(&opts.job_mapping_dir, std::path::Path::new(PROC_ROOT));
-        let mut pods = attribute::kubernetes::PodResources::new(&opts.pod_resources_socket);
-        pods.refresh().await;
-        attributor.set_pod_devices(pods.devices().clone());
-        attributor.apply(&mut samples, &mut processes);
+        Attribution::new(opts)?
+            .apply(&mut samples, &mut processes)
+            .await;
     }
     let events = source.events();
     #[derive(serde::Serialize)]
@@ -213,13 +210,10 @@ pub async fn run_with_source(
             ..Default::default()
         }));
     let metrics_task = serve_metrics(opts, &expo).await;
-    let mut attributor = source.attributable().then(|| Attribution {
-        attributor: attribute::Attributor::new(
-            &opts.job_mapping_dir,
-            std::path::Path::new(PROC_ROOT),
-        ),
-        pods: attribute::kubernetes::PodResources::new(&opts.pod_resources_socket),
-    });
+    let mut attributor = match source.attributable() {
+        true => Some(Attribution::new(opts)?),
+        false => None,
+    };
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -329,10 +323,38 @@ async fn send_before_exit(exporter: &mut Exporter, pending: &[u8]) {
     }
 }
 
-/// Job attribution: Slurm (mapping dir, `/proc`) and Kubernetes (the kubelet's pod resources).
+/// Job attribution: Slurm (mapping dir, `/proc`) and Kubernetes (the kubelet's pod resources,
+/// and its pods' labels with `--pod-label`).
 struct Attribution {
     attributor: attribute::Attributor,
     pods: attribute::kubernetes::PodResources,
+    labels: Option<attribute::kubelet::PodLabelSource>,
+}
+
+impl Attribution {
+    fn new(opts: &AgentOptions) -> Result<Self> {
+        Ok(Attribution {
+            attributor: attribute::Attributor::new(
+                &opts.job_mapping_dir,
+                std::path::Path::new(PROC_ROOT),
+            ),
+            pods: attribute::kubernetes::PodResources::new(&opts.pod_resources_socket),
+            labels: attribute::kubelet::PodLabelSource::new(&opts.kubelet)?,
+        })
+    }
+
+    /// Labels `samples` and `processes` with their jobs, asking the kubelet first.
+    async fn apply(&mut self, samples: &mut [GpuSample], processes: &mut [ProcessSample]) {
+        self.pods.refresh().await;
+        if let Some(labels) = self.labels.as_mut()
+            && !self.pods.devices().is_empty()
+        {
+            labels.refresh().await;
+            self.attributor.set_pod_labels(labels.labels().clone());
+        }
+        self.attributor.set_pod_devices(self.pods.devices().clone());
+        self.attributor.apply(samples, processes);
+    }
 }
 
 /// Most bytes of collections kept waiting for `--flush-interval`; beyond, they are sent at once.
@@ -389,9 +411,7 @@ async fn tick(
     }
     let mut processes = source.processes();
     if let Some(a) = attribution {
-        a.pods.refresh().await;
-        a.attributor.set_pod_devices(a.pods.devices().clone());
-        a.attributor.apply(&mut samples, &mut processes);
+        a.apply(&mut samples, &mut processes).await;
     }
     let events = source.events();
     export::otlp::encode_collection_to(pending, &samples, &processes, &events, resource);

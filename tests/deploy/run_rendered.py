@@ -20,6 +20,7 @@ Usage: run_rendered.py BIN_DIR MANIFEST.yaml
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -326,10 +327,15 @@ def run_agent(bin_dir, ds, objs, tmp, server):
     mapping, _ = mount_files(spec, c, objs, tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     for e in c["env"]:
+        field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         if "value" in e:
-            env[e["name"]] = remap(e["value"], mapping)
-        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            # Kubernetes expands $(NAME) of a variable defined earlier in the list.
+            value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), e["value"])
+            env[e["name"]] = remap(value, mapping)
+        elif field == "spec.nodeName":
             env[e["name"]] = "rendered-node"
+        elif field == "status.hostIP":
+            env[e["name"]] = "127.0.0.1"
     env["GPUWATCH_BUFFER_DIR"] = os.path.join(tmp, "spool")
     env["GPUWATCH_SOURCE"] = "synthetic"
     token_file = env.get("GPUWATCH_AUTH_TOKEN_FILE")

@@ -2,7 +2,9 @@
 //! `v1.PodResourcesLister/List` gRPC method and messages, on a unix socket, served by tonic in
 //! this test) hands GPUs to pods; the agent (`--source fake`, a simulated NVML) labels each
 //! GPU's rows with its pod, through the real server into SQL, and drops the label once the pod
-//! is gone from the kubelet's answer — without a restart.
+//! is gone from the kubelet's answer — without a restart. With `--pod-label`, the pods' labels
+//! come from the kubelet's `/pods` (served by this test, behind a bearer token) into
+//! `job_labels`.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -152,7 +154,18 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
             .await
     });
 
+    // The kubelet's /pods, for the pod labels: only with the right bearer token.
+    let token_file = dir.path().join("kubelet.token");
+    std::fs::write(&token_file, "kubelet-token-0123\n").expect("token");
+    let pods_url = serve_pods().await;
+
     let agent = TestAgent::start(&[
+        "--pod-label",
+        "team,project",
+        "--kubelet-url",
+        &pods_url,
+        "--kubelet-token-file",
+        token_file.to_str().expect("utf-8"),
         "--source",
         "fake",
         "--synthetic-gpus",
@@ -189,6 +202,29 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
     )
     .await;
 
+    // The pods' labels named by --pod-label (not pod-template-hash), from /pods.
+    let labels = || async {
+        rows(
+            &server,
+            &format!(
+                "SELECT gpu_index, job_labels FROM gpu_metrics WHERE host = '{HOST}' \
+                 AND time = (SELECT max(time) FROM gpu_metrics WHERE host = '{HOST}') \
+                 AND job_labels IS NOT NULL ORDER BY gpu_index"
+            ),
+        )
+        .await
+    };
+    let want_labels = serde_json::json!([
+        {"gpu_index": 0, "job_labels": "project=llm,team=vision"},
+        {"gpu_index": 2, "job_labels": "team=web"}
+    ]);
+    eventually(
+        Duration::from_secs(30),
+        "pods' labels on their gpus",
+        || async { serde_json::Value::Array(labels().await) == want_labels },
+    )
+    .await;
+
     // train-0 ends: the kubelet stops listing it.
     answer.lock().expect("answer lock").pod_resources.remove(0);
     let want_after = vec![
@@ -214,4 +250,35 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
     assert!(r[0]["n"].as_f64().is_some_and(|n| n >= 1.0), "{r:?}");
     drop(agent);
     serving.abort();
+}
+
+/// The kubelet's `GET /pods` with the test pods' labels, answering only the bearer token
+/// `kubelet-token-0123` (401 otherwise); returns its base URL.
+async fn serve_pods() -> String {
+    use axum::http::{HeaderMap, StatusCode};
+    let app = axum::Router::new().route(
+        "/pods",
+        axum::routing::get(|headers: HeaderMap| async move {
+            let authorized = headers.get("authorization").and_then(|v| v.to_str().ok())
+                == Some("Bearer kubelet-token-0123");
+            if !authorized {
+                return (StatusCode::UNAUTHORIZED, String::new());
+            }
+            let body = serde_json::json!({"kind": "PodList", "apiVersion": "v1", "items": [
+                {"metadata": {"namespace": "ml", "name": "train-0",
+                    "labels": {"team": "vision", "project": "llm", "pod-template-hash": "5d4f"}}},
+                {"metadata": {"namespace": "web", "name": "infer-7", "labels": {"team": "web"}}},
+                {"metadata": {"namespace": "kube-system", "name": "coredns-1"}}
+            ]});
+            (StatusCode::OK, body.to_string())
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
 }

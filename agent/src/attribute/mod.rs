@@ -24,6 +24,7 @@
 //! a GPU: its environment cannot change, and re-reading it every tick was a tenth of the
 //! agent's CPU time on a one-GPU host.
 
+pub mod kubelet;
 pub mod kubernetes;
 pub mod proc;
 pub mod slurm;
@@ -50,6 +51,7 @@ pub struct Attributor {
     /// What was read of each GPU process, with its start time.
     known: HashMap<u32, (u64, proc::ProcessInfo)>,
     pods: kubernetes::DeviceMap,
+    pod_labels: kubelet::LabelMap,
 }
 
 impl Attributor {
@@ -61,6 +63,7 @@ impl Attributor {
             warned: false,
             known: HashMap::new(),
             pods: kubernetes::DeviceMap::new(),
+            pod_labels: kubelet::LabelMap::new(),
         }
     }
 
@@ -68,6 +71,24 @@ impl Attributor {
     /// on Kubernetes).
     pub fn set_pod_devices(&mut self, pods: kubernetes::DeviceMap) {
         self.pods = pods;
+    }
+
+    /// The labels of each pod named by `--pod-label`, from the kubelet's `/pods`
+    /// ([`kubelet`]); a pod's job carries them.
+    pub fn set_pod_labels(&mut self, labels: kubelet::LabelMap) {
+        self.pod_labels = labels;
+    }
+
+    /// The job of `pod`, with its labels.
+    fn pod_job(&self, pod: &crate::collect::PodLabels) -> JobLabels {
+        let mut job = kubernetes::job_of(pod);
+        if let Some(l) = self
+            .pod_labels
+            .get(&(pod.namespace.clone(), pod.pod.clone()))
+        {
+            job.extra.labels.clone_from(l);
+        }
+        job
     }
 
     /// Label `gpus` and `procs` with their jobs (replacing any previous label).
@@ -172,12 +193,12 @@ impl Attributor {
         }
         for gpu in gpus.iter_mut() {
             if let Some(pod) = self.pods.get(&gpu.gpu_uuid).and_then(|v| v.first()) {
-                gpu.job = Some(kubernetes::job_of(pod));
+                gpu.job = Some(self.pod_job(pod));
             }
         }
         for (p, in_pod) in procs.iter_mut().zip(in_pod) {
             if *in_pod && let Some(pod) = self.pods.get(&p.gpu_uuid).and_then(|v| v.first()) {
-                p.job = Some(kubernetes::job_of(pod));
+                p.job = Some(self.pod_job(pod));
             }
         }
     }

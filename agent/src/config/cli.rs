@@ -17,7 +17,7 @@ use super::{Header, Label, MetricsAddr, Protocol, SourceKind};
 
 const AFTER_HELP: &str = "\
 Every flag can also be set by an environment variable GPUWATCH_<FLAG> (e.g. GPUWATCH_ENDPOINT,
-GPUWATCH_SYNTHETIC_GPUS; GPUWATCH_LABEL and GPUWATCH_HEADER take a comma-separated list;
+GPUWATCH_SYNTHETIC_GPUS; GPUWATCH_LABEL, GPUWATCH_HEADER and GPUWATCH_POD_LABEL take a comma-separated list;
 GPUWATCH_ONCE=true) and by a key of the TOML file given by --config, named like the flag with
 underscores:
 
@@ -102,6 +102,32 @@ pub struct Cli {
     /// is labelled with the pod holding it, asked again at every collection
     #[arg(long, env = "GPUWATCH_POD_RESOURCES_SOCKET", value_name = "PATH", default_value = crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET)]
     pub pod_resources_socket: PathBuf,
+
+    /// A pod label to carry on the pod's samples as `k8s.pod.label.<NAME>` (repeatable; env:
+    /// comma-separated), read from the kubelet's /pods; statements group by it (label:NAME)
+    #[arg(
+        long,
+        env = "GPUWATCH_POD_LABEL",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub pod_label: Vec<String>,
+
+    /// The kubelet whose /pods gives the pod labels (with --pod-label)
+    #[arg(long, env = "GPUWATCH_KUBELET_URL", value_name = "URL", default_value = crate::attribute::kubelet::DEFAULT_KUBELET_URL)]
+    pub kubelet_url: String,
+
+    /// Bearer token sent to the kubelet (read at every call; needs get on nodes/proxy)
+    #[arg(long, env = "GPUWATCH_KUBELET_TOKEN_FILE", value_name = "FILE", default_value = crate::attribute::kubelet::DEFAULT_TOKEN_FILE)]
+    pub kubelet_token_file: PathBuf,
+
+    /// CA certificates (PEM) of the kubelet's serving certificate [default: the system's]
+    #[arg(long, env = "GPUWATCH_KUBELET_CA_FILE", value_name = "FILE")]
+    pub kubelet_ca_file: Option<PathBuf>,
+
+    /// Accept any kubelet serving certificate (kubelets often serve a self-signed one)
+    #[arg(long, env = "GPUWATCH_KUBELET_INSECURE_TLS")]
+    pub kubelet_insecure_tls: bool,
 
     /// Where the Prometheus exposition (dcgm-exporter names, plus the agent's own metrics) is
     /// served on /metrics; `off` disables it

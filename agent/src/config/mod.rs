@@ -243,6 +243,8 @@ pub struct AgentOptions {
     pub job_mapping_dir: PathBuf,
     /// The kubelet's pod-resources socket (used while it exists).
     pub pod_resources_socket: PathBuf,
+    /// Pod labels to carry, and how to read them from the kubelet.
+    pub kubelet: crate::attribute::kubelet::KubeletOptions,
     /// Where `/metrics` is served; `None`: nowhere.
     pub metrics_addr: Option<SocketAddr>,
     /// Disk spool directory; `None`: an in-memory queue.
@@ -283,6 +285,7 @@ impl Default for AgentOptions {
             pod_resources_socket: PathBuf::from(
                 crate::attribute::kubernetes::DEFAULT_POD_RESOURCES_SOCKET,
             ),
+            kubelet: crate::attribute::kubelet::KubeletOptions::default(),
             metrics_addr: None,
             buffer_dir: None,
             buffer_max_bytes: DEFAULT_BUFFER_MAX_BYTES,

@@ -66,6 +66,13 @@ pub(super) fn validate(cli: Cli, given: &BTreeSet<String>, otel: OtelEnv) -> Res
             once: cli.once,
             job_mapping_dir: cli.job_mapping_dir,
             pod_resources_socket: cli.pod_resources_socket,
+            kubelet: crate::attribute::kubelet::KubeletOptions {
+                labels: cli.pod_label.iter().map(|l| l.trim().to_string()).collect(),
+                url: cli.kubelet_url,
+                token_file: cli.kubelet_token_file,
+                ca_file: cli.kubelet_ca_file,
+                insecure_tls: cli.kubelet_insecure_tls,
+            },
             metrics_addr: cli.metrics_addr.0,
             buffer_dir: cli.buffer_dir,
             buffer_max_bytes: cli.buffer_max_bytes,
@@ -103,6 +110,21 @@ fn url_scheme(s: &str) -> Option<&str> {
 
 /// The ranges and reserved names one value alone cannot be checked for.
 fn check(cli: &Cli) -> Result<()> {
+    if let Some(bad) = cli
+        .pod_label
+        .iter()
+        .find(|l| !crate::attribute::kubelet::valid_label_name(l.trim()))
+    {
+        return Err(Error::Invalid(format!(
+            "pod_label {bad:?} is not a Kubernetes label name (letters, digits, '-', '_', '.', an optional prefix/)"
+        )));
+    }
+    if !cli.pod_label.is_empty() && reqwest::Url::parse(&cli.kubelet_url).is_err() {
+        return Err(Error::Invalid(format!(
+            "kubelet_url {:?} is not a URL: use https://<node>:10250",
+            cli.kubelet_url
+        )));
+    }
     if cli.fake_mig > MAX_FAKE_MIG {
         return Err(Error::Invalid(format!(
             "fake_mig must be between 0 and {MAX_FAKE_MIG} (MIG instances per gpu), got {}",

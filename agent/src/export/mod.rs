@@ -15,6 +15,7 @@ pub mod token;
 pub use exporter::Exporter;
 pub use grpc::{DEFAULT_GRPC_ENDPOINT, grpc_url};
 pub use http::metrics_url;
+pub(crate) use options::read_pem;
 pub use options::{Compression, ExportOptions};
 pub use otlp::encode;
 pub use queue::{Encoded, MemoryQueue, Spool};
