@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use gpuwatch_e2e::{TestAgent, TestServer};
+use gpuwatch_e2e::TestAgent;
 
 use crate::{eventually, now_ns, rows, scalar};
 
@@ -60,17 +60,11 @@ fn agent(endpoint: &str, host: &str, seed: &str) -> TestAgent {
 #[tokio::test(flavor = "multi_thread")]
 async fn console_pages_in_headless_chromium() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &cfg,
+    let server = crate::with_config(
+        dir.path(),
         "[cost]\ngpu_hour_usd = [{ model = \"*H100*\", usd = 2.5 }]\nkwh_usd = 0.12\npue = 1.3\n",
     )
-    .expect("config");
-    let server = TestServer::builder()
-        .data_dir(&dir.path().join("d"))
-        .arg("--config")
-        .arg(cfg.to_str().expect("path"))
-        .start();
+    .start();
     let agents = vec![
         agent(&server.url(), "console-a", "3"),
         agent(&server.url(), "console-b", "4"),

@@ -68,17 +68,11 @@ fn close(a: f64, b: f64) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn monthly_statements_equal_a_hand_computation_in_every_format() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &cfg,
+    let server = crate::with_config(
+        dir.path(),
         "[cost]\ngpu_hour_usd = [{ model = \"*H100*\", usd = 2.5 }, { model = \"*A100*\", usd = 1.2 }]\nkwh_usd = 0.12\npue = 1.3\n",
     )
-    .expect("config");
-    let server = TestServer::builder()
-        .data_dir(&dir.path().join("d"))
-        .arg("--config")
-        .arg(cfg.to_str().expect("path"))
-        .start();
+    .start();
     // Two jobs, 100 s each, sampled every 10 s, within one month.
     let mut end = now_ns() - 60 * S;
     if month_of(end - 100 * S) != month_of(end) {

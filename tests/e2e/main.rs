@@ -83,6 +83,16 @@ pub fn with_tokens(dir: &std::path::Path) -> gpuwatch_e2e::TestServerBuilder {
         .arg(&tokens_file(dir))
 }
 
+/// A server builder on a data directory in `dir` with `toml` as its `--config` file.
+pub fn with_config(dir: &std::path::Path, toml: &str) -> gpuwatch_e2e::TestServerBuilder {
+    let cfg = dir.join("gpuwatch.toml");
+    std::fs::write(&cfg, toml).expect("write the config file");
+    TestServer::builder()
+        .data_dir(&dir.join("d"))
+        .arg("--config")
+        .arg(cfg.to_str().expect("utf-8 path"))
+}
+
 /// Runs SQL over HTTP; returns the status and body.
 pub async fn sql(server: &TestServer, sql: &str, format: &str) -> (u16, Vec<u8>) {
     let body = serde_json::json!({ "sql": sql, "format": format }).to_string();

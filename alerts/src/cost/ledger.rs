@@ -39,6 +39,7 @@ use arrow::array::{
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::physical_plan::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use gpuwatch_store::clock::Clock;
@@ -248,8 +249,25 @@ impl Snapshot {
                     .collect::<Float64Array>(),
             ));
         }
-        for k in 0..CHARGE_COLUMNS.len() {
-            columns.push(if k == TIME_LIMIT_COLUMN {
+        columns.extend(charge_arrays(&rows));
+        columns.push(Arc::new(
+            TimestampNanosecondArray::from(hours).with_timezone("UTC"),
+        ));
+        let usage = RecordBatch::try_new(usage_schema(), columns)?;
+        let seed = seed_batch(&seed_before(folds, last_hour + HOUR))?;
+        Ok(Self {
+            watermark: Some(last_hour + HOUR),
+            usage,
+            seed,
+        })
+    }
+}
+
+/// The [`CHARGE_COLUMNS`] of `rows`.
+fn charge_arrays(rows: &[(&UsageKey, &Usage)]) -> Vec<ArrayRef> {
+    (0..CHARGE_COLUMNS.len())
+        .map(|k| -> ArrayRef {
+            if k == TIME_LIMIT_COLUMN {
                 Arc::new(
                     rows.iter()
                         .map(|(_, u)| u.charge.time_limit)
@@ -257,47 +275,30 @@ impl Snapshot {
                 )
             } else {
                 views(rows.iter().map(|(_, u)| u.charge.text[k].as_deref()))
-            });
-        }
-        columns.push(Arc::new(
-            TimestampNanosecondArray::from(hours).with_timezone("UTC"),
-        ));
-        let usage = RecordBatch::try_new(usage_schema(), columns)?;
-        let last = seed_before(folds, last_hour + HOUR);
-        let n = last.len();
-        let mut energy = Float64Builder::with_capacity(n);
-        for (_, (_, e)) in &last {
-            energy.append_option(*e);
-        }
-        let seed = RecordBatch::try_new(
-            seed_schema(),
-            vec![
-                Arc::new(
-                    TimestampNanosecondArray::from(
-                        last.iter().map(|(_, (t, _))| *t).collect::<Vec<_>>(),
-                    )
-                    .with_timezone("UTC"),
-                ) as ArrayRef,
-                views(last.iter().map(|(k, _)| k.0.as_deref())),
-                views(last.iter().map(|(k, _)| k.1.as_deref())),
-                new_null_array(&DataType::Utf8View, n),
-                new_null_array(&DataType::Utf8View, n),
-                new_null_array(&DataType::Utf8View, n),
-                new_null_array(&DataType::Utf8View, n),
-                new_null_array(&DataType::Utf8View, n),
-                new_null_array(&DataType::Float64, n),
-                Arc::new(energy.finish()),
-            ]
-            .into_iter()
-            .chain(charge_fields().map(|f| new_null_array(f.data_type(), n)))
-            .collect(),
-        )?;
-        Ok(Self {
-            watermark: Some(last_hour + HOUR),
-            usage,
-            seed,
+            }
         })
+        .collect()
+}
+
+/// The seed table: each GPU's last sample (time and energy counter), the other raw columns
+/// null.
+fn seed_batch(last: &[(GpuKey, Last)]) -> DfResult<RecordBatch> {
+    let n = last.len();
+    let mut energy = Float64Builder::with_capacity(n);
+    for (_, (_, e)) in last {
+        energy.append_option(*e);
     }
+    let times = last.iter().map(|(_, (t, _))| *t).collect::<Vec<_>>();
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(TimestampNanosecondArray::from(times).with_timezone("UTC")),
+        views(last.iter().map(|(k, _)| k.0.as_deref())),
+        views(last.iter().map(|(k, _)| k.1.as_deref())),
+    ];
+    columns.extend((0..5).map(|_| new_null_array(&DataType::Utf8View, n)));
+    columns.push(new_null_array(&DataType::Float64, n));
+    columns.push(Arc::new(energy.finish()));
+    columns.extend(charge_fields().map(|f| new_null_array(f.data_type(), n)));
+    Ok(RecordBatch::try_new(seed_schema(), columns)?)
 }
 
 /// The last sample of each GPU in the folded hours before `before`.
@@ -485,74 +486,40 @@ impl JobLedger {
         let mut fold = HourFold::default();
         let mut prev: Option<(GpuKey, Last)> = None;
         while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            let time = cast(batch.column(0), &DataType::Int64)?;
-            let time = time.as_primitive::<arrow::datatypes::Int64Type>();
-            let (host, gpu, model) = (
-                strings(&batch, 1)?,
-                strings(&batch, 2)?,
-                strings(&batch, 3)?,
-            );
-            let (job, scheduler, user, name) = (
-                strings(&batch, 4)?,
-                strings(&batch, 5)?,
-                strings(&batch, 6)?,
-                strings(&batch, 7)?,
-            );
-            let util = f64_column(&batch, 8)?;
-            let energy = f64_column(&batch, 9)?;
-            let charge = (0..CHARGE_COLUMNS.len())
-                .map(|k| strings(&batch, CHARGE_AT + k))
-                .collect::<DfResult<Vec<_>>>()?;
-            let limit = cast(
-                batch.column(CHARGE_AT + TIME_LIMIT_COLUMN),
-                &DataType::Int64,
-            )?;
-            let limit = limit.as_primitive::<arrow::datatypes::Int64Type>();
-            let class = strings(&batch, CHARGE_AT + CHARGE_COLUMNS.len())?;
-            let values = parts::evaluate(&exprs, &batch)?;
-            for i in 0..batch.num_rows() {
+            let b = FoldBatch::of(&batch?, &exprs)?;
+            for i in 0..b.rows {
                 fold.samples += 1;
-                let t = time.value(i);
-                let e = (!energy.is_null(i)).then(|| energy.value(i));
+                let t = b.time.value(i);
+                let e = (!b.energy.is_null(i)).then(|| b.energy.value(i));
                 let key = (
-                    opt(&host, i).map(String::from),
-                    opt(&gpu, i).map(String::from),
+                    opt(&b.host, i).map(String::from),
+                    opt(&b.gpu, i).map(String::from),
                 );
                 let before = match prev.take() {
                     Some((k, last)) if k == key => Some(last),
                     _ => seed.get(&key).copied(),
                 };
                 let (secs, joules) = interval(before, t, e, gap);
-                if let Some(job_id) = opt(&job, i) {
-                    let is_idle = !util.is_null(i) && util.value(i) < idle;
+                if let Some(job_id) = opt(&b.job, i) {
+                    let is_idle = !b.util.is_null(i) && b.util.value(i) < idle;
                     let u = fold
                         .usage
                         .entry((
                             job_id.to_string(),
                             key.0.clone(),
                             key.1.clone(),
-                            opt(&model, i).map(String::from),
+                            opt(&b.model, i).map(String::from),
                         ))
                         .or_insert_with(|| Usage {
                             first_seen: t,
                             last_seen: t,
                             ..Usage::default()
                         });
-                    keep_max(&mut u.scheduler, opt(&scheduler, i));
-                    keep_max(&mut u.job_user, opt(&user, i));
-                    keep_max(&mut u.job_name, opt(&name, i));
-                    let text = u.charge.text.iter_mut().zip(&charge).enumerate();
-                    for (_, (slot, column)) in text.filter(|(k, _)| *k != TIME_LIMIT_COLUMN) {
-                        keep_max(slot, opt(column, i));
-                    }
-                    if !limit.is_null(i) {
-                        u.charge.time_limit = u.charge.time_limit.max(Some(limit.value(i)));
-                    }
-                    u.add(t, secs, joules, opt(&class, i), is_idle);
+                    b.keep_labels(u, i);
+                    u.add(t, secs, joules, opt(&b.class, i), is_idle);
                     u.parts.add_sample(
                         secs,
-                        values.iter().map(|c| (!c.is_null(i)).then(|| c.value(i))),
+                        b.values.iter().map(|c| (!c.is_null(i)).then(|| c.value(i))),
                     );
                 }
                 fold.last.insert(key.clone(), (t, e));
@@ -710,6 +677,69 @@ async fn first_time(ctx: &SessionContext, sql: &str) -> DfResult<Option<i64>> {
         }
     }
     Ok(None)
+}
+
+/// The columns of one batch of [`JobLedger::fold_sql`]'s answer, and the parts evaluated on it.
+struct FoldBatch {
+    rows: usize,
+    time: arrow::array::Int64Array,
+    host: StringArray,
+    gpu: StringArray,
+    model: StringArray,
+    job: StringArray,
+    scheduler: StringArray,
+    user: StringArray,
+    name: StringArray,
+    util: Float64Array,
+    energy: Float64Array,
+    /// The [`CHARGE_COLUMNS`] as text (the time limit's too, unused).
+    charge: Vec<StringArray>,
+    limit: arrow::array::Int64Array,
+    class: StringArray,
+    values: Vec<Float64Array>,
+}
+
+impl FoldBatch {
+    fn of(batch: &RecordBatch, exprs: &[Arc<dyn PhysicalExpr>]) -> DfResult<Self> {
+        let ints = |i: usize| -> DfResult<arrow::array::Int64Array> {
+            Ok(cast(batch.column(i), &DataType::Int64)?
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .clone())
+        };
+        Ok(FoldBatch {
+            rows: batch.num_rows(),
+            time: ints(0)?,
+            host: strings(batch, 1)?,
+            gpu: strings(batch, 2)?,
+            model: strings(batch, 3)?,
+            job: strings(batch, 4)?,
+            scheduler: strings(batch, 5)?,
+            user: strings(batch, 6)?,
+            name: strings(batch, 7)?,
+            util: f64_column(batch, 8)?,
+            energy: f64_column(batch, 9)?,
+            charge: (0..CHARGE_COLUMNS.len())
+                .map(|k| strings(batch, CHARGE_AT + k))
+                .collect::<DfResult<Vec<_>>>()?,
+            limit: ints(CHARGE_AT + TIME_LIMIT_COLUMN)?,
+            class: strings(batch, CHARGE_AT + CHARGE_COLUMNS.len())?,
+            values: parts::evaluate(exprs, batch)?,
+        })
+    }
+
+    /// Keeps the largest of each label of row `i` in `u`.
+    fn keep_labels(&self, u: &mut Usage, i: usize) {
+        keep_max(&mut u.scheduler, opt(&self.scheduler, i));
+        keep_max(&mut u.job_user, opt(&self.user, i));
+        keep_max(&mut u.job_name, opt(&self.name, i));
+        let text = u.charge.text.iter_mut().zip(&self.charge).enumerate();
+        for (_, (slot, column)) in text.filter(|(k, _)| *k != TIME_LIMIT_COLUMN) {
+            keep_max(slot, opt(column, i));
+        }
+        if !self.limit.is_null(i) {
+            u.charge.time_limit = u.charge.time_limit.max(Some(self.limit.value(i)));
+        }
+    }
 }
 
 /// The GPU-seconds (capped at `gap`) and joules from the previous sample `before` to this one,

@@ -65,7 +65,10 @@ async fn engine_with(
     e
 }
 
-async fn json_rows(e: &QueryEngine, sql: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+pub(crate) async fn json_rows(
+    e: &QueryEngine,
+    sql: &str,
+) -> Vec<serde_json::Map<String, serde_json::Value>> {
     let r = e
         .query(sql)
         .await

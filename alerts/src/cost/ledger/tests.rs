@@ -117,24 +117,7 @@ fn samples(
     rows
 }
 
-async fn rows(e: &QueryEngine, sql: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    let r = e
-        .query(sql)
-        .await
-        .unwrap_or_else(|err| panic!("{sql}: {err}"));
-    let mut buf = Vec::new();
-    {
-        let mut w = arrow::json::ArrayWriter::new(&mut buf);
-        for b in &r.batches {
-            w.write(b).expect("json");
-        }
-        w.finish().expect("finish");
-    }
-    if buf.is_empty() {
-        return Vec::new();
-    }
-    serde_json::from_slice(&buf).expect("rows")
-}
+use crate::cost::tests::json_rows as rows;
 
 /// The ledger-backed view and the plain view's SQL give the same rows.
 async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> usize {
