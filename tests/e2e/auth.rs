@@ -86,6 +86,20 @@ async fn bearer_tokens_and_scopes() {
     let (status, body, _) = sql(&server, Some("query-token-0123456789")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body[0]["n"], 1);
+    // A cost statement is a query: the query scope, like SQL.
+    let cost = |token: Option<&'static str>| {
+        let url = format!("{}/api/v1/cost?by=account", server.url());
+        async move {
+            let mut req = reqwest::Client::new().get(url);
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            req.send().await.expect("cost").status().as_u16()
+        }
+    };
+    assert_eq!(cost(None).await, 401);
+    assert_eq!(cost(Some("ingest-token-0123456789")).await, 403);
+    assert_eq!(cost(Some("query-token-0123456789")).await, 200);
     // Health and self metrics stay open.
     assert_eq!(
         gpuwatch_e2e::http_get(server.http, "/healthz")
