@@ -178,8 +178,56 @@ static GPU_METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         fields.push(Field::new(c.column, ty, true));
     }
     fields.push(Field::new(GPU_LABELS_COLUMN, DataType::Utf8, true));
+    fields.push(Field::new(JOB_SHARES_COLUMN, DataType::Utf8, true));
     Arc::new(Schema::new(fields))
 });
+
+/// The very last column of `gpu_metrics` (added after `series_labels`): when several jobs used
+/// the GPU in the sample, each job's share of it, `id=share` pairs sorted by id and joined by
+/// `,` (the row's own `job_id` among them; the shares add up to 1), from the agent's
+/// `job.shares`; null when one job or none held the GPU. The `jobs` view bills each job its
+/// share of the GPU's time and energy (docs/cost.md "Shared GPUs"). Not a label of the
+/// rollups: a share changes every sample.
+pub const JOB_SHARES_COLUMN: &str = "job_shares";
+
+/// The OTLP attribute that fills [`JOB_SHARES_COLUMN`].
+pub const JOB_SHARES_ATTRIBUTE: &str = "job.shares";
+
+/// The [`JOB_SHARES_COLUMN`] text written for `text` as received: its valid pairs
+/// ([`parse_job_shares`]) normalised to add up to 1, with at most 6 decimals; `None` (the row's
+/// job takes the whole sample) when no pair is valid or every share is 0.
+pub fn canonical_job_shares(text: &str) -> Option<String> {
+    let pairs = parse_job_shares(text);
+    let total: f64 = pairs.iter().map(|(_, s)| s).sum();
+    if !(total > 0.0) {
+        return None;
+    }
+    let out: Vec<String> = pairs
+        .iter()
+        .map(|(id, s)| {
+            let share = format!("{:.6}", s / total);
+            format!("{id}={}", share.trim_end_matches('0').trim_end_matches('.'))
+        })
+        .collect();
+    Some(out.join(","))
+}
+
+/// Most jobs one sample of a GPU is split between; pairs beyond are left out (a site that
+/// time-slices a GPU into more replicas shares it between this many pods at most).
+pub const MAX_JOB_SHARES: usize = 64;
+
+/// `(job id, share)` pairs of a [`JOB_SHARES_COLUMN`] text (the first [`MAX_JOB_SHARES`]); pairs that do not parse, or whose
+/// share is not a number in 0..=1, are left out.
+pub fn parse_job_shares(text: &str) -> Vec<(&str, f64)> {
+    text.split(',')
+        .take(MAX_JOB_SHARES)
+        .filter_map(|pair| {
+            let (id, share) = pair.split_once('=')?;
+            let share: f64 = share.parse().ok()?;
+            (!id.is_empty() && (0.0..=1.0).contains(&share)).then_some((id, share))
+        })
+        .collect()
+}
 
 /// The last column of `gpu_metrics`: for a row written by Prometheus remote write, the labels of
 /// its series that differ from the dcgm-exporter labels its label columns give
@@ -458,14 +506,17 @@ mod tests {
             "job_array_task_id",
             "job_time_limit_seconds",
             "job_labels",
+            "job_shares",
         ] {
             assert!(names.contains(col), "missing column {col}");
         }
-        assert_eq!(names.len(), 52);
+        assert_eq!(names.len(), 53);
         let rollup = Table::GpuMetrics1h.schema();
         for col in ["job_account", "job_labels"] {
             assert!(rollup.field_with_name(col).is_ok(), "rollup lacks {col}");
         }
+        // A share changes every sample: not a rollup label.
+        assert!(rollup.field_with_name("job_shares").is_err());
         assert_eq!(
             rollup
                 .field_with_name("job_time_limit_seconds")
@@ -473,6 +524,25 @@ mod tests {
                 .ok(),
             Some(DataType::Int64)
         );
+    }
+
+    #[test]
+    fn job_shares_parse_and_bad_pairs_are_left_out() {
+        assert_eq!(
+            parse_job_shares("a=0.75,ns/b=0.25"),
+            [("a", 0.75), ("ns/b", 0.25)]
+        );
+        assert_eq!(
+            parse_job_shares("x=1.5,y=-0.1,=0.5,z,w=nan,a=b=0.5,v=0.5"),
+            [("v", 0.5)]
+        );
+        assert!(parse_job_shares("").is_empty());
+        assert_eq!(
+            canonical_job_shares("a=0.6,junk,b=0.2").as_deref(),
+            Some("a=0.75,b=0.25")
+        );
+        assert_eq!(canonical_job_shares("a=0,b=0"), None);
+        assert_eq!(canonical_job_shares("nothing"), None);
     }
 
     #[test]

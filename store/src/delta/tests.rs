@@ -18,7 +18,7 @@ use crate::schema::value_index;
 use crate::{Store, StoreConfig};
 
 const T0: i64 = 1_800_000_000_000_000_000;
-const NEW: [&str; 10] = [
+const NEW: [&str; 11] = [
     "sm_clock_max_mhz",
     "pcie_link_gen",
     "pcie_link_width",
@@ -29,6 +29,7 @@ const NEW: [&str; 10] = [
     "job_array_task_id",
     "job_time_limit_seconds",
     "job_labels",
+    "job_shares",
 ];
 
 fn label_index(name: &str) -> usize {

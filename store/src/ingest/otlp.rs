@@ -16,7 +16,7 @@ use super::otlp_json::Rejections;
 use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
 use crate::Result;
 use crate::schema::{
-    EVENT_METRIC, LABEL_COLUMNS, POD_LABEL_PREFIX, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC,
+    EVENT_METRIC, JOB_SHARES_ATTRIBUTE, LABEL_COLUMNS, canonical_job_shares, POD_LABEL_PREFIX, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC,
     VALUE_COLUMNS, job_labels_text, value_index,
 };
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -475,6 +475,8 @@ impl Decoder {
                         find_attr(&p.attributes, res, names)
                     };
                 }
+                row.job_shares = find_attr(&p.attributes, res, &[JOB_SHARES_ATTRIBUTE])
+                    .and_then(|t| canonical_job_shares(&t));
                 self.gpu_rows.push(row);
                 self.gpu_index.insert(key, self.gpu_rows.len() - 1);
                 self.gpu_rows.len() - 1

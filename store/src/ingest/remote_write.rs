@@ -856,6 +856,7 @@ fn finish(gpu: &GpuTable<'_>, metrics: &MetricTable<'_>) -> Result<WriteBatch> {
             |i, c| gpu.label_sets[gpu.label_of[kept[i]] as usize][c],
             |i, c| gpu.values[kept[i] * NV + c].map(Cell::F),
             |i| gpu.label_extra[gpu.label_of[kept[i]] as usize].as_deref(),
+            |_| None,
         )?;
         batches.push((Table::GpuMetrics, rb));
     }

@@ -51,6 +51,9 @@ pub struct GpuRow {
     /// The `series_labels` column: the series' labels beside the columns (remote write), as a
     /// JSON object; `None` (null) for OTLP rows.
     pub series_labels: Option<String>,
+    /// The `job_shares` column ([`crate::schema::JOB_SHARES_COLUMN`]); `None` unless several
+    /// jobs shared the GPU.
+    pub job_shares: Option<String>,
 }
 
 impl GpuRow {
@@ -61,6 +64,7 @@ impl GpuRow {
             labels: vec![None; LABEL_COLUMNS.len()],
             values: vec![None; VALUE_COLUMNS.len()],
             series_labels: None,
+            job_shares: None,
         }
     }
 }
@@ -172,6 +176,7 @@ fn gpu_batch(rows: &[GpuRow]) -> Result<RecordBatch> {
         |r, c| rows[r].labels[c].as_deref(),
         |r, c| rows[r].values[c],
         |r| rows[r].series_labels.as_deref(),
+        |r| rows[r].job_shares.as_deref(),
     )
 }
 
@@ -188,14 +193,15 @@ pub(crate) fn series_labels_json<'a>(
 
 /// Builds a `gpu_metrics` batch of `n` rows, column by column: `time(row)`, `label(row, i)` for
 /// the label columns in [`LABEL_COLUMNS`] order (`gpu_index` as decimal text), `value(row, i)`
-/// for the value columns in [`VALUE_COLUMNS`] order, `series(row)` for the `labels` column (null
-/// when `None`).
+/// for the value columns in [`VALUE_COLUMNS`] order, `series(row)` for the `labels` column and
+/// `shares(row)` for `job_shares` (null when `None`).
 pub(crate) fn gpu_batch_with<'s>(
     n: usize,
     time: impl Fn(usize) -> i64,
     label: impl Fn(usize, usize) -> Option<&'s str>,
     value: impl Fn(usize, usize) -> Option<Cell>,
     series: impl Fn(usize) -> Option<&'s str>,
+    shares: impl Fn(usize) -> Option<&'s str>,
 ) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> =
         Vec::with_capacity(1 + LABEL_COLUMNS.len() + VALUE_COLUMNS.len());
@@ -250,11 +256,13 @@ pub(crate) fn gpu_batch_with<'s>(
             }
         }
     }
-    let mut labels = StringBuilder::with_capacity(n, 0);
-    for r in 0..n {
-        labels.append_option(series(r));
+    for text in [&series as &dyn Fn(usize) -> Option<&'s str>, &shares] {
+        let mut b = StringBuilder::with_capacity(n, 0);
+        for r in 0..n {
+            b.append_option(text(r));
+        }
+        columns.push(Arc::new(b.finish()));
     }
-    columns.push(Arc::new(labels.finish()));
     Ok(RecordBatch::try_new(Table::GpuMetrics.schema(), columns)?)
 }
 

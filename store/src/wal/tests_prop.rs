@@ -41,6 +41,7 @@ fn gpu_row() -> impl Strategy<Value = GpuRow> {
     )
         .prop_map(|(time, labels, values)| GpuRow {
             series_labels: None,
+            job_shares: None,
             time,
             labels,
             values,
