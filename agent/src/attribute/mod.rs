@@ -27,6 +27,7 @@
 pub mod kubelet;
 pub mod kubernetes;
 pub mod proc;
+pub mod shares;
 pub mod slurm;
 
 use std::collections::HashMap;
@@ -100,6 +101,41 @@ impl Attributor {
         }
         self.fill_from_mapping(gpus, procs);
         self.label_pods(gpus, procs, &in_pod);
+        self.share_gpus(gpus, procs, &mapping);
+    }
+
+    /// Sets `job.shares` on each GPU that several jobs used: the pods the kubelet lists for it,
+    /// else the jobs of its mapping file and of its processes ([`shares`]).
+    fn share_gpus(
+        &self,
+        gpus: &mut [GpuSample],
+        procs: &[ProcessSample],
+        mapping: &HashMap<String, Vec<String>>,
+    ) {
+        for gpu in gpus.iter_mut() {
+            let on_gpu = shares::processes_of(procs, &gpu.gpu_uuid);
+            let pods = self.pods.get(&gpu.gpu_uuid).filter(|p| !p.is_empty());
+            let mut jobs: Vec<String> = match pods {
+                Some(pods) => pods.iter().map(|p| kubernetes::job_of(p).id).collect(),
+                None => {
+                    let key = slurm::mapping_key(gpu.gpu_index, gpu.mig_instance.as_deref());
+                    let listed = mapping.get(&key).cloned().unwrap_or_default();
+                    listed
+                        .into_iter()
+                        .chain(on_gpu.iter().map(|(j, _)| j.to_string()))
+                        .collect()
+                }
+            };
+            let mut seen = std::collections::HashSet::new();
+            jobs.retain(|j| seen.insert(j.clone()));
+            if let Some(job) = gpu.job.as_mut() {
+                job.extra.shares = if jobs.len() >= 2 {
+                    shares::encode(&shares::split(&jobs, &on_gpu, pods.is_some()))
+                } else {
+                    String::new()
+                };
+            }
+        }
     }
 
     /// Labels each process from `/proc` (kept while the process lives); returns which ones run

@@ -59,6 +59,11 @@ pub struct JobExtra {
     /// The pod labels named by `--pod-label`, sorted by name (`k8s.pod.label.<name>`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<(String, String)>,
+    /// On a GPU sample, when several jobs used the GPU: each job's share of it, `id=share` pairs
+    /// sorted by id and joined by `,` (`job.shares`; [`crate::attribute::shares`]). Empty
+    /// otherwise; never filled from another sample.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub shares: String,
 }
 
 impl JobExtra {
@@ -108,6 +113,9 @@ impl JobExtra {
         }
         for (k, v) in &self.labels {
             out.push((format!("k8s.pod.label.{k}"), ExtraValue::Str(v)));
+        }
+        if !self.shares.is_empty() {
+            out.push(("job.shares".to_string(), ExtraValue::Str(&self.shares)));
         }
         out
     }

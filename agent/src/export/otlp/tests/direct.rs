@@ -39,6 +39,11 @@ fn job(k8s: bool) -> JobLabels {
             } else {
                 Vec::new()
             },
+            shares: if k8s {
+                "ml/trainer-0=0.5,ml/x=0.5".into()
+            } else {
+                String::new()
+            },
             ..Default::default()
         },
     }
