@@ -201,7 +201,7 @@ impl CostConfig {
             r#"{ctes}
 SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
   count(DISTINCT gpu_uuid) AS gpus, min(time) AS first_seen, max(time) AS last_seen,
-  sum(secs) AS gpu_seconds,
+  sum(secs) AS gpu_seconds, CASE WHEN sum(held) > 0 THEN sum(secs) / sum(held) ELSE 1.0 END AS share,
   sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
@@ -222,9 +222,10 @@ FROM d GROUP BY job_id, host"#,
         num(self.energy_price())
     }
 
-    /// The `WITH s AS (..), d AS (..)` part shared by the `jobs` view and the job report: `d`
-    /// has one row per job sample with `secs`, `joules`, `idle`, `price` (formulas above) and
-    /// `limiter`, the sample's class ([`limiter::sample_class_sql`]).
+    /// The `WITH s AS (..), …, d AS (..)` part shared by the `jobs` view and the job report: `d`
+    /// has one row per job sample with `secs`, `joules` (the job's share of a shared GPU,
+    /// [`shares::split_sql`]), `held` (the sample's whole seconds), `idle`, `price` (formulas
+    /// above) and `limiter`, the sample's class ([`limiter::sample_class_sql`]).
     /// `extra` adds `gpu_metrics` columns to both (", col1, col2"), `gpus` filters `s` by whole
     /// GPUs (a condition on `host`/`gpu_uuid` only, so the window sums are unchanged) and
     /// `filter` adds a condition on `d`'s rows.
@@ -247,23 +248,26 @@ FROM d GROUP BY job_id, host"#,
         } else {
             format!(" AND ({filter})")
         };
+        let mut present = vec!["job_user", "job_name"];
+        present.extend(extra.split(',').map(str::trim).filter(|c| !c.is_empty()));
         format!(
             r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules{extra},
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, job_shares{extra},
     {class} AS limiter,
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
   FROM gpu_metrics{gpus}
-), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization{extra}, limiter,
+), d0 AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization, job_shares{extra}, limiter,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
-    COALESCE(gpu_utilization < {idle}, false) AS idle,
+    CASE WHEN gpu_utilization < {idle} THEN true WHEN true THEN false END AS idle,
     {price} AS price
-  FROM s WHERE job_id IS NOT NULL{filter}
-)"#,
+  FROM s WHERE job_id IS NOT NULL
+), {split}"#,
             price = self.price_sql(),
             class = limiter::sample_class_sql(advice, self.idle_utilization),
+            split = shares::split_sql(&present, &filter),
         )
     }
 
@@ -371,6 +375,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod peaks;
 pub mod report;
+pub(crate) mod shares;
 pub mod statement;
 pub mod work;
 

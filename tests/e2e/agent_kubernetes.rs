@@ -139,7 +139,15 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
                 "infer-7",
                 "server",
                 "nvidia.com/gpu",
-                &[FakeNvml::uuid(2)],
+                &[format!("{}::0", FakeNvml::uuid(2))],
+            ),
+            // Time-slicing: a second pod on GPU 2, as another replica of it.
+            pod(
+                "web",
+                "infer-8",
+                "server",
+                "nvidia.com/gpu",
+                &[format!("{}::1", FakeNvml::uuid(2))],
             ),
         ],
     }));
@@ -224,6 +232,49 @@ async fn gpus_carry_their_pods_and_lose_them_when_the_pod_goes() {
         || async { serde_json::Value::Array(labels().await) == want_labels },
     )
     .await;
+
+    // The time-sliced GPU: its row names infer-7 (the first pod) and both pods' shares; the
+    // jobs view bills each pod half of it, and the two add up to the GPU.
+    let shared = rows(
+        &server,
+        &format!(
+            "SELECT job_shares FROM gpu_metrics WHERE host = '{HOST}' AND gpu_index = 2 \
+             AND time = (SELECT max(time) FROM gpu_metrics WHERE host = '{HOST}')"
+        ),
+    )
+    .await;
+    assert_eq!(
+        shared[0]["job_shares"], "web/infer-7=0.5,web/infer-8=0.5",
+        "{shared:?}"
+    );
+    let split = || async {
+        rows(
+            &server,
+            "SELECT job_id, k8s_namespace, share, gpu_seconds FROM jobs WHERE job_id LIKE 'web/%' ORDER BY job_id",
+        )
+        .await
+    };
+    let gpu_seconds = |r: &serde_json::Value| r["gpu_seconds"].as_f64().unwrap_or(-1.0);
+    // Two samples at least, so that the pods have GPU time.
+    eventually(
+        Duration::from_secs(30),
+        "both pods billed half of GPU 2",
+        || async {
+            let s = split().await;
+            s.len() == 2
+                && s.iter()
+                    .all(|r| r["share"].as_f64() == Some(0.5) && gpu_seconds(r) > 0.0)
+        },
+    )
+    .await;
+    let split = split().await;
+    for r in &split {
+        assert_eq!(r["k8s_namespace"], "web", "{r}");
+    }
+    assert!(
+        (gpu_seconds(&split[0]) - gpu_seconds(&split[1])).abs() < 1e-9,
+        "{split:?}"
+    );
 
     // train-0 ends: the kubelet stops listing it.
     answer.lock().expect("answer lock").pod_resources.remove(0);

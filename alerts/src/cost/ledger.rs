@@ -48,6 +48,7 @@ use tokio::sync::watch;
 use super::limiter::{self, LIMITERS};
 use super::report::parts::{self, GpuUsage, Parts, keep_max};
 use super::report::sql::EXTRA;
+use super::shares::shares_of;
 use super::{
     AdviceConfig, CHARGE_COLUMNS, Charge, CostConfig, JobsConfig, TIME_LIMIT_COLUMN, WorkConfig,
     charge_list_sql, num,
@@ -70,8 +71,11 @@ const CHARGE_AT: usize = 10;
 
 /// [`RAW_COLUMNS`] and the [`CHARGE_COLUMNS`].
 pub(super) fn raw_columns() -> String {
-    format!("{RAW_COLUMNS}{}", charge_list_sql())
+    format!("{RAW_COLUMNS}{}, job_shares", charge_list_sql())
 }
+
+/// Index of `job_shares` in what a fold reads (after the [`CHARGE_COLUMNS`]).
+const SHARES_AT: usize = CHARGE_AT + CHARGE_COLUMNS.len();
 
 fn floor_hour(t: i64) -> i64 {
     t.div_euclid(HOUR) * HOUR
@@ -90,6 +94,9 @@ struct Usage {
     first_seen: i64,
     last_seen: i64,
     secs: f64,
+    /// The whole seconds of the samples behind `secs` (more than `secs` where the GPU was
+    /// shared: `secs` is the job's share).
+    held_secs: f64,
     idle_secs: f64,
     joules: f64,
     idle_joules: f64,
@@ -147,6 +154,7 @@ fn usage_schema() -> SchemaRef {
         Field::new("first_seen", time_type(), false),
         Field::new("last_seen", time_type(), false),
         Field::new("gpu_seconds", DataType::Float64, false),
+        Field::new("held_gpu_seconds", DataType::Float64, false),
         Field::new("idle_gpu_seconds", DataType::Float64, false),
         Field::new("energy_joules", DataType::Float64, false),
         Field::new("idle_energy_joules", DataType::Float64, false),
@@ -189,6 +197,7 @@ fn seed_schema() -> SchemaRef {
         Field::new("energy_joules", DataType::Float64, true),
     ];
     fields.extend(charge_fields());
+    fields.push(s("job_shares"));
     Arc::new(Schema::new(fields))
 }
 
@@ -238,6 +247,7 @@ impl Snapshot {
             times(|u| u.first_seen),
             times(|u| u.last_seen),
             f64s(|u| u.secs),
+            f64s(|u| u.held_secs),
             f64s(|u| u.idle_secs),
             f64s(|u| u.joules),
             f64s(|u| u.idle_joules),
@@ -298,6 +308,7 @@ fn seed_batch(last: &[(GpuKey, Last)]) -> DfResult<RecordBatch> {
     columns.push(new_null_array(&DataType::Float64, n));
     columns.push(Arc::new(energy.finish()));
     columns.extend(charge_fields().map(|f| new_null_array(f.data_type(), n)));
+    columns.push(new_null_array(&DataType::Utf8View, n));
     Ok(RecordBatch::try_new(seed_schema(), columns)?)
 }
 
@@ -500,8 +511,15 @@ impl JobLedger {
                     _ => seed.get(&key).copied(),
                 };
                 let (secs, joules) = interval(before, t, e, gap);
-                if let Some(job_id) = opt(&b.job, i) {
-                    let is_idle = !b.util.is_null(i) && b.util.value(i) < idle;
+                let own = opt(&b.job, i);
+                // A GPU shared by several jobs gives each its share (shares::split_sql).
+                let jobs = if own.is_some() {
+                    shares_of(own, opt(&b.shares, i))
+                } else {
+                    Vec::new()
+                };
+                let is_idle = !b.util.is_null(i) && b.util.value(i) < idle;
+                for (job_id, share) in jobs {
                     let u = fold
                         .usage
                         .entry((
@@ -515,10 +533,16 @@ impl JobLedger {
                             last_seen: t,
                             ..Usage::default()
                         });
-                    b.keep_labels(u, i);
-                    u.add(t, secs, joules, opt(&b.class, i), is_idle);
+                    if Some(job_id) == own {
+                        b.keep_labels(u, i);
+                    } else {
+                        keep_max(&mut u.scheduler, opt(&b.scheduler, i));
+                        b.keep_namespace_of(u, job_id, i);
+                    }
+                    let part = (secs * share, secs);
+                    u.add(t, part, joules * share, opt(&b.class, i), is_idle);
                     u.parts.add_sample(
-                        secs,
+                        part.0,
                         b.values.iter().map(|c| (!c.is_null(i)).then(|| c.value(i))),
                     );
                 }
@@ -695,6 +719,7 @@ struct FoldBatch {
     /// The [`CHARGE_COLUMNS`] as text (the time limit's too, unused).
     charge: Vec<StringArray>,
     limit: arrow::array::Int64Array,
+    shares: StringArray,
     class: StringArray,
     values: Vec<Float64Array>,
 }
@@ -722,9 +747,23 @@ impl FoldBatch {
                 .map(|k| strings(batch, CHARGE_AT + k))
                 .collect::<DfResult<Vec<_>>>()?,
             limit: ints(CHARGE_AT + TIME_LIMIT_COLUMN)?,
-            class: strings(batch, CHARGE_AT + CHARGE_COLUMNS.len())?,
+            shares: strings(batch, SHARES_AT)?,
+            class: strings(batch, SHARES_AT + 1)?,
             values: parts::evaluate(exprs, batch)?,
         })
+    }
+
+    /// For a job sharing the GPU of row `i` that is not the row's own: on Kubernetes, the
+    /// namespace its id `<namespace>/<pod>` gives (as shares::split_sql).
+    fn keep_namespace_of(&self, u: &mut Usage, job_id: &str, i: usize) {
+        if opt(&self.scheduler, i) == Some("kubernetes") {
+            let k = CHARGE_COLUMNS
+                .iter()
+                .position(|c| *c == "k8s_namespace")
+                .unwrap_or(0);
+            let ns = job_id.split('/').next().unwrap_or_default();
+            keep_max(&mut u.charge.text[k], Some(ns));
+        }
     }
 
     /// Keeps the largest of each label of row `i` in `u`.
@@ -770,15 +809,24 @@ impl Usage {
         self.intervals = Vec::new();
     }
 
-    /// Adds one sample at `t` worth `secs` and `joules`, of limiter class `class`.
-    fn add(&mut self, t: i64, secs: f64, joules: f64, class: Option<&str>, idle: bool) {
+    /// Adds one sample at `t` worth `secs` and `joules` of the job (its share of the `held`
+    /// seconds of a shared GPU), of limiter class `class`.
+    fn add(
+        &mut self,
+        t: i64,
+        (secs, held): (f64, f64),
+        joules: f64,
+        class: Option<&str>,
+        idle: bool,
+    ) {
         self.first_seen = self.first_seen.min(t);
         self.last_seen = self.last_seen.max(t);
         self.secs += secs;
+        self.held_secs += held;
         self.joules += joules;
         self.samples += 1;
-        if secs > 0.0 {
-            self.intervals.push(secs);
+        if held > 0.0 {
+            self.intervals.push(held);
         }
         if let Some(k) = class.and_then(|c| LIMITERS.iter().position(|l| *l == c)) {
             self.class_secs[k] += secs;

@@ -468,3 +468,70 @@ async fn monthly_statements_split_jobs_at_the_month_and_add_up_to_the_jobs_view(
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn a_shared_gpu_is_split_by_share_and_its_jobs_add_up_to_one_gpu() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cost: CostConfig =
+        toml::from_str("gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}]\nkwh_usd = 0.2\n")
+            .expect("cost");
+    // GPU s, labelled with job a; job b shares it at 10, 20 and 40 s. 1000 J per 10 s.
+    let mut rows = Vec::new();
+    for (t, shares) in [
+        (0, None),
+        (10, Some("a=0.75,b=0.25")),
+        (20, Some("a=0.5,b=0.5")),
+        (30, None),
+        (40, Some("a=0.25,b=0.75")),
+    ] {
+        let mut r = row(&Sample {
+            t,
+            host: "n1",
+            gpu: "GPU-s",
+            model: "NVIDIA H100",
+            job: Some("a"),
+            util: 0.9,
+            energy: 100.0 * t as f64,
+        });
+        r.job_shares = shares.map(String::from);
+        rows.push(r);
+    }
+    let e = engine(dir.path(), &rows, &cost).await;
+    let job = |id: &'static str| {
+        let e = &e;
+        async move { one_row(e, &format!("SELECT * FROM jobs WHERE job_id = '{id}'")).await }
+    };
+    let (a, b) = (job("a").await, job("b").await);
+    // By hand: a 7.5 + 5 + 10 + 2.5 = 25 s of the 40 s it was seen for; b 2.5 + 5 + 7.5 = 15 s
+    // of 30 s; energy the same shares of 1000 J a sample.
+    let usd = |secs: f64, joules: f64| secs * 3.0 / 3600.0 + joules / 3.6e6 * 0.2;
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+    assert!(close(f(&a, "gpu_seconds"), 25.0), "{a:?}");
+    assert!(close(f(&b, "gpu_seconds"), 15.0), "{b:?}");
+    assert!(close(f(&a, "energy_joules"), 2500.0));
+    assert!(close(f(&b, "energy_joules"), 1500.0));
+    assert!(close(f(&a, "share"), 25.0 / 40.0));
+    assert!(close(f(&b, "share"), 0.5));
+    assert!(close(f(&a, "cost_usd"), usd(25.0, 2500.0)));
+    assert!(close(f(&b, "cost_usd"), usd(15.0, 1500.0)));
+    // The GPU's cost, exactly once: its 40 s and 4000 J.
+    let total = one_row(
+        &e,
+        "SELECT sum(cost_usd) AS c, sum(gpu_seconds) AS s FROM jobs",
+    )
+    .await;
+    assert!(close(f(&total, "c"), usd(40.0, 4000.0)), "{total:?}");
+    assert!(close(f(&total, "s"), 40.0));
+    // b's labels are its own, not a's (it has no row of its own here); the scheduler is the GPU's.
+    assert!(!b.contains_key("job_user"), "{b:?}");
+    assert_eq!(b["scheduler"], "slurm");
+    assert_eq!(a["job_user"], "alice");
+    // The report of a job that only shared the GPU finds it, with the same figures.
+    let report = report::job_report(&e, &cost, &JobsConfig::default(), "b", T0 + 100 * S)
+        .await
+        .expect("report")
+        .expect("b is known");
+    assert!(close(report.gpu_seconds, 15.0), "{}", report.gpu_seconds);
+    assert!(close(report.cost_usd, usd(15.0, 1500.0)));
+    assert_eq!(report.gpus, 1);
+}

@@ -134,7 +134,7 @@ impl WorkConfig {
     pub(crate) fn jobs_with_work(&self, core: &str) -> String {
         format!(
             r#"{split}
-SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds, idle_gpu_seconds,
+SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds, share, idle_gpu_seconds,
   energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, work_unit, work_done,
   CASE WHEN last_seen > first_seen THEN work_done / (CAST(CAST(last_seen AS BIGINT) - CAST(first_seen AS BIGINT) AS DOUBLE) / 1e9) END AS work_per_second,
   CASE WHEN gpu_seconds > 0 THEN work_done / (gpu_seconds / 3600.0) END AS work_per_gpu_hour,
@@ -152,7 +152,7 @@ FROM jw"#,
         format!(
             r#"{split}
 SELECT hour, job_id, scheduler, job_user, job_name, host, gpu_model, gpus, first_seen, last_seen, gpu_seconds,
-  idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, work_unit, work_done{charge}
+  share, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, work_unit, work_done{charge}
 FROM jw"#,
             split = self.work_split(core),
             charge = super::charge_list_sql(),

@@ -33,7 +33,8 @@ impl Lcg {
 
 /// Samples of 3 hosts x 2 GPUs from `from` to `to` (ns after T0): 10 s apart with jitter,
 /// jobs that change every ~40 minutes, free spells, idle spells, data gaps (some across hour
-/// boundaries and longer than the sample gap), counter resets, missing energy and utilisation.
+/// boundaries and longer than the sample gap), counter resets, missing energy and utilisation,
+/// and one GPU shared by two jobs part of the time.
 fn samples(
     rng: &mut Lcg,
     from: i64,
@@ -68,6 +69,12 @@ fn samples(
                     r.labels[6] = Some(format!("user{}", slot % 3));
                     r.labels[7] = Some("train".into());
                     r.labels[8] = Some("slurm".into());
+                    // A shared GPU: one job that only ever shares it, shares that change, a
+                    // pair that does not parse.
+                    if host == 1 && gpu == 1 && slot % 3 == 0 {
+                        let mine = 0.5 + ((t / S) % 5) as f64 / 10.0;
+                        r.job_shares = Some(format!("{j}={mine},9{slot}={:.1},bad", 1.0 - mine));
+                    }
                 }
                 let util = if slot % 5 == 1 {
                     0.0

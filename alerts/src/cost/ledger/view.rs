@@ -20,7 +20,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::super::limiter::{self, LIMITERS};
-use super::super::{charge_list_sql, charge_max_sql, num};
+use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
 use super::{JobLedger, Snapshot, plain, raw_columns};
 
 /// Which view over the ledger.
@@ -50,26 +50,28 @@ impl JobLedger {
         let raw = raw_columns();
         let charge = charge_list_sql();
         let charge_max = charge_max_sql(false);
+        let mut present = vec!["job_user", "job_name"];
+        present.extend(CHARGE_COLUMNS);
         format!(
             r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge},
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge}, job_shares,
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
   FROM (SELECT {raw}, {class} AS limiter FROM gpu_metrics WHERE {after}
         UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
-), d AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge},
+), d0 AS (
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge}, job_shares,
     date_trunc('hour', time) AS hour,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
-    COALESCE(gpu_utilization < {idle}, false) AS idle
+    CASE WHEN gpu_utilization < {idle} THEN true WHEN true THEN false END AS idle
   FROM s WHERE job_id IS NOT NULL AND {after}
-), u AS (
+), {split}, u AS (
   SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, hour FROM job_usage
+    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, hour FROM job_usage
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
-    sum(secs), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
+    sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
     {class_sums}{charge_max}, hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
@@ -78,6 +80,7 @@ impl JobLedger {
             class = self.class_sql(),
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
+            split = shares::split_sql(&present, ""),
         )
     }
 
@@ -100,6 +103,7 @@ impl JobLedger {
 SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
   count(DISTINCT gpu_uuid) AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
   sum(gpu_seconds) AS gpu_seconds,
+  CASE WHEN sum(held_gpu_seconds) > 0 THEN sum(gpu_seconds) / sum(held_gpu_seconds) ELSE 1.0 END AS share,
   sum(idle_gpu_seconds) AS idle_gpu_seconds,
   sum(energy_joules) AS energy_joules,
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,

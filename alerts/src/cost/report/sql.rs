@@ -103,12 +103,15 @@ fn at_or_after(watermark: Option<i64>) -> String {
     })
 }
 
-/// Step 1: the job's GPUs, first and last sample on each, at or after `watermark`.
+/// Step 1: the job's GPUs (those it held, and those it shared with the job they are labelled
+/// with), first and last sample on each, at or after `watermark`.
 pub fn job_gpus_sql(job_id: &str, watermark: Option<i64>) -> String {
     format!(
         "SELECT host, gpu_uuid, CAST(min(time) AS BIGINT) AS first_ns, CAST(max(time) AS BIGINT) AS last_ns \
-         FROM gpu_metrics WHERE job_id = {}{} GROUP BY host, gpu_uuid",
+         FROM gpu_metrics WHERE (job_id = {} OR (job_shares IS NOT NULL AND strpos(concat(',', job_shares), {}) > 0)){} \
+         GROUP BY host, gpu_uuid",
         sql_str(job_id),
+        sql_str(&format!(",{job_id}=")),
         at_or_after(watermark)
     )
 }
@@ -214,7 +217,7 @@ SELECT host, gpu_uuid, gpu_model,
   count(*) AS samples, CAST(min(time) AS BIGINT) AS first_seen_ns, CAST(max(time) AS BIGINT) AS last_seen_ns,
   sum(secs) AS gpu_seconds, sum(CASE WHEN idle THEN secs ELSE 0.0 END) AS idle_gpu_seconds,
   sum(joules) AS energy_joules, sum(CASE WHEN idle THEN joules ELSE 0.0 END) AS idle_energy_joules,
-  median(CASE WHEN secs > 0 THEN secs END) AS interval_median, count(CASE WHEN secs > 0 THEN 1 END) AS interval_n,
+  median(CASE WHEN held > 0 THEN held END) AS interval_median, count(CASE WHEN held > 0 THEN 1 END) AS interval_n,
   {classes},
   {parts}{charge}
 FROM d GROUP BY host, gpu_uuid, gpu_model"#,
