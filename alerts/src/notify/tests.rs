@@ -210,9 +210,13 @@ async fn a_receiver_down_for_a_while_gets_everything_in_order() {
         }
     })
     .await;
-    wait_for(Duration::from_secs(5), "all five delivered", || {
-        r.got().len() == 5
-    })
+    // The receiver holds the last message before the sender has read the answer and dequeued
+    // it: wait for both.
+    wait_for(
+        Duration::from_secs(5),
+        "all five delivered and dequeued",
+        || r.got().len() == 5 && outbox.pending()["w"] == 0,
+    )
     .await;
     let sizes: Vec<usize> = r
         .got()
