@@ -238,6 +238,7 @@ FROM d GROUP BY job_id, host"#,
     ) -> String {
         let gap = self.max_sample_gap().as_nanos();
         let idle = num(self.idle_utilization);
+        let gpus_cond = gpus;
         let gpus = if gpus.is_empty() {
             String::new()
         } else {
@@ -250,6 +251,14 @@ FROM d GROUP BY job_id, host"#,
         };
         let mut present = vec!["job_user", "job_name"];
         present.extend(extra.split(',').map(str::trim).filter(|c| !c.is_empty()));
+        let source = format!(
+            "gpu_metrics WHERE {}",
+            if gpus_cond.is_empty() {
+                "true"
+            } else {
+                gpus_cond
+            }
+        );
         format!(
             r#"WITH s AS (
   SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, job_shares{extra},
@@ -267,7 +276,7 @@ FROM d GROUP BY job_id, host"#,
 ), {split}"#,
             price = self.price_sql(),
             class = limiter::sample_class_sql(advice, self.idle_utilization),
-            split = shares::split_sql(&present, &filter),
+            split = shares::split_sql(&present, &source, &filter),
         )
     }
 

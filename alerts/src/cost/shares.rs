@@ -19,30 +19,31 @@ fn own_labels<'a>(present: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
-/// `d1`, `d2` and `d` after a CTE `d0` (one row per GPU sample with its labelled `job_id`,
+/// `sh` and `d` after a CTE `d0` (one row per GPU sample with its labelled `job_id`,
 /// `job_shares`, and `secs`, `joules` of the whole GPU): `d` has one row per job and sample,
 /// with `secs` and `joules` that job's share and `held` the sample's whole seconds, then
-/// `filter` (" AND …") applied. A sample without shares is its job's whole; pairs that do not
-/// parse are left out. The shares are taken as written: the server writes them normalised to
-/// add up to 1 (`gpuwatch_store::schema::canonical_job_shares`).
-pub(crate) fn split_sql(present: &[&str], filter: &str) -> String {
+/// `filter` (" AND …") applied. The shares come from their own scan, `source` (`FROM …
+/// WHERE …` of the samples `d0` reads), of the rows that have any (statistics skip the rest),
+/// left-joined to `d0`'s rows by GPU and time, so that the per-GPU windows are computed once.
+/// A sample without valid shares is its job's whole; pairs that do not parse or are not above 0
+/// are left out. The shares are taken as written: the server writes them normalised to add up
+/// to 1 (`gpuwatch_store::schema::canonical_job_shares`).
+pub(crate) fn split_sql(present: &[&str], source: &str, filter: &str) -> String {
     let own = own_labels(present);
-    let excluded: Vec<&str> = ["job_id", "secs", "joules"]
+    let excluded: Vec<&str> = ["job_id", "secs", "joules", "job_shares"]
         .into_iter()
         .chain(own.iter().copied())
         .collect();
     let excluded = excluded.join(", ");
-    let plain: String = own.iter().map(|c| format!(", {c}")).collect();
-    let shared: String = own
+    let labels: String = own
         .iter()
         .map(|c| {
-            if *c == "k8s_namespace" {
-                format!(
-                    ", CASE WHEN sj = job_id THEN {c} WHEN scheduler = 'kubernetes' THEN split_part(sj, '/', 1) END AS {c}"
-                )
+            let pod_ns = if *c == "k8s_namespace" {
+                format!(" WHEN scheduler = 'kubernetes' THEN split_part(sj, '/', 1)")
             } else {
-                format!(", CASE WHEN sj = job_id THEN {c} END AS {c}")
-            }
+                String::new()
+            };
+            format!(", CASE WHEN sj IS NULL OR sj = job_id THEN {c}{pod_ns} END AS {c}")
         })
         .collect();
     let positions: Vec<String> = (1..=gpuwatch_store::schema::MAX_JOB_SHARES)
@@ -50,35 +51,41 @@ pub(crate) fn split_sql(present: &[&str], filter: &str) -> String {
         .collect();
     let positions = positions.join(", ");
     format!(
-        r#"d1 AS (
-  SELECT * EXCLUDE ({excluded}, job_shares), job_id, secs, joules, secs AS held{plain} FROM d0 WHERE job_shares IS NULL
-), d2 AS (
-  SELECT *, sh0 AS sh FROM (
-    SELECT *, split_part(js, '=', 1) AS sj, TRY_CAST(split_part(js, '=', 2) AS DOUBLE) AS sh0
-    FROM (SELECT d0.*, split_part(job_shares, ',', k.i) AS js FROM d0
-          CROSS JOIN (VALUES {positions}) AS k(i) WHERE job_shares IS NOT NULL) x
-  ) y WHERE sj <> '' AND sh0 >= 0 AND sh0 <= 1
+        r#"sh AS (
+  SELECT sh_host, sh_gpu, sh_time, sj, max(sh0) AS sh FROM (
+    SELECT sh_host, sh_gpu, sh_time, split_part(js, '=', 1) AS sj, TRY_CAST(split_part(js, '=', 2) AS DOUBLE) AS sh0
+    FROM (SELECT host AS sh_host, gpu_uuid AS sh_gpu, time AS sh_time, split_part(job_shares, ',', k.i) AS js
+          FROM (SELECT host, gpu_uuid, time, job_shares FROM {source} AND job_shares IS NOT NULL) g
+          CROSS JOIN (VALUES {positions}) AS k(i)) x
+  ) y WHERE sj <> '' AND sh0 > 0 AND sh0 <= 1
+  GROUP BY sh_host, sh_gpu, sh_time, sj
 ), d AS (
   SELECT * FROM (
-    SELECT * FROM d1
-    UNION ALL
-    SELECT * EXCLUDE ({excluded}, job_shares, js, sj, sh0, sh), sj AS job_id, secs * sh AS secs, joules * sh AS joules, secs AS held{shared}
-    FROM d2 WHERE sh > 0
+    SELECT * EXCLUDE ({excluded}, sh_host, sh_gpu, sh_time, sj, sh),
+      COALESCE(sj, job_id) AS job_id, secs * COALESCE(sh, 1.0) AS secs,
+      joules * COALESCE(sh, 1.0) AS joules, secs AS held{labels}
+    FROM d0 LEFT JOIN sh ON host = sh_host AND gpu_uuid = sh_gpu AND time = sh_time
   ) z WHERE true{filter}
 )"#
     )
 }
 
 /// Each job's share of a sample labelled with `job` and `shares` (its `job_shares`), as
-/// [`split_sql`] takes them: `job` whole without shares, else the parsed shares above 0.
+/// [`split_sql`] takes them: `job` whole without valid shares, else the parsed shares above
+/// 0, one per job.
 pub(crate) fn shares_of<'a>(job: Option<&'a str>, shares: Option<&'a str>) -> Vec<(&'a str, f64)> {
+    let whole = || job.map(|j| vec![(j, 1.0)]).unwrap_or_default();
     let Some(text) = shares else {
-        return job.map(|j| vec![(j, 1.0)]).unwrap_or_default();
+        return whole();
     };
-    parse_job_shares(text)
+    let mut pairs: Vec<(&str, f64)> = parse_job_shares(text)
         .into_iter()
         .filter(|(_, s)| *s > 0.0)
-        .collect()
+        .collect();
+    // A job twice in one list counts once, at its largest share (as split_sql's max).
+    pairs.sort_by(|a, b| a.0.cmp(b.0).then(b.1.total_cmp(&a.1)));
+    pairs.dedup_by(|a, b| a.0 == b.0);
+    if pairs.is_empty() { whole() } else { pairs }
 }
 
 #[cfg(test)]
@@ -94,6 +101,10 @@ mod tests {
             [("a", 0.75), ("b", 0.25)]
         );
         assert_eq!(shares_of(Some("a"), Some("a=0,b=1")), [("b", 1.0)]);
-        assert!(shares_of(Some("a"), Some("junk")).is_empty());
+        assert_eq!(shares_of(Some("a"), Some("junk")), [("a", 1.0)]);
+        assert_eq!(
+            shares_of(Some("a"), Some("b=0.5,a=0.2,b=0.3")),
+            [("a", 0.2), ("b", 0.5)]
+        );
     }
 }

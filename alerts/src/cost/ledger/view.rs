@@ -80,7 +80,7 @@ impl JobLedger {
             class = self.class_sql(),
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
-            split = shares::split_sql(&present, ""),
+            split = shares::split_sql(&present, &format!("gpu_metrics WHERE {after}"), ""),
         )
     }
 
