@@ -270,7 +270,7 @@ FROM d GROUP BY job_id, host"#,
   SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization, job_shares{extra}, limiter,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
-    CASE WHEN gpu_utilization < {idle} THEN true WHEN true THEN false END AS idle,
+    COALESCE(gpu_utilization < {idle}, false) AS idle,
     {price} AS price
   FROM s WHERE job_id IS NOT NULL
 ), {split}"#,

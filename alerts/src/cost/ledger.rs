@@ -756,11 +756,8 @@ impl FoldBatch {
     /// For a job sharing the GPU of row `i` that is not the row's own: on Kubernetes, the
     /// namespace its id `<namespace>/<pod>` gives (as shares::split_sql).
     fn keep_namespace_of(&self, u: &mut Usage, job_id: &str, i: usize) {
-        if opt(&self.scheduler, i) == Some("kubernetes") {
-            let k = CHARGE_COLUMNS
-                .iter()
-                .position(|c| *c == "k8s_namespace")
-                .unwrap_or(0);
+        let namespace = CHARGE_COLUMNS.iter().position(|c| *c == "k8s_namespace");
+        if let Some(k) = namespace.filter(|_| opt(&self.scheduler, i) == Some("kubernetes")) {
             let ns = job_id.split('/').next().unwrap_or_default();
             keep_max(&mut u.charge.text[k], Some(ns));
         }

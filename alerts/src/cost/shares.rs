@@ -22,8 +22,8 @@ fn own_labels<'a>(present: &[&'a str]) -> Vec<&'a str> {
 /// `sh` and `d` after a CTE `d0` (one row per GPU sample with its labelled `job_id`,
 /// `job_shares`, and `secs`, `joules` of the whole GPU): `d` has one row per job and sample,
 /// with `secs` and `joules` that job's share and `held` the sample's whole seconds, then
-/// `filter` (" AND …") applied. The shares come from their own scan, `source` (`FROM …
-/// WHERE …` of the samples `d0` reads), of the rows that have any (statistics skip the rest),
+/// `filter` (" AND …") applied. The shares come from their own scan, `source` (`<table> WHERE
+/// <condition>` of the samples `d0` reads), of the rows that have any (statistics skip the rest),
 /// left-joined to `d0`'s rows by GPU and time, so that the per-GPU windows are computed once.
 /// A sample without valid shares is its job's whole; pairs that do not parse or are not above 0
 /// are left out. The shares are taken as written: the server writes them normalised to add up
