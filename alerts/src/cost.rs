@@ -292,6 +292,10 @@ FROM d GROUP BY job_id, host"#,
     ) -> Result<Arc<JobLedger>> {
         self.validate()?;
         jobs.validate()?;
+        declare_ledger_table().map_err(Error::Other)?;
+        ledger::table::refresh_provider(ctx)
+            .await
+            .map_err(|e| Error::Other(format!("cannot register the job ledger's table: {e}")))?;
         let ledger = Arc::new(JobLedger::new(self.clone(), jobs.clone()));
         for (name, view) in [("jobs", View::Jobs), ("job_hours", View::Hours)] {
             let table = JobsTable::new(Arc::clone(&ledger), view, &ctx.state())
@@ -389,6 +393,7 @@ pub mod statement;
 pub mod work;
 
 pub use advice::{AdviceConfig, JobsConfig};
+pub use ledger::table::declare as declare_ledger_table;
 pub use ledger::{JobLedger, JobsTable, View};
 pub use work::WorkConfig;
 

@@ -56,7 +56,7 @@ pub fn samples(a: &Alerting) -> Vec<Sample> {
         out.push(Sample::new(
             LEDGER_HOURS,
             Kind::Gauge,
-            "Hours held by the jobs view's ledger",
+            "Folded hours of the jobs view's ledger still backed by raw samples (late samples refold them)",
             l.hours() as f64,
         ));
     }

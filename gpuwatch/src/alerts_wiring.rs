@@ -92,13 +92,25 @@ pub(crate) fn check(files: &[PathBuf]) -> Result<String> {
     }
 }
 
+/// Where alerting and the job ledger keep their data.
+pub(crate) struct Placement<'a> {
+    /// The server's store.
+    pub store: Arc<gpuwatch_store::Store>,
+    /// The server ingests (a query node keeps alerting state in memory only and runs no
+    /// rules: the data directory may be another server's).
+    pub ingest: bool,
+    /// The server runs maintenance: it also folds the job ledger's hours and writes them.
+    pub maintain: bool,
+    /// The data directory.
+    pub data_dir: &'a Path,
+}
+
 /// Registers the tables and starts rule evaluation, notification and delivery.
 pub(crate) async fn start(
     engine: &QueryEngine,
     rules: RuleFile,
     config: &AlertsConfig,
-    data_dir: Option<&Path>,
-    store: Option<Arc<gpuwatch_store::Store>>,
+    at: Placement<'_>,
     clock: Arc<dyn Clock>,
     query_timeout: Duration,
     stop: watch::Receiver<bool>,
@@ -106,9 +118,13 @@ pub(crate) async fn start(
     let ledger = config.cost.register(engine.context(), &config.jobs).await?;
     let ledger_task = engine.executor().spawn(Arc::clone(&ledger).run(
         engine.context().clone(),
+        Arc::clone(&at.store),
+        at.ingest && at.maintain,
         Arc::clone(&clock),
         stop.clone(),
     ));
+    let data_dir = at.ingest.then_some(at.data_dir);
+    let store = at.ingest.then_some(at.store);
     let n = rules.rules().count();
     let alerting = Arc::new(Alerting::open(
         rules,

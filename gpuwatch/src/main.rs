@@ -355,6 +355,11 @@ impl Drop for QueryRuntime {
 }
 
 fn main() {
+    // The job ledger's table has the cost accounting's columns: declared before any store opens.
+    if let Err(e) = gpuwatch_alerts::cost::declare_ledger_table() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

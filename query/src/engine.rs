@@ -65,6 +65,12 @@ impl StoreTable {
         Self::with_stats(table, store, Arc::default())
     }
 
+    /// The same provider with the table's schema as it is now (`job_ledger`'s columns are
+    /// declared by the cost accounting, possibly after the engine was built).
+    pub fn with_current_schema(&self) -> Self {
+        Self::with_stats(self.table, Arc::clone(&self.store), Arc::clone(&self.stats))
+    }
+
     /// A provider for `table` that counts the files it scans and skips in `stats`.
     pub fn with_stats(table: Table, store: Arc<dyn ReadStore>, stats: Arc<ScanStats>) -> Self {
         Self {

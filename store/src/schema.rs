@@ -4,6 +4,9 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
+mod ledger;
+pub use ledger::{JOB_LEDGER_KEY, declare_job_ledger};
+
 /// The type of a value column of `gpu_metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueType {
@@ -351,11 +354,14 @@ pub enum Table {
     GpuEvents,
     /// Alert history: one row per state transition.
     Alerts,
+    /// The `jobs` view's sums per job, GPU and closed hour, written by the cost accounting
+    /// when an hour closes ([`declare_job_ledger`]).
+    JobLedger,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 7] = [
+    pub const ALL: [Table; 8] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
@@ -363,6 +369,7 @@ impl Table {
         Table::GpuProcesses,
         Table::GpuEvents,
         Table::Alerts,
+        Table::JobLedger,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -384,12 +391,14 @@ impl Table {
             Table::GpuProcesses => "gpu_processes",
             Table::GpuEvents => "gpu_events",
             Table::Alerts => "alerts",
+            Table::JobLedger => "job_ledger",
         }
     }
 
-    /// True for the tables that ingest writes (the others are built by compaction).
+    /// True for the tables that ingest writes (the others are built by compaction, or by the
+    /// job ledger one file per hour: [`crate::Store::replace_hour`]).
     pub fn is_ingested(self) -> bool {
-        self.rollup_nanos().is_none()
+        self.rollup_nanos().is_none() && self != Table::JobLedger
     }
 
     /// Table by SQL name.
@@ -407,6 +416,7 @@ impl Table {
             Table::GpuProcesses => 5,
             Table::GpuEvents => 6,
             Table::Alerts => 7,
+            Table::JobLedger => 8,
         }
     }
 
@@ -424,6 +434,7 @@ impl Table {
             Table::GpuProcesses => GPU_PROCESSES.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
             Table::Alerts => ALERTS.clone(),
+            Table::JobLedger => ledger::job_ledger_schema(),
         }
     }
 
@@ -437,6 +448,7 @@ impl Table {
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
             Table::Alerts => &["rule", "time"],
+            Table::JobLedger => &["job_id", "host", "gpu_uuid", "time"],
         }
     }
 }

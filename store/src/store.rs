@@ -862,3 +862,5 @@ impl ReadStore for Store {
 mod tests;
 #[cfg(test)]
 mod tests_damage;
+#[cfg(test)]
+mod tests_replace;

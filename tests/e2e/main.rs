@@ -28,6 +28,7 @@ mod grpc;
 mod hostile;
 mod jobs;
 mod jobs_scale;
+mod ledger;
 mod limiter;
 mod object_store;
 mod otlp_partial;

@@ -1,39 +1,44 @@
-//! The job-usage ledger: the `jobs` view's sums, kept per closed hour so that the view does not
-//! recompute its window functions over every raw sample on each query.
+//! The job-usage ledger: the `jobs` view's sums per job, GPU and closed hour, kept in the
+//! `job_ledger` Delta table ([`table`]) so that the view neither recomputes its window functions
+//! over every raw sample on each query nor loses a job when retention removes its samples.
 //!
 //! Each sample's share of the `jobs` sums (seconds, idle seconds, joules, idle joules) depends
 //! only on that sample and the previous sample of its GPU (docs/cost.md). So the sums split
 //! exactly by the hour the sample falls in:
 //!
 //! ```text
-//! jobs = Σ folded hours (this ledger)  +  the same formulas over raw samples at or after W
+//! jobs = Σ folded hours (job_ledger, time < W)  +  the same formulas over raw samples at or after W
 //! ```
 //!
 //! where `W` (the watermark) is the end of the folded hours. An hour is folded once it is closed
-//! (`SETTLE` after its end, when the store has compacted it and built its rollups). The first raw
-//! sample of each GPU at or after `W` takes its predecessor from the ledger's seed (the GPU's last
-//! sample before `W`), so the live part is exact too.
+//! (`SETTLE` after its end, when the store has compacted it and built its rollups), and written
+//! as one file that replaces the hour's rows. The first raw sample of each GPU at or after `W`
+//! takes its predecessor from the seed (the GPU's last sample before `W`, from the table's GPU
+//! rows), so the live part is exact too.
 //!
 //! Samples that arrive after their hour was folded (an agent's spool drained after an outage)
 //! are caught by comparing each folded hour's sample count with the `samples` of its
 //! `gpu_metrics_1h` rollup, which the store rebuilds for late data: a mismatch refolds that hour
-//! and every later one. Hours whose raw samples retention removed are dropped from the ledger, as
-//! they drop out of the plain view.
+//! and every later one. Hours whose raw samples retention removed stay in the table (its own
+//! retention, five years by default): the view, reports and statements read them as before.
 //!
 //! The same fold accumulates the job report's parts ([`super::report::parts`]) per job, GPU and
-//! hour (about 0.6 KB each), so a report merges the folded hours of its job
-//! ([`JobLedger::job_usage`]) and reads only the raw samples after `W`.
+//! hour (the table's `part_*` columns), so a report reads its job's rows
+//! ([`JobLedger::job_usage`]) and only the raw samples after `W`.
 //!
-//! Data flow: [`JobLedger::run`] folds (queries `gpu_metrics` one hour at a time through the
-//! engine) and publishes a [`Snapshot`]; [`JobsTable::scan`] plans the view's SQL over that
-//! snapshot and the raw samples after `W`, in a catalog of its own, so the two always agree.
+//! Data flow: [`JobLedger::run`] (`sync.rs`) loads what the table holds at start, folds closed
+//! hours (queries `gpu_metrics` one hour at a time through the engine), writes each
+//! (`Store::replace_hour`) and publishes a [`Snapshot`] (watermark and seed); a server that does
+//! not fold (a query node) reloads it when the table's files change. [`JobsTable::scan`] plans
+//! the view's SQL over the table before `W` and the raw samples after it, in a catalog of its
+//! own, so the two always agree.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, RecordBatch, StringArray,
     StringViewBuilder, TimestampNanosecondArray, new_null_array,
 };
 use arrow::compute::cast;
@@ -42,8 +47,6 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::physical_plan::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
-use gpuwatch_store::clock::Clock;
-use tokio::sync::watch;
 
 use super::limiter::{self, LIMITERS};
 use super::report::parts::{self, GpuUsage, Parts, keep_max};
@@ -132,41 +135,12 @@ struct HourFold {
     samples: u64,
 }
 
-/// What [`JobsTable`] reads: the folded sums and the seed, up to the watermark.
+/// What [`JobsTable`] reads besides the table: the watermark and the seed.
 #[derive(Debug)]
 pub struct Snapshot {
     /// End of the folded hours; `None` before anything is folded (the view reads every sample).
     pub watermark: Option<i64>,
-    usage: RecordBatch,
     seed: RecordBatch,
-}
-
-fn usage_schema() -> SchemaRef {
-    let s = |n: &str, null: bool| Field::new(n, DataType::Utf8View, null);
-    let mut fields = vec![
-        s("job_id", false),
-        s("host", true),
-        s("gpu_uuid", true),
-        s("gpu_model", true),
-        s("scheduler", true),
-        s("job_user", true),
-        s("job_name", true),
-        Field::new("first_seen", time_type(), false),
-        Field::new("last_seen", time_type(), false),
-        Field::new("gpu_seconds", DataType::Float64, false),
-        Field::new("held_gpu_seconds", DataType::Float64, false),
-        Field::new("idle_gpu_seconds", DataType::Float64, false),
-        Field::new("energy_joules", DataType::Float64, false),
-        Field::new("idle_energy_joules", DataType::Float64, false),
-    ];
-    fields.extend(
-        LIMITERS
-            .iter()
-            .map(|c| Field::new(limiter::seconds_column(c), DataType::Float64, false)),
-    );
-    fields.extend(charge_fields());
-    fields.push(Field::new("hour", time_type(), false));
-    Arc::new(Schema::new(fields))
 }
 
 /// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
@@ -213,81 +187,9 @@ impl Snapshot {
     fn empty() -> Self {
         Self {
             watermark: None,
-            usage: RecordBatch::new_empty(usage_schema()),
             seed: RecordBatch::new_empty(seed_schema()),
         }
     }
-
-    fn build(folds: &BTreeMap<i64, HourFold>) -> DfResult<Self> {
-        let Some((&last_hour, _)) = folds.last_key_value() else {
-            return Ok(Self::empty());
-        };
-        let hours: Vec<i64> = folds
-            .iter()
-            .flat_map(|(&h, f)| std::iter::repeat_n(h, f.usage.len()))
-            .collect();
-        let rows: Vec<(&UsageKey, &Usage)> = folds.values().flat_map(|f| &f.usage).collect();
-        let f64s = |f: fn(&Usage) -> f64| -> ArrayRef {
-            Arc::new(rows.iter().map(|(_, u)| f(u)).collect::<Float64Array>())
-        };
-        let times = |f: fn(&Usage) -> i64| -> ArrayRef {
-            Arc::new(
-                TimestampNanosecondArray::from(rows.iter().map(|(_, u)| f(u)).collect::<Vec<_>>())
-                    .with_timezone("UTC"),
-            )
-        };
-        let mut columns: Vec<ArrayRef> = vec![
-            views(rows.iter().map(|(k, _)| Some(k.0.as_str()))),
-            views(rows.iter().map(|(k, _)| k.1.as_deref())),
-            views(rows.iter().map(|(k, _)| k.2.as_deref())),
-            views(rows.iter().map(|(k, _)| k.3.as_deref())),
-            views(rows.iter().map(|(_, u)| u.scheduler.as_deref())),
-            views(rows.iter().map(|(_, u)| u.job_user.as_deref())),
-            views(rows.iter().map(|(_, u)| u.job_name.as_deref())),
-            times(|u| u.first_seen),
-            times(|u| u.last_seen),
-            f64s(|u| u.secs),
-            f64s(|u| u.held_secs),
-            f64s(|u| u.idle_secs),
-            f64s(|u| u.joules),
-            f64s(|u| u.idle_joules),
-        ];
-        for k in 0..LIMITERS.len() {
-            columns.push(Arc::new(
-                rows.iter()
-                    .map(|(_, u)| u.class_secs[k])
-                    .collect::<Float64Array>(),
-            ));
-        }
-        columns.extend(charge_arrays(&rows));
-        columns.push(Arc::new(
-            TimestampNanosecondArray::from(hours).with_timezone("UTC"),
-        ));
-        let usage = RecordBatch::try_new(usage_schema(), columns)?;
-        let seed = seed_batch(&seed_before(folds, last_hour + HOUR))?;
-        Ok(Self {
-            watermark: Some(last_hour + HOUR),
-            usage,
-            seed,
-        })
-    }
-}
-
-/// The [`CHARGE_COLUMNS`] of `rows`.
-fn charge_arrays(rows: &[(&UsageKey, &Usage)]) -> Vec<ArrayRef> {
-    (0..CHARGE_COLUMNS.len())
-        .map(|k| -> ArrayRef {
-            if k == TIME_LIMIT_COLUMN {
-                Arc::new(
-                    rows.iter()
-                        .map(|(_, u)| u.charge.time_limit)
-                        .collect::<Int64Array>(),
-                )
-            } else {
-                views(rows.iter().map(|(_, u)| u.charge.text[k].as_deref()))
-            }
-        })
-        .collect()
 }
 
 /// The seed table: each GPU's last sample (time and energy counter), the other raw columns
@@ -312,42 +214,22 @@ fn seed_batch(last: &[(GpuKey, Last)]) -> DfResult<RecordBatch> {
     Ok(RecordBatch::try_new(seed_schema(), columns)?)
 }
 
-/// The last sample of each GPU in the folded hours before `before`.
-fn seed_before(folds: &BTreeMap<i64, HourFold>, before: i64) -> Vec<(GpuKey, Last)> {
-    let mut last: HashMap<GpuKey, Last> = HashMap::new();
-    for fold in folds.range(..before).map(|(_, f)| f) {
-        for (k, v) in &fold.last {
-            last.insert(k.clone(), *v);
-        }
-    }
-    let mut v: Vec<_> = last.into_iter().collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
-impl Usage {
-    /// This use as the job report takes it.
-    fn gpu_usage(&self, host: &str, gpu_uuid: &str, model: Option<&String>) -> GpuUsage {
-        GpuUsage {
-            host: host.to_string(),
-            gpu_uuid: gpu_uuid.to_string(),
-            gpu_model: model.cloned(),
-            scheduler: self.scheduler.clone(),
-            job_user: self.job_user.clone(),
-            job_name: self.job_name.clone(),
-            samples: self.samples,
-            first_ns: self.first_seen,
-            last_ns: self.last_seen,
-            secs: self.secs,
-            idle_secs: self.idle_secs,
-            joules: self.joules,
-            idle_joules: self.idle_joules,
-            class_secs: self.class_secs,
-            intervals: vec![self.interval],
-            parts: self.parts.clone(),
-            charge: self.charge.clone(),
-        }
-    }
+/// What the ledger knows of the table, kept current as it folds.
+#[derive(Debug, Default)]
+struct State {
+    /// Whether the table was read since the server started.
+    loaded: bool,
+    /// The table's files when it was last read (a server that does not fold reloads when they
+    /// change).
+    files: Vec<String>,
+    /// The hour of the oldest raw sample when the state was last computed.
+    oldest_raw_hour: Option<i64>,
+    /// The folded hours at or after the oldest raw sample's hour, and their raw samples.
+    hours: BTreeMap<i64, u64>,
+    /// End of the folded hours.
+    watermark: Option<i64>,
+    /// Each GPU's last sample before the watermark (from the oldest raw sample's hour on).
+    seed: HashMap<GpuKey, Last>,
 }
 
 /// The ledger of one server.
@@ -357,7 +239,7 @@ pub struct JobLedger {
     advice: AdviceConfig,
     work: WorkConfig,
     snapshot: RwLock<Arc<Snapshot>>,
-    folds: Mutex<BTreeMap<i64, HourFold>>,
+    state: Mutex<State>,
 }
 
 pub(super) fn plain(e: impl std::fmt::Display) -> DataFusionError {
@@ -381,70 +263,59 @@ fn opt(a: &StringArray, i: usize) -> Option<&str> {
 }
 
 impl JobLedger {
-    /// An empty ledger: until [`Self::run`] folds hours, the `jobs` view reads every sample.
+    /// An empty ledger: until [`Self::run`] reads the table and folds hours, the `jobs` view
+    /// reads every raw sample.
     pub fn new(cost: CostConfig, jobs: JobsConfig) -> Self {
         Self {
             cost,
             advice: jobs.advice,
             work: jobs.work,
             snapshot: RwLock::new(Arc::new(Snapshot::empty())),
-            folds: Mutex::new(BTreeMap::new()),
+            state: Mutex::new(State::default()),
         }
     }
 
-    /// Hours folded.
+    /// Folded hours still backed by raw samples.
     pub fn hours(&self) -> usize {
-        self.lock().len()
+        self.lock().hours.len()
     }
 
     /// The end of the folded hours and the job's use of each GPU (and model) in them, merged
     /// over the hours; `None` before any hour is folded.
-    pub(crate) fn job_usage(&self, job_id: &str) -> Option<(i64, Vec<GpuUsage>)> {
-        let folds = self.lock();
-        let (&last, _) = folds.last_key_value()?;
-        let from: UsageKey = (job_id.to_string(), None, None, None);
-        let mut merged: BTreeMap<(&str, &str, Option<&String>), GpuUsage> = BTreeMap::new();
-        for fold in folds.values() {
-            for ((job, host, gpu, model), u) in fold.usage.range(&from..) {
-                if job != job_id {
-                    break;
+    pub(crate) async fn job_usage(
+        &self,
+        ctx: &SessionContext,
+        job_id: &str,
+    ) -> DfResult<Option<(i64, Vec<GpuUsage>)>> {
+        let Some(w) = self.snapshot().watermark else {
+            return Ok(None);
+        };
+        let mut merged: BTreeMap<(String, String, Option<String>), GpuUsage> = BTreeMap::new();
+        for g in table::job_rows(ctx, job_id, w).await? {
+            let key = (g.host.clone(), g.gpu_uuid.clone(), g.gpu_model.clone());
+            match merged.get_mut(&key) {
+                Some(m) => m.merge(&g),
+                None => {
+                    merged.insert(key, g);
                 }
-                let (Some(host), Some(gpu)) = (host, gpu) else {
-                    continue;
-                };
-                let g = u.gpu_usage(host, gpu, model.as_ref());
-                merged
-                    .entry((host.as_str(), gpu.as_str(), model.as_ref()))
-                    .and_modify(|m| m.merge(&g))
-                    .or_insert(g);
             }
         }
-        Some((last + HOUR, merged.into_values().collect()))
+        Ok(Some((w, merged.into_values().collect())))
     }
 
-    /// The time of each GPU's last sample before `before` in the folded hours (GPUs without
-    /// one are left out).
-    pub(crate) fn last_sample_before(
+    /// The time of each GPU's last sample before the watermark (GPUs without one are left
+    /// out).
+    pub(crate) fn last_sample_before_watermark(
         &self,
-        before: i64,
         gpus: &[(String, String)],
     ) -> HashMap<(String, String), i64> {
-        let folds = self.lock();
-        let mut out = HashMap::new();
-        for fold in folds.range(..before).rev().map(|(_, f)| f) {
-            if out.len() == gpus.len() {
-                break;
-            }
-            for (h, g) in gpus {
-                if out.contains_key(&(h.clone(), g.clone())) {
-                    continue;
-                }
-                if let Some((t, _)) = fold.last.get(&(Some(h.clone()), Some(g.clone()))) {
-                    out.insert((h.clone(), g.clone()), *t);
-                }
-            }
-        }
-        out
+        let state = self.lock();
+        gpus.iter()
+            .filter_map(|(h, g)| {
+                let (t, _) = state.seed.get(&(Some(h.clone()), Some(g.clone())))?;
+                Some(((h.clone(), g.clone()), *t))
+            })
+            .collect()
     }
 
     /// What the `jobs` view reads now.
@@ -455,13 +326,24 @@ impl JobLedger {
             .unwrap_or_else(|p| Arc::clone(&p.into_inner()))
     }
 
-    fn publish(&self, folds: &BTreeMap<i64, HourFold>) -> DfResult<()> {
-        let snap = Arc::new(Snapshot::build(folds)?);
+    /// Publishes the state's watermark and seed to the view.
+    fn publish(&self, state: &State) -> DfResult<()> {
+        let mut seed: Vec<(GpuKey, Last)> =
+            state.seed.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        seed.sort_by(|a, b| a.0.cmp(&b.0));
+        let snap = Arc::new(Snapshot {
+            watermark: state.watermark,
+            seed: seed_batch(&seed)?,
+        });
         match self.snapshot.write() {
             Ok(mut s) => *s = snap,
             Err(p) => *p.into_inner() = snap,
         }
         Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The samples of hour `hour` in the order a fold reads them: [`RAW_COLUMNS`], the [`CHARGE_COLUMNS`], the class,
@@ -487,7 +369,7 @@ impl JobLedger {
         &self,
         ctx: &SessionContext,
         hour: i64,
-        seed: HashMap<GpuKey, Last>,
+        seed: &HashMap<GpuKey, Last>,
     ) -> DfResult<HourFold> {
         let frame = ctx.sql(&self.fold_sql(hour)).await?;
         let exprs = parts::physical(ctx, frame.schema())?;
@@ -556,151 +438,10 @@ impl JobLedger {
         Ok(fold)
     }
 
-    /// One pass: drops hours retention removed, refolds hours that received late samples, folds
-    /// the hours closed since the last pass, and publishes the snapshot if anything changed.
-    /// Returns the hours folded.
-    pub async fn step(&self, ctx: &SessionContext, now_nanos: i64) -> DfResult<usize> {
-        let closed_end = floor_hour(now_nanos.saturating_sub(SETTLE.as_nanos() as i64));
-        let oldest = first_time(ctx, "SELECT min(time) FROM gpu_metrics").await?;
-        let Some(oldest) = oldest else {
-            let had = !self.lock().is_empty();
-            if had {
-                let mut folds = self.lock();
-                folds.clear();
-                self.publish(&folds)?;
-            }
-            return Ok(0);
-        };
-        let oldest_hour = floor_hour(oldest);
-        // Hours retention removed, and the earliest hour whose sample count no longer matches
-        // its rollup.
-        let mut from = {
-            let mut folds = self.lock();
-            let before = folds.len();
-            folds.retain(|&h, _| h >= oldest_hour);
-            let changed = folds.len() != before;
-            if folds
-                .first_key_value()
-                .is_some_and(|(&h, _)| h > oldest_hour)
-            {
-                // Older samples than the ledger's first hour arrived: fold from the start again.
-                folds.clear();
-            }
-            if changed {
-                self.publish(&folds)?;
-            }
-            folds
-                .last_key_value()
-                .map_or(oldest_hour, |(&h, _)| h + HOUR)
-        };
-        if let Some(stale) = self.stale_hour(ctx).await? {
-            from = from.min(stale);
-        }
-        let mut folded = 0;
-        let mut hour = from;
-        while hour < closed_end {
-            let seed: HashMap<GpuKey, Last> = seed_before(&self.lock(), hour).into_iter().collect();
-            let fold = self.fold_hour(ctx, hour, seed).await?;
-            {
-                let mut folds = self.lock();
-                // A refold replaces the hour and makes every later hour's seed unsure: they are
-                // folded again by this same loop.
-                folds.retain(|&h, _| h < hour);
-                folds.insert(hour, fold);
-                folded += 1;
-                if folded % PUBLISH_EVERY == 0 {
-                    self.publish(&folds)?;
-                }
-            }
-            hour += HOUR;
-        }
-        if folded > 0 {
-            self.publish(&self.lock())?;
-        }
-        Ok(folded)
-    }
-
-    /// The earliest folded hour whose `gpu_metrics_1h` samples differ from the samples folded.
-    async fn stale_hour(&self, ctx: &SessionContext) -> DfResult<Option<i64>> {
-        let Some(first) = self.lock().first_key_value().map(|(&h, _)| h) else {
-            return Ok(None);
-        };
-        let sql = format!(
-            "SELECT CAST(date_bin(INTERVAL '1 hour', time) AS BIGINT) AS h, sum(samples) AS n \
-             FROM gpu_metrics_1h WHERE time >= to_timestamp_nanos({first}) GROUP BY 1"
-        );
-        let batches = ctx.sql(&sql).await?.collect().await?;
-        let folds = self.lock();
-        let mut stale: Option<i64> = None;
-        for b in &batches {
-            let h = cast(b.column(0), &DataType::Int64)?;
-            let h = h.as_primitive::<arrow::datatypes::Int64Type>();
-            let n = cast(b.column(1), &DataType::Int64)?;
-            let n: &Int64Array = n.as_primitive();
-            for i in 0..b.num_rows() {
-                if h.is_null(i) || n.is_null(i) {
-                    continue;
-                }
-                let hour = h.value(i);
-                if let Some(f) = folds.get(&hour)
-                    && f.samples != n.value(i) as u64
-                {
-                    stale = Some(stale.map_or(hour, |s| s.min(hour)));
-                }
-            }
-        }
-        Ok(stale)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, HourFold>> {
-        self.folds.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Folds hours as they close, every [`TICK`], until `stop` turns true.
-    pub async fn run(
-        self: Arc<Self>,
-        ctx: SessionContext,
-        clock: Arc<dyn Clock>,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        loop {
-            let started = std::time::Instant::now();
-            match self.step(&ctx, clock.now_nanos()).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    hours = n,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "job-usage ledger: hours folded"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "job-usage ledger: fold failed; the jobs view reads raw samples past the last folded hour")
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(TICK) => {}
-                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
-            }
-        }
-    }
-
     /// The class of a raw sample (`limiter::sample_class_sql` with this ledger's thresholds).
     fn class_sql(&self) -> String {
         limiter::sample_class_sql(&self.advice, self.cost.idle_utilization)
     }
-}
-
-async fn first_time(ctx: &SessionContext, sql: &str) -> DfResult<Option<i64>> {
-    let batches = ctx.sql(sql).await?.collect().await?;
-    for b in batches {
-        if b.num_rows() > 0 {
-            let t = cast(b.column(0), &DataType::Int64)?;
-            let t = t.as_primitive::<arrow::datatypes::Int64Type>();
-            if !t.is_null(0) {
-                return Ok(Some(t.value(0)));
-            }
-        }
-    }
-    Ok(None)
 }
 
 /// The columns of one batch of [`JobLedger::fold_sql`]'s answer, and the parts evaluated on it.
@@ -835,6 +576,8 @@ impl Usage {
     }
 }
 
+mod sync;
+pub mod table;
 mod view;
 pub use view::{JobsTable, View};
 

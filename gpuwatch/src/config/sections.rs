@@ -99,6 +99,8 @@ pub(crate) struct RetentionFile {
     pub gpu_events: Option<String>,
     /// Alert history (default 365d).
     pub alerts: Option<String>,
+    /// The job ledger (default 1825d).
+    pub job_ledger: Option<String>,
 }
 
 impl RetentionFile {
@@ -121,6 +123,7 @@ impl RetentionFile {
             ("gpu_processes", &self.gpu_processes, &mut r.gpu_processes),
             ("gpu_events", &self.gpu_events, &mut r.gpu_events),
             ("alerts", &self.alerts, &mut r.alerts),
+            ("job_ledger", &self.job_ledger, &mut r.job_ledger),
         ];
         for (key, text, target) in keys {
             let Some(text) = text else { continue };

@@ -126,15 +126,16 @@ pub(super) async fn run(b: Background) {
             return;
         }
     };
-    let history_store = b.ingest.then(|| Arc::clone(&store));
     match crate::alerts_wiring::start(
         &engine,
         b.rules,
         &b.alerts,
-        // A query node keeps alerting state in memory only (it runs no rules): the data
-        // directory may be another server's.
-        b.ingest.then_some(b.data_dir.as_path()),
-        history_store,
+        crate::alerts_wiring::Placement {
+            store: Arc::clone(&store),
+            ingest: b.ingest,
+            maintain: b.maintain_every.is_some(),
+            data_dir: b.data_dir.as_path(),
+        },
         Arc::clone(&b.clock),
         query_timeout,
         b.stop.clone(),

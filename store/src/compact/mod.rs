@@ -72,6 +72,8 @@ pub struct RetentionConfig {
     pub gpu_events: Option<Duration>,
     /// `alerts` (the alert history).
     pub alerts: Option<Duration>,
+    /// `job_ledger` (what each job used and cost, per GPU and hour).
+    pub job_ledger: Option<Duration>,
 }
 
 const DAY: u64 = 24 * 3600;
@@ -79,7 +81,8 @@ const DAY: u64 = 24 * 3600;
 impl Default for RetentionConfig {
     /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years; processes 30 days,
     /// events and alert history a year (they are few, and a GPU's XID history matters when it
-    /// is replaced).
+    /// is replaced); the job ledger five years (what a job cost is asked about long after it
+    /// ran).
     fn default() -> Self {
         Self {
             gpu_metrics: Some(Duration::from_secs(30 * DAY)),
@@ -89,6 +92,7 @@ impl Default for RetentionConfig {
             gpu_processes: Some(Duration::from_secs(30 * DAY)),
             gpu_events: Some(Duration::from_secs(365 * DAY)),
             alerts: Some(Duration::from_secs(365 * DAY)),
+            job_ledger: Some(Duration::from_secs(5 * 365 * DAY)),
         }
     }
 }
@@ -104,6 +108,7 @@ impl RetentionConfig {
             Table::GpuProcesses => self.gpu_processes,
             Table::GpuEvents => self.gpu_events,
             Table::Alerts => self.alerts,
+            Table::JobLedger => self.job_ledger,
         }?;
         Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
     }

@@ -16,8 +16,8 @@ use super::otlp_json::Rejections;
 use super::rows::{Cell, EventRow, GpuRow, MetricRow, ProcessRow, WriteBatch};
 use crate::Result;
 use crate::schema::{
-    EVENT_METRIC, JOB_SHARES_ATTRIBUTE, LABEL_COLUMNS, canonical_job_shares, POD_LABEL_PREFIX, PROCESS_MEMORY_METRIC, PROCESS_SM_METRIC,
-    VALUE_COLUMNS, job_labels_text, value_index,
+    EVENT_METRIC, JOB_SHARES_ATTRIBUTE, LABEL_COLUMNS, POD_LABEL_PREFIX, PROCESS_MEMORY_METRIC,
+    PROCESS_SM_METRIC, VALUE_COLUMNS, canonical_job_shares, job_labels_text, value_index,
 };
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};

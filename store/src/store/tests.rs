@@ -718,6 +718,7 @@ fn an_earlier_release_data_directory_is_converted_once_and_nothing_is_lost_or_do
             gpu_metrics_1m: None,
             gpu_metrics_1h: None,
             alerts: None,
+            job_ledger: None,
         },
         ..StoreConfig::new(dir.path())
     };

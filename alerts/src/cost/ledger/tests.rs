@@ -1,11 +1,13 @@
 //! The ledger-backed `jobs` view against the plain view's SQL ([`CostConfig::jobs_sql`]) on the
 //! same samples: before any fold, after folding closed hours, with live samples after the
-//! watermark, after late samples for a folded hour, and after retention.
+//! watermark, after late samples for a folded hour; then the table read back by a restarted
+//! server and by a query node, and the view, statements and reports unchanged after retention
+//! removed every raw sample.
 
 use std::collections::BTreeMap;
 
 use gpuwatch_query::{EngineConfig, QueryEngine};
-use gpuwatch_store::clock::ManualClock;
+use gpuwatch_store::clock::{Clock, ManualClock};
 use gpuwatch_store::ingest::{Cell, GpuRow, WriteBatch};
 use gpuwatch_store::schema::value_index;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
@@ -347,7 +349,7 @@ max_sample_gap = "60s"
 
     // Hours 0..5 are closed 15 minutes after hour 5 ends; the last hour's samples stay live.
     let folded = ledger
-        .step(e.context(), clock.now_nanos())
+        .step(e.context(), &store, true, clock.now_nanos())
         .await
         .expect("step");
     assert_eq!(folded, 5);
@@ -356,7 +358,7 @@ max_sample_gap = "60s"
     same_reports(&e, &raw, &cost, "five hours folded").await;
     assert_eq!(
         ledger
-            .step(e.context(), clock.now_nanos())
+            .step(e.context(), &store, true, clock.now_nanos())
             .await
             .expect("step"),
         0
@@ -390,7 +392,7 @@ max_sample_gap = "60s"
     store.maintain().expect("maintain");
     store.maintain().expect("maintain");
     let refolded = ledger
-        .step(e.context(), clock.now_nanos())
+        .step(e.context(), &store, true, clock.now_nanos())
         .await
         .expect("step");
     assert_eq!(refolded, 3, "hours 2, 3 and 4 refolded");
@@ -401,7 +403,7 @@ max_sample_gap = "60s"
     clock.advance(H);
     assert_eq!(
         ledger
-            .step(e.context(), clock.now_nanos())
+            .step(e.context(), &store, true, clock.now_nanos())
             .await
             .expect("step"),
         1
@@ -424,4 +426,134 @@ max_sample_gap = "60s"
     for want in ["tensor", "memory", "unknown"] {
         assert!(names.contains(&want), "{want} not among {names:?}");
     }
+
+    // What the view, a month's statement and every report say now, to compare after a restart
+    // and after retention.
+    let before = Answers::of(&e, &cost).await;
+    drop((e, raw, ledger));
+    let store = restarted(store, dir.path(), &clock);
+    read_back(&store, &cost, &clock, &before).await;
+    retention_keeps_every_cost(&store, &cost, &clock, &before).await;
+}
+
+/// What is compared across a restart and retention.
+struct Answers {
+    jobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    hours: Vec<serde_json::Map<String, serde_json::Value>>,
+    reports: Vec<serde_json::Value>,
+}
+
+impl Answers {
+    async fn of(e: &QueryEngine, cost: &CostConfig) -> Self {
+        let jobs = rows(e, "SELECT * FROM jobs ORDER BY job_id, host").await;
+        let hours = rows(
+            e,
+            "SELECT * FROM job_hours ORDER BY hour, job_id, host, gpu_model",
+        )
+        .await;
+        let mut reports = Vec::new();
+        let config = crate::cost::JobsConfig::default();
+        for id in jobs.iter().filter_map(|r| r["job_id"].as_str()) {
+            let r = crate::cost::report::job_report(e, cost, &config, id, T0 + 7 * H)
+                .await
+                .expect("report")
+                .expect("known job");
+            reports.push(serde_json::to_value(&r).expect("json"));
+        }
+        Self {
+            jobs,
+            hours,
+            reports,
+        }
+    }
+
+    fn assert_same(&self, other: &Answers, what: &str) {
+        let pack = |rows: &[serde_json::Map<String, serde_json::Value>]| {
+            serde_json::Value::Array(
+                rows.iter()
+                    .map(|r| serde_json::Value::Object(r.clone()))
+                    .collect(),
+            )
+        };
+        for (name, got, want) in [
+            ("jobs", pack(&other.jobs), pack(&self.jobs)),
+            ("job_hours", pack(&other.hours), pack(&self.hours)),
+            (
+                "reports",
+                serde_json::Value::Array(other.reports.clone()),
+                serde_json::Value::Array(self.reports.clone()),
+            ),
+        ] {
+            if let Err(diff) = agree(&got, &want, name) {
+                panic!("{what}: {diff}");
+            }
+        }
+    }
+}
+
+/// `store` closed and opened again on `dir`.
+fn restarted(store: Arc<Store>, dir: &std::path::Path, clock: &Arc<ManualClock>) -> Arc<Store> {
+    drop(
+        Arc::try_unwrap(store)
+            .map_err(|_| ())
+            .expect("the store's last user"),
+    );
+    Arc::new(
+        Store::open(
+            StoreConfig {
+                wal_sync: false,
+                ..StoreConfig::new(dir.to_path_buf())
+            },
+            clock.clone(),
+        )
+        .expect("store"),
+    )
+}
+
+/// A restarted server folds nothing again, and a query node (which never folds) reads the
+/// same table: both answer as before.
+async fn read_back(store: &Arc<Store>, cost: &CostConfig, clock: &ManualClock, before: &Answers) {
+    for (fold, what) in [(true, "restarted"), (false, "query node")] {
+        let read: Arc<dyn ReadStore> = store.clone();
+        let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+        let ledger = cost
+            .register(e.context(), &crate::cost::JobsConfig::default())
+            .await
+            .expect("register");
+        let folded = ledger
+            .step(e.context(), store, fold, clock.now_nanos())
+            .await
+            .expect("step");
+        assert_eq!(folded, 0, "{what}: hours folded again");
+        assert_eq!(ledger.snapshot().watermark, Some(T0 + 6 * H), "{what}");
+        before.assert_same(&Answers::of(&e, cost).await, what);
+        same_as_plain_view(&e, cost, what).await;
+    }
+}
+
+/// A month later retention has removed every raw sample: the jobs, their hours and reports
+/// are what they were, read from the ledger's table alone.
+async fn retention_keeps_every_cost(
+    store: &Arc<Store>,
+    cost: &CostConfig,
+    clock: &ManualClock,
+    before: &Answers,
+) {
+    clock.advance(31 * 24 * H);
+    store.maintain().expect("maintain");
+    store.maintain().expect("maintain");
+    let read: Arc<dyn ReadStore> = store.clone();
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let raw = rows(&e, "SELECT count(*) AS n FROM gpu_metrics").await;
+    assert_eq!(raw[0]["n"], 0, "retention left raw samples");
+    let ledger = cost
+        .register(e.context(), &crate::cost::JobsConfig::default())
+        .await
+        .expect("register");
+    ledger
+        .step(e.context(), store, true, clock.now_nanos())
+        .await
+        .expect("step");
+    assert_eq!(ledger.snapshot().watermark, Some(T0 + 6 * H));
+    before.assert_same(&Answers::of(&e, cost).await, "after retention");
 }

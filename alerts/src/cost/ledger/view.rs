@@ -21,7 +21,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::super::limiter::{self, LIMITERS};
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
-use super::{JobLedger, Snapshot, plain, raw_columns};
+use super::{JobLedger, Snapshot, plain, raw_columns, table};
 
 /// Which view over the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +33,8 @@ pub enum View {
 }
 
 impl JobLedger {
-    /// The CTEs both views share, over the snapshot's tables (`job_usage`, `job_seed`) and the
-    /// raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
+    /// The CTEs both views share, over the ledger's table before the watermark, the seed
+    /// (`job_seed`) and the raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
     /// sums and `price`.
     fn usage_ctes(&self, watermark: Option<i64>) -> String {
         let cost = &self.cost;
@@ -46,6 +46,9 @@ impl JobLedger {
         let idle = num(cost.idle_utilization);
         let after = watermark.map_or("true".to_string(), |w| {
             format!("time >= to_timestamp_nanos({w})")
+        });
+        let before = watermark.map_or("false".to_string(), |w| {
+            format!("time < to_timestamp_nanos({w})")
         });
         let raw = raw_columns();
         let charge = charge_list_sql();
@@ -68,7 +71,8 @@ impl JobLedger {
   FROM s WHERE job_id IS NOT NULL AND {after}
 ), {split}, u AS (
   SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, hour FROM job_usage
+    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, time AS hour
+  FROM {ledger} WHERE job_id IS NOT NULL AND {before}
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
@@ -81,6 +85,7 @@ impl JobLedger {
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
             split = shares::split_sql(&present, &format!("gpu_metrics WHERE {after}"), ""),
+            ledger = table::NAME,
         )
     }
 
@@ -119,8 +124,8 @@ FROM p GROUP BY {key}"#,
         )
     }
 
-    /// A session whose catalog holds `gpu_metrics` and `metrics` (from `state`) and the
-    /// snapshot's tables.
+    /// A session whose catalog holds `gpu_metrics`, `metrics` and the ledger's table (from
+    /// `state`) and the snapshot's seed.
     async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
         let options = state.config_options();
         let (catalog_name, schema_name) = (
@@ -133,22 +138,20 @@ FROM p GROUP BY {key}"#,
             .and_then(|c| c.schema(&schema_name))
             .ok_or_else(|| plain("the jobs view: no default schema"))?;
         let schema = MemorySchemaProvider::new();
-        for name in ["gpu_metrics", "metrics"] {
+        for name in ["gpu_metrics", "metrics", table::NAME] {
             let table = shared
                 .table(name)
                 .await?
                 .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
             schema.register_table(name.into(), table)?;
         }
-        for (name, batch) in [("job_usage", &snap.usage), ("job_seed", &snap.seed)] {
-            schema.register_table(
-                name.into(),
-                Arc::new(MemTable::try_new(
-                    batch.schema(),
-                    vec![vec![batch.clone()]],
-                )?),
-            )?;
-        }
+        schema.register_table(
+            "job_seed".into(),
+            Arc::new(MemTable::try_new(
+                snap.seed.schema(),
+                vec![vec![snap.seed.clone()]],
+            )?),
+        )?;
         let catalog = MemoryCatalogProvider::new();
         catalog.register_schema(&schema_name, Arc::new(schema))?;
         let list = MemoryCatalogProviderList::new();

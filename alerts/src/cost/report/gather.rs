@@ -37,7 +37,13 @@ pub(super) async fn job_usage(
     job_id: &str,
 ) -> QueryResult<Vec<GpuUsage>> {
     let ledger = ledger_of(engine).await;
-    let folded = ledger.as_ref().and_then(|l| l.job_usage(job_id));
+    let folded = match &ledger {
+        Some(l) => l
+            .job_usage(engine.context(), job_id)
+            .await
+            .map_err(gpuwatch_query::Error::from)?,
+        None => None,
+    };
     let watermark = folded.as_ref().map(|(w, _)| *w);
     let mut merged: BTreeMap<(String, String), GpuUsage> = BTreeMap::new();
     let mut add = |u: GpuUsage| {
@@ -107,14 +113,14 @@ async fn raw_spans(
         }
     }
     // Before the watermark, the ledger knows each GPU's last sample.
-    if let (Some(ledger), Some(w)) = (ledger, watermark) {
+    if let (Some(ledger), Some(_)) = (ledger, watermark) {
         let missing: Vec<(String, String)> = spans
             .iter()
             .filter(|s| s.previous_ns.is_none())
             .map(|s| (s.host.clone(), s.gpu_uuid.clone()))
             .collect();
         if !missing.is_empty() {
-            let last = ledger.last_sample_before(w, &missing);
+            let last = ledger.last_sample_before_watermark(&missing);
             for span in spans.iter_mut().filter(|s| s.previous_ns.is_none()) {
                 span.previous_ns = last
                     .get(&(span.host.clone(), span.gpu_uuid.clone()))

@@ -340,6 +340,22 @@ impl Parts {
         }
     }
 
+    /// The `k`th part in [`parts`] order (NaN where nothing was counted).
+    pub fn value(&self, k: usize) -> f64 {
+        self.0.get(k).copied().unwrap_or(f64::NAN)
+    }
+
+    /// Sets the part named `name` (false: no such part).
+    pub fn set(&mut self, name: &str, v: f64) -> bool {
+        match position(name).and_then(|i| self.0.get_mut(i)) {
+            Some(slot) => {
+                *slot = v;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The part named `name`.
     pub fn get(&self, name: &str) -> Option<f64> {
         position(name)

@@ -423,8 +423,8 @@ proptest! {
                         cells += (col.len() - col.null_count()) as u64;
                     }
                 }
-                Table::GpuMetrics1m | Table::GpuMetrics1h => {
-                    prop_assert!(false, "ingest never writes rollup tables");
+                Table::GpuMetrics1m | Table::GpuMetrics1h | Table::JobLedger => {
+                    prop_assert!(false, "ingest never writes rollup or ledger tables");
                 }
                 Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {
                     prop_assert!(false, "remote write has no process, event or alert series");

@@ -1,0 +1,230 @@
+//! When the ledger folds, and what it knows of the `job_ledger` table between folds.
+//!
+//! At start (and whenever the oldest raw sample's hour moves) the ledger reads the table: the
+//! hour rows from that hour on give the folded hours, the watermark is where they stop being
+//! contiguous (hours after a gap are folded again), and the GPU rows before it give the seed.
+//! Hours older than the raw samples are final: they are read, never folded again. The server
+//! that folds (it ingests and runs maintenance) then folds each hour as it closes, and refolds
+//! from the first hour whose sample count no longer matches its `gpu_metrics_1h` rollup; every
+//! other server (a query node) reads the table again when its files change.
+
+use std::sync::Arc;
+
+use arrow::array::Int64Array;
+use arrow::datatypes::Int64Type;
+use gpuwatch_store::Store;
+use gpuwatch_store::clock::Clock;
+use gpuwatch_store::schema::Table;
+use tokio::sync::watch;
+
+use super::*;
+
+/// The table's files, by path.
+fn table_files(store: &Store) -> Vec<String> {
+    store
+        .files(Table::JobLedger)
+        .iter()
+        .map(|f| f.path.clone())
+        .collect()
+}
+
+/// The end of the last hour the table holds.
+fn table_end(store: &Store) -> Option<i64> {
+    store
+        .files(Table::JobLedger)
+        .iter()
+        .filter(|f| f.has_time_range())
+        .map(|f| floor_hour(f.max_time) + HOUR)
+        .max()
+}
+
+impl JobLedger {
+    /// One pass. Reads the table when needed (first pass, a moved oldest raw hour, or — on a
+    /// server that does not `fold` — changed files); then, when `fold`, refolds hours that
+    /// received late samples and folds the hours closed since the last pass, writing each to
+    /// the table through `store`. Returns the hours folded.
+    pub async fn step(
+        &self,
+        ctx: &SessionContext,
+        store: &Arc<Store>,
+        fold: bool,
+        now_nanos: i64,
+    ) -> DfResult<usize> {
+        let oldest = first_time(ctx, "SELECT min(time) FROM gpu_metrics")
+            .await?
+            .map(floor_hour);
+        let files = table_files(store);
+        let reload = {
+            let s = self.lock();
+            !s.loaded || s.oldest_raw_hour != oldest || (!fold && s.files != files)
+        };
+        if reload {
+            self.load(ctx, store, oldest, files).await?;
+        }
+        match oldest {
+            Some(oldest) if fold => self.fold_closed(ctx, store, oldest, now_nanos).await,
+            _ => Ok(0),
+        }
+    }
+
+    /// Reads the folded hours, the watermark and the seed from the table.
+    async fn load(
+        &self,
+        ctx: &SessionContext,
+        store: &Store,
+        oldest: Option<i64>,
+        files: Vec<String>,
+    ) -> DfResult<()> {
+        let mut state = State {
+            loaded: true,
+            files,
+            oldest_raw_hour: oldest,
+            ..State::default()
+        };
+        match oldest {
+            None => state.watermark = table_end(store),
+            Some(oldest) => {
+                let mut hours = table::hours_from(ctx, oldest).await?;
+                let mut w = oldest;
+                while hours.contains_key(&w) {
+                    w += HOUR;
+                }
+                hours.retain(|&h, _| h < w);
+                state.hours = hours;
+                state.watermark = Some(w);
+                state.seed = table::seed_between(ctx, oldest, w).await?;
+            }
+        }
+        self.publish(&state)?;
+        *self.lock() = state;
+        Ok(())
+    }
+
+    /// Refolds from the first stale hour and folds every hour closed by `now_nanos`.
+    async fn fold_closed(
+        &self,
+        ctx: &SessionContext,
+        store: &Arc<Store>,
+        oldest: i64,
+        now_nanos: i64,
+    ) -> DfResult<usize> {
+        let closed_end = floor_hour(now_nanos.saturating_sub(SETTLE.as_nanos() as i64));
+        let (w, mut seed) = {
+            let s = self.lock();
+            (s.watermark.unwrap_or(oldest).max(oldest), s.seed.clone())
+        };
+        let from = match self.stale_hour(ctx, oldest).await? {
+            Some(stale) if stale < w => {
+                seed = table::seed_between(ctx, oldest, stale).await?;
+                stale
+            }
+            _ => w,
+        };
+        let mut folded = 0;
+        let mut hour = from;
+        while hour < closed_end {
+            let fold = self.fold_hour(ctx, hour, &seed).await?;
+            let batch = table::hour_batch(hour, &fold)?;
+            let writer = Arc::clone(store);
+            tokio::task::spawn_blocking(move || {
+                writer.replace_hour(Table::JobLedger, hour.div_euclid(HOUR), &batch)
+            })
+            .await
+            .map_err(plain)?
+            .map_err(plain)?;
+            seed.extend(fold.last);
+            hour += HOUR;
+            folded += 1;
+            let mut s = self.lock();
+            // A refold makes every later hour's seed unsure: this same loop folds them again.
+            s.hours.retain(|&h, _| h < hour - HOUR);
+            s.hours.insert(hour - HOUR, fold.samples);
+            s.watermark = Some(hour);
+            if folded % PUBLISH_EVERY == 0 || hour >= closed_end {
+                s.seed = seed.clone();
+                self.publish(&s)?;
+            }
+        }
+        Ok(folded)
+    }
+
+    /// The earliest folded hour (from the oldest raw sample's on) whose `gpu_metrics_1h`
+    /// samples differ from the samples folded.
+    async fn stale_hour(&self, ctx: &SessionContext, oldest: i64) -> DfResult<Option<i64>> {
+        let (hours, w) = {
+            let s = self.lock();
+            (s.hours.clone(), s.watermark)
+        };
+        let Some(w) = w.filter(|&w| w > oldest) else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT CAST(date_bin(INTERVAL '1 hour', time) AS BIGINT) AS h, sum(samples) AS n \
+             FROM gpu_metrics_1h WHERE time >= to_timestamp_nanos({oldest}) \
+             AND time < to_timestamp_nanos({w}) GROUP BY 1"
+        );
+        let batches = ctx.sql(&sql).await?.collect().await?;
+        let mut stale: Option<i64> = None;
+        for b in &batches {
+            let h = cast(b.column(0), &DataType::Int64)?;
+            let h = h.as_primitive::<Int64Type>();
+            let n = cast(b.column(1), &DataType::Int64)?;
+            let n: &Int64Array = n.as_primitive();
+            for i in 0..b.num_rows() {
+                if h.is_null(i) || n.is_null(i) {
+                    continue;
+                }
+                let hour = h.value(i);
+                if hours.get(&hour).copied().unwrap_or(0) != n.value(i).max(0) as u64 {
+                    stale = Some(stale.map_or(hour, |s| s.min(hour)));
+                }
+            }
+        }
+        Ok(stale)
+    }
+
+    /// Reads the table and folds hours as they close, every [`TICK`], until `stop` turns true;
+    /// `fold` is false on a server that only reads the table (a query node, or one that does
+    /// not run maintenance).
+    pub async fn run(
+        self: Arc<Self>,
+        ctx: SessionContext,
+        store: Arc<Store>,
+        fold: bool,
+        clock: Arc<dyn Clock>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            let started = std::time::Instant::now();
+            match self.step(&ctx, &store, fold, clock.now_nanos()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    hours = n,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "job ledger: hours folded"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "job ledger: fold failed; the jobs view reads raw samples past the last folded hour")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TICK) => {}
+                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+            }
+        }
+    }
+}
+
+async fn first_time(ctx: &SessionContext, sql: &str) -> DfResult<Option<i64>> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    for b in batches {
+        if b.num_rows() > 0 {
+            let t = cast(b.column(0), &DataType::Int64)?;
+            let t = t.as_primitive::<Int64Type>();
+            if !t.is_null(0) {
+                return Ok(Some(t.value(0)));
+            }
+        }
+    }
+    Ok(None)
+}
