@@ -24,6 +24,7 @@
 
 mod damage;
 mod maintain;
+mod replace;
 mod replay;
 
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::RecordBatch;
 use deltalake_core::kernel::{Action, Transaction};
 
 use super::{Store, lock, now_millis};
@@ -30,7 +30,7 @@ fn nanos(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
-fn time_text(nanos: i64) -> String {
+pub(super) fn time_text(nanos: i64) -> String {
     files::timestamp_text(nanos.div_euclid(1000))
 }
 
@@ -38,7 +38,7 @@ fn maintenance_txn(now_millis: i64) -> Transaction {
     Transaction::new_with_last_update(MAINTENANCE_APP, now_millis, Some(now_millis))
 }
 
-fn removes(files: &[FileMeta], data_change: bool, now_millis: i64) -> Vec<Action> {
+pub(super) fn removes(files: &[FileMeta], data_change: bool, now_millis: i64) -> Vec<Action> {
     files
         .iter()
         .map(|f| {
@@ -88,7 +88,7 @@ impl Store {
     }
 
     /// Commits `actions` to `table` as maintenance and shows the table's new files.
-    fn maintenance_commit(
+    pub(super) fn maintenance_commit(
         &self,
         tables: &mut DeltaTables,
         table: Table,
@@ -376,87 +376,6 @@ impl Store {
             actions.push(Action::Add(add));
             self.maintenance_commit(tables, table, actions, Kind::Compact, now)
                 .map_err(|e| (e, committed))?;
-        }
-        Ok(())
-    }
-
-    /// Replaces every row of `table` in hour `hour` (hours since the epoch) with `batch`, as
-    /// one file and one maintenance commit (`remove` of the hour's files, `add` of the new one):
-    /// how the job ledger writes a closed hour, and writes it again when late samples change
-    /// it. Only for tables ingest does not write ([`Table::is_ingested`]); every row of `batch`
-    /// must fall in the hour. On failure nothing written stays.
-    pub fn replace_hour(&self, table: Table, hour: i64, batch: &RecordBatch) -> Result<()> {
-        if table.is_ingested() || table.rollup_nanos().is_some() {
-            return Err(Error::DeltaSchema(format!(
-                "{} is written by ingest or compaction, not replaced an hour at a time",
-                table.name()
-            )));
-        }
-        if !self.ingests() {
-            return Err(Error::ReadOnly);
-        }
-        self.check_fenced()?;
-        let start = hour.saturating_mul(HOUR_NANOS);
-        let end = (hour + 1).saturating_mul(HOUR_NANOS);
-        let schema = table.schema();
-        let names = |s: &arrow::datatypes::Schema| -> Vec<String> {
-            s.fields().iter().map(|f| f.name().clone()).collect()
-        };
-        if names(&batch.schema()) != names(&schema) {
-            return Err(Error::DeltaSchema(format!(
-                "rows for {} must have its columns, in order",
-                table.name()
-            )));
-        }
-        let batch = crate::buffer::to_micros(batch)?;
-        let times = batch
-            .column(0)
-            .as_primitive_opt::<arrow::datatypes::TimestampNanosecondType>();
-        if times.is_none_or(|t| t.values().iter().any(|&t| t < start || t >= end)) {
-            return Err(Error::DeltaSchema(format!(
-                "rows for hour {} of {} must have their time within the hour",
-                time_text(start),
-                table.name()
-            )));
-        }
-        let sorted = persist::sort_batch(table, &batch)?;
-        let ms = now_millis(self.clock.as_ref());
-        let name = format!("r{}", random_hex());
-        let w = persist::write_file(&self.storage, table, &sorted, hour, &name, 1, ms)?;
-        let now = self.clock.now_nanos();
-        let mut tables = lock(&self.tables);
-        let committed = tables
-            .blocked(table)
-            .map_or(Ok(()), |why| Err(Error::LogDamaged(why)))
-            .and_then(|()| {
-                let old: Vec<FileMeta> = tables
-                    .files(table)
-                    .iter()
-                    .filter(|f| f.has_time_range() && compact::window_of(f) == hour)
-                    .cloned()
-                    .collect();
-                let mut actions = removes(&old, true, ms);
-                actions.push(Action::Add(w.add.clone()));
-                let predicate = format!(
-                    "time >= '{}' AND time < '{}'",
-                    time_text(start),
-                    time_text(end)
-                );
-                self.maintenance_commit(
-                    &mut tables,
-                    table,
-                    actions,
-                    Kind::Replace { predicate },
-                    now,
-                )
-            });
-        drop(tables);
-        if let Err(e) = committed {
-            persist::remove_files(&self.storage, std::slice::from_ref(&w));
-            if matches!(e, Error::DeltaConflict { .. }) {
-                self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
-            }
-            return Err(e);
         }
         Ok(())
     }

@@ -441,23 +441,44 @@ pub(super) async fn job_rows(
     Ok(out)
 }
 
+/// The [`CHARGE_COLUMNS`] of a batch of usage rows.
+struct ChargeColumns {
+    /// The text columns (`None` in the time limit's slot).
+    text: Vec<Option<StringArray>>,
+    limit: Int64Array,
+}
+
+impl ChargeColumns {
+    fn of(b: &RecordBatch) -> DfResult<Self> {
+        let text = CHARGE_COLUMNS
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (k != TIME_LIMIT_COLUMN).then(|| text_at(b, c)).transpose())
+            .collect::<DfResult<_>>()?;
+        Ok(Self {
+            text,
+            limit: int_at(b, CHARGE_COLUMNS[TIME_LIMIT_COLUMN])?,
+        })
+    }
+
+    fn at(&self, i: usize) -> Charge {
+        let mut text: [Option<String>; CHARGE_COLUMNS.len()] = Default::default();
+        for (slot, column) in text.iter_mut().zip(&self.text) {
+            *slot = column.as_ref().and_then(|c| opt_s(c, i));
+        }
+        Charge {
+            text,
+            time_limit: opt_i(&self.limit, i),
+        }
+    }
+}
+
 /// The usage rows of `b` as the report takes them.
 fn usages(b: &RecordBatch) -> DfResult<Vec<GpuUsage>> {
     let t = |n: &str| text_at(b, n);
     let (host, gpu, model) = (t("host")?, t("gpu_uuid")?, t("gpu_model")?);
     let (scheduler, user, name) = (t("scheduler")?, t("job_user")?, t("job_name")?);
-    let charge: Vec<StringArray> = CHARGE_COLUMNS
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            if k == TIME_LIMIT_COLUMN {
-                t("host")
-            } else {
-                t(c)
-            }
-        })
-        .collect::<DfResult<_>>()?;
-    let limit = int_at(b, CHARGE_COLUMNS[TIME_LIMIT_COLUMN])?;
+    let charge = ChargeColumns::of(b)?;
     let (first, last, samples) = (
         int_at(b, "first_seen")?,
         int_at(b, "last_seen")?,
@@ -489,12 +510,6 @@ fn usages(b: &RecordBatch) -> DfResult<Vec<GpuUsage>> {
         for (slot, a) in class_secs.iter_mut().zip(&classes) {
             *slot = opt_f(a, i).unwrap_or(0.0);
         }
-        let mut text: [Option<String>; CHARGE_COLUMNS.len()] = Default::default();
-        for (k, slot) in text.iter_mut().enumerate() {
-            if k != TIME_LIMIT_COLUMN {
-                *slot = opt_s(&charge[k], i);
-            }
-        }
         out.push(GpuUsage {
             host: h,
             gpu_uuid: g,
@@ -515,10 +530,7 @@ fn usages(b: &RecordBatch) -> DfResult<Vec<GpuUsage>> {
                 opt_i(&count, i).unwrap_or(0).max(0) as u64,
             )],
             parts: Parts::from_values(part_values.iter().map(|a| opt_f(a, i))),
-            charge: Charge {
-                text,
-                time_limit: opt_i(&limit, i),
-            },
+            charge: charge.at(i),
         });
     }
     Ok(out)
