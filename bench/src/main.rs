@@ -13,6 +13,10 @@
 //! - `job-report`: `gpuwatch job` on a 64-GPU, 24-hour job of the dashboards fleet, timed.
 //! - `replay`: recorded GPU traces (tests/fixtures/gpu-traces/) sent to a server as scheduler
 //!   jobs with the agent's OTLP encoder, time-shifted to end now, stretched on request.
+//! - `history`: a long history of a fleet (hourly rollups and the job ledger for `--days`,
+//!   minute rollups, a day of raw samples) written through the store's own writers; the server
+//!   started on it and its start-up, jobs view, jobs list, statement, oldest job's report and
+//!   counts timed, with its peak RSS.
 //! - `promql`: the same day of the fleet remote-written into gpuwatch and Prometheus; a PromQL
 //!   range query (`sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)` over 24 h at a 60 s step) timed on
 //!   both, side by side, the answers compared.
@@ -22,6 +26,7 @@
 
 mod dashboards;
 mod fleet;
+mod history;
 mod ingest;
 mod peers;
 mod promql;
@@ -61,6 +66,9 @@ enum Command {
     /// The same day of the fleet in gpuwatch and in Prometheus; one PromQL range query timed on
     /// both and the answers compared.
     Promql(promql::PromqlArgs),
+    /// A long history (hourly rollups and the job ledger, minute rollups, a day of raw samples)
+    /// built through the store's writers; start-up, jobs, statements, reports and counts timed.
+    History(history::HistoryArgs),
 }
 
 /// The simulated fleet's shape, shared by both programs.
@@ -135,6 +143,7 @@ fn main() -> ExitCode {
             Command::Replay(a) => replay::run(a).await,
             Command::JobReport(a) => dashboards::job_report::run(a).await,
             Command::Promql(a) => promql::run(a).await,
+            Command::History(a) => history::run(a).await,
         }
     });
     match result {

@@ -1,0 +1,274 @@
+//! `gpuwatch-bench history`: a fleet's long history as a real data directory, then the real
+//! server started on it and the questions whose cost should depend on what is asked, not on how
+//! much is kept, timed: start to ready, the `jobs` view over the whole history, the jobs list of
+//! the last 30 days, a month's statement, the report of the history's oldest job, `count(*)`
+//! over the hourly rollups and over the ledger, and the server's peak RSS.
+//!
+//! The data directory ([`build`]) is reused when its `bench-history.json` says it holds the same
+//! shape of fleet and history.
+
+mod build;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::parse_duration;
+use crate::peers::{self, GpuwatchCmd, Result, Server};
+
+/// Flags of `history`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct HistoryArgs {
+    /// Hosts.
+    #[arg(long, default_value_t = 128)]
+    pub hosts: usize,
+    /// GPUs per host.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_host: usize,
+    /// Days of history: hourly rollups and the job ledger.
+    #[arg(long, default_value_t = 30)]
+    pub days: u64,
+    /// The last this many days also have 1-minute rollups.
+    #[arg(long, default_value_t = 30)]
+    pub minute_days: u64,
+    /// The last this many hours are raw samples (rolled up and folded as any server does).
+    #[arg(long, default_value_t = 24)]
+    pub raw_hours: u64,
+    /// Interval of the raw samples.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub raw_interval: Duration,
+    /// Seed of the simulation.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The gpuwatch binary.
+    #[arg(long, default_value = "target/release/gpuwatch")]
+    pub gpuwatch: PathBuf,
+    /// The data directory, reused when it holds the same shape (its `bench-history.json`).
+    #[arg(long, default_value = "/tmp/gpuwatch-bench/history-data")]
+    pub data_dir: PathBuf,
+    /// Timed runs per question (after one warm-up run); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Longest wait for the server to fold the raw hours into the ledger.
+    #[arg(long, default_value = "20m", value_parser = parse_duration)]
+    pub settle_timeout: Duration,
+}
+
+impl HistoryArgs {
+    /// What makes two data directories the same.
+    fn shape(&self) -> String {
+        format!(
+            "hosts={} gpus_per_host={} days={} minute_days={} raw_hours={} raw_interval={:?} seed={}",
+            self.hosts,
+            self.gpus_per_host,
+            self.days,
+            self.minute_days,
+            self.raw_hours,
+            self.raw_interval,
+            self.seed
+        )
+    }
+}
+
+/// `bench-history.json`: what a built data directory holds.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Marker {
+    shape: String,
+    end_hour_ns: i64,
+    /// A job of the history's first hour.
+    old_job: String,
+    built_s: f64,
+}
+
+fn marker_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("bench-history.json")
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or_default()
+}
+
+/// The data directory: reused, or built afresh.
+fn data(args: &HistoryArgs) -> Result<Marker> {
+    let path = marker_path(&args.data_dir);
+    if let Some(m) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Marker>(&b).ok())
+        .filter(|m| m.shape == args.shape())
+    {
+        println!(
+            "data: reusing {} (built in {:.0} s)",
+            args.data_dir.display(),
+            m.built_s
+        );
+        return Ok(m);
+    }
+    if args.data_dir.exists() {
+        std::fs::remove_dir_all(&args.data_dir)
+            .map_err(|e| format!("{}: {e}", args.data_dir.display()))?;
+    }
+    peers::parent_dir(&args.data_dir)?;
+    let end_hour = now_ns().div_euclid(3_600_000_000_000) * 3_600_000_000_000;
+    let marker = build::build(args, end_hour)?;
+    let text = serde_json::to_vec_pretty(&marker).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("data: built in {:.0} s", marker.built_s);
+    Ok(marker)
+}
+
+/// One question: its name and how it is asked.
+enum Ask {
+    Sql(String),
+    Get(String),
+}
+
+async fn ask(client: &reqwest::Client, server: &Server, a: &Ask) -> Result<usize> {
+    let resp = match a {
+        Ask::Sql(sql) => {
+            client
+                .post(format!("{}/api/v1/sql", server.url))
+                .header("content-type", "application/json")
+                .body(serde_json::json!({ "sql": sql, "format": "json" }).to_string())
+                .send()
+                .await
+        }
+        Ask::Get(path) => client.get(format!("{}{path}", server.url)).send().await,
+    }
+    .map_err(|e| format!("request: {e}"))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| format!("answer: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+    }
+    Ok(body.len())
+}
+
+/// Median and largest of `runs` timed answers after one warm-up, in seconds, and the answer's
+/// size.
+async fn time(
+    client: &reqwest::Client,
+    server: &Server,
+    a: &Ask,
+    runs: usize,
+) -> Result<(f64, f64, usize)> {
+    let bytes = ask(client, server, a).await?;
+    let mut took = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        ask(client, server, a).await?;
+        took.push(t.elapsed().as_secs_f64());
+    }
+    took.sort_by(f64::total_cmp);
+    Ok((took[took.len() / 2], took[took.len() - 1], bytes))
+}
+
+/// The server's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// The month (`YYYY-MM`) a statement is timed for: the one before the history's end when the
+/// history covers it whole, else the month the history ends in.
+fn statement_month(end_hour_ns: i64, days: u64) -> String {
+    let end = chrono::DateTime::from_timestamp_nanos(end_hour_ns).date_naive();
+    let start = end - chrono::Days::new(days);
+    let first = end.with_day0(0).unwrap_or(end);
+    let before = first.pred_opt().unwrap_or(first);
+    let previous = before.with_day0(0).unwrap_or(before);
+    if start <= previous {
+        before.format("%Y-%m").to_string()
+    } else {
+        end.format("%Y-%m").to_string()
+    }
+}
+
+use chrono::Datelike;
+
+/// Waits until the ledger has folded every closed raw hour; returns how long it took.
+async fn settle(server: &Server, marker: &Marker, limit: Duration) -> Result<f64> {
+    let began = Instant::now();
+    let _ = marker;
+    let want = (now_ns() - 15 * 60_000_000_000).div_euclid(3_600_000_000_000) * 3_600;
+    loop {
+        let (_, text) = peers::blocking_get(&format!("{}/metrics", server.url))?;
+        let w = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gpuwatch_jobs_ledger_watermark_seconds "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as i64;
+        if w >= want {
+            return Ok(began.elapsed().as_secs_f64());
+        }
+        if began.elapsed() > limit {
+            return Err(format!(
+                "the ledger folded up to {w} s of {want} s in {limit:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
+    let marker = tokio::task::block_in_place(|| data(&args))?;
+    let parent = peers::parent_dir(&args.data_dir)?;
+    let config = parent.join("history-gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cost]\ndefault_gpu_hour_usd = {}\nkwh_usd = 0.12\n",
+            build::GPU_HOUR_USD
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", config.display()))?;
+    let cmd = GpuwatchCmd::new(&args.data_dir)?.args(["--config", &config.display().to_string()]);
+    let started = Instant::now();
+    let mut server = cmd.start(
+        "gpuwatch",
+        &args.gpuwatch,
+        parent.join("history-gpuwatch.log"),
+    )?;
+    let ready_s = started.elapsed().as_secs_f64();
+    let fold_s = settle(&server, &marker, args.settle_timeout).await?;
+    let month = statement_month(marker.end_hour_ns, args.days);
+    let questions = [
+        ("jobs view, every job's cost", Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into())),
+        ("jobs list, last 30 days", Ask::Get("/api/v1/jobs?since=30d&limit=1000".into())),
+        ("statement by account, one month", Ask::Get(format!("/api/v1/cost?by=account&month={month}&format=json"))),
+        ("job report, the oldest job", Ask::Get(format!("/api/v1/jobs/{}", marker.old_job))),
+        ("count(*) of gpu_metrics_1h", Ask::Sql("SELECT count(*) AS n FROM gpu_metrics_1h".into())),
+        ("count(*) of job_ledger", Ask::Sql("SELECT count(*) AS n FROM job_ledger".into())),
+        ("fleet now: last hour per GPU", Ask::Sql("SELECT host, gpu_uuid, max(time) AS t, avg(gpu_utilization) AS u FROM gpu_metrics WHERE time > now() - interval '5 minutes' GROUP BY host, gpu_uuid".into())),
+    ];
+    let client = crate::send::client()?;
+    println!(
+        "history: {} GPUs, {} days (1-minute rollups {} days, raw {} h); month {month}",
+        args.hosts * args.gpus_per_host,
+        args.days,
+        args.minute_days,
+        args.raw_hours
+    );
+    println!("start to ready: {ready_s:.2} s; raw hours folded by the ledger after {fold_s:.1} s");
+    println!(
+        "{:<40} {:>10} {:>10} {:>12}",
+        "question", "median_s", "max_s", "bytes"
+    );
+    for (name, a) in &questions {
+        match time(&client, &server, a, args.runs).await {
+            Ok((median, max, bytes)) => {
+                println!("{name:<40} {median:>10.3} {max:>10.3} {bytes:>12}")
+            }
+            Err(e) => println!("{name:<40} error: {e}"),
+        }
+    }
+    if let Some(rss) = peak_rss(server.pid()) {
+        println!("peak RSS: {:.0} MiB", rss as f64 / 1_048_576.0);
+    }
+    server.terminate(Duration::from_secs(60))
+}
