@@ -557,3 +557,132 @@ async fn retention_keeps_every_cost(
     assert_eq!(ledger.snapshot().watermark, Some(T0 + 6 * H));
     before.assert_same(&Answers::of(&e, cost).await, "after retention");
 }
+
+/// History written as ledger rows (`table::hour_rows`, what a benchmark or an import writes) is
+/// read by the view like folded hours, older than any raw sample; bad names are refused.
+#[tokio::test]
+async fn written_history_is_read_by_the_view_and_bad_names_are_refused() {
+    table::declare().expect("declare");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0 + 3 * H));
+    let store = Arc::new(
+        Store::open(
+            StoreConfig {
+                wal_sync: false,
+                ..StoreConfig::new(dir.path().to_path_buf())
+            },
+            clock.clone(),
+        )
+        .expect("store"),
+    );
+    let row = |hour: i64, idle: f64| table::UsageRow {
+        job_id: "h-1".into(),
+        host: "n1".into(),
+        gpu_uuid: "GPU-1".into(),
+        gpu_model: Some("NVIDIA H100".into()),
+        job_user: Some("ada".into()),
+        labels: vec![("job_account".into(), "physics".into())],
+        first_seen: hour,
+        last_seen: hour + H - 10 * S,
+        gpu_seconds: 3_600.0,
+        idle_gpu_seconds: idle,
+        energy_joules: 1.8e6,
+        limiter: Some("tensor".into()),
+        samples: 360,
+        interval_seconds: 10.0,
+        parts: vec![("price_secs".into(), 3_600.0 * 3.0)],
+        ..table::UsageRow::default()
+    };
+    let gpus = [(
+        "n1".to_string(),
+        "GPU-1".to_string(),
+        T0 + H - 10 * S,
+        Some(5e6),
+    )];
+    let hours: Vec<(i64, RecordBatch)> = (0..2)
+        .map(|k| {
+            let hour = T0 + k * H;
+            let b =
+                table::hour_rows(hour, &[row(hour, 600.0 * k as f64)], &gpus, 360).expect("rows");
+            (hour / H, b)
+        })
+        .collect();
+    store
+        .replace_hours(gpuwatch_store::schema::Table::JobLedger, &hours)
+        .expect("write");
+    let read: Arc<dyn ReadStore> = store.clone();
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let cost: CostConfig = toml::from_str(
+        "gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}]\nkwh_usd = 0.2\npue = 1.0\n",
+    )
+    .expect("cost");
+    let ledger = cost
+        .register(e.context(), &crate::cost::JobsConfig::default())
+        .await
+        .expect("register");
+    assert_eq!(
+        ledger
+            .step(e.context(), &store, true, clock.now_nanos())
+            .await
+            .expect("step"),
+        0,
+        "no raw samples: nothing to fold"
+    );
+    assert_eq!(ledger.snapshot().watermark, Some(T0 + 2 * H));
+    let got = rows(
+        &e,
+        "SELECT gpu_seconds, idle_gpu_seconds, cost_usd, job_account, limiter FROM jobs",
+    )
+    .await;
+    let usd = 7_200.0 * 3.0 / 3600.0 + 3.6e6 * 0.2 / 3.6e6;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["gpu_seconds"].as_f64(), Some(7_200.0));
+    assert_eq!(got[0]["idle_gpu_seconds"].as_f64(), Some(600.0));
+    assert!(
+        (got[0]["cost_usd"].as_f64().unwrap_or(0.0) - usd).abs() < 1e-9,
+        "{got:?}"
+    );
+    assert_eq!(got[0]["job_account"], "physics");
+    assert_eq!(got[0]["limiter"], "tensor");
+    let report = crate::cost::report::job_report(
+        &e,
+        &cost,
+        &crate::cost::JobsConfig::default(),
+        "h-1",
+        T0 + 3 * H,
+    )
+    .await
+    .expect("report")
+    .expect("known job");
+    let report = serde_json::to_value(&report).expect("json");
+    assert_eq!(report["gpu_seconds"].as_f64(), Some(7_200.0), "{report}");
+
+    for (bad, what) in [
+        (
+            table::UsageRow {
+                limiter: Some("warp".into()),
+                ..row(T0, 0.0)
+            },
+            "limiter",
+        ),
+        (
+            table::UsageRow {
+                labels: vec![("job_colour".into(), "x".into())],
+                ..row(T0, 0.0)
+            },
+            "chargeback",
+        ),
+        (
+            table::UsageRow {
+                parts: vec![("nope".into(), 1.0)],
+                ..row(T0, 0.0)
+            },
+            "part",
+        ),
+    ] {
+        let e = table::hour_rows(T0, &[bad], &gpus, 1)
+            .expect_err(what)
+            .to_string();
+        assert!(e.contains(what), "{what}: {e}");
+    }
+}
