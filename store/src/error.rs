@@ -110,6 +110,15 @@ pub enum Error {
         source: DeltaTableError,
     },
 
+    /// Rows handed to [`crate::Store::replace_hours`] that do not fit the table or the hour.
+    #[error("{0}")]
+    BadRows(String),
+
+    /// Files a rewrite read were replaced meanwhile (a refold, another maintainer): nothing was
+    /// written; the work is retried at the next pass.
+    #[error("table {} changed while its files were rewritten: nothing written, retried at the next pass", table.name())]
+    Changed { table: Table },
+
     /// A table's Delta log has damaged versions: no commit (and no vacuum) runs on it until it
     /// is repaired; the message names the files and what to do.
     #[error("{0}")]

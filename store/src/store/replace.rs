@@ -1,21 +1,56 @@
 //! Whole hours of a table ingest does not write, replaced by the layer above: the job ledger's
 //! closed hours (written again when late samples change them), or history a benchmark or an
-//! import builds. Each call is one Delta commit of maintenance: `remove` of the hours' files,
-//! `add` of one new file per hour.
+//! import builds. Each call is one Delta commit of maintenance: `remove` of the files holding
+//! rows of those hours, `add` of one new file per hour (and, for a file that spans more hours
+//! than it loses, of a file with its other rows).
+//!
+//! Such tables have few rows an hour, so maintenance merges each of their closed days into one
+//! file ([`Store::merge_days`]): a month of the job ledger is 30 files to open, not 720.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{AsArray, BooleanArray, RecordBatch};
+use arrow::compute::filter_record_batch;
 use arrow::datatypes::TimestampNanosecondType;
 use deltalake_core::kernel::Action;
 
 use super::maintain::{removes, time_text};
 use super::{Store, lock, now_millis};
-use crate::compact::{self, HOUR_NANOS};
+use crate::compact::{self, HOUR_NANOS, MaintenanceReport};
 use crate::delta::Kind;
 use crate::persist::{self, FileMeta, Written, storage::random_hex};
 use crate::schema::Table;
 use crate::{Error, Result};
+
+const DAY_NANOS: i64 = 24 * HOUR_NANOS;
+
+/// Tables whose closed days maintenance merges into one file each.
+pub(super) const DAY_FILES: [Table; 1] = [Table::JobLedger];
+
+fn overlaps(f: &FileMeta, hour: i64) -> bool {
+    f.has_time_range()
+        && f.min_time < (hour + 1).saturating_mul(HOUR_NANOS)
+        && f.max_time >= hour.saturating_mul(HOUR_NANOS)
+}
+
+/// Whether `f` holds rows outside the hours `hours`.
+fn spans_beyond(f: &FileMeta, hours: &[i64]) -> bool {
+    let first = compact::window_of(f);
+    let last = f.max_time.div_euclid(HOUR_NANOS);
+    (first..=last).any(|h| !hours.contains(&h))
+}
+
+/// The rows of `batch` outside the hours `hours`.
+fn without_hours(batch: &RecordBatch, hours: &[i64]) -> Result<RecordBatch> {
+    let times = batch.column(0).as_primitive::<TimestampNanosecondType>();
+    let keep: BooleanArray = times
+        .values()
+        .iter()
+        .map(|t| Some(!hours.contains(&t.div_euclid(HOUR_NANOS))))
+        .collect();
+    Ok(filter_record_batch(batch, &keep)?)
+}
 
 impl Store {
     /// Replaces every row of `table` in hour `hour` (hours since the epoch) with `batch`.
@@ -29,7 +64,7 @@ impl Store {
     /// table's columns in order. On failure nothing written stays.
     pub fn replace_hours(&self, table: Table, hours: &[(i64, RecordBatch)]) -> Result<()> {
         if table.is_ingested() {
-            return Err(Error::DeltaSchema(format!(
+            return Err(Error::BadRows(format!(
                 "{} is written by ingest, not replaced an hour at a time",
                 table.name()
             )));
@@ -38,24 +73,29 @@ impl Store {
             return Err(Error::ReadOnly);
         }
         self.check_fenced()?;
+        let replaced: Vec<i64> = hours.iter().map(|(h, _)| *h).collect();
         let ms = now_millis(self.clock.as_ref());
-        let mut written: Vec<(i64, Written)> = Vec::with_capacity(hours.len());
-        for (hour, batch) in hours {
-            let file = checked(table, *hour, batch).and_then(|sorted| {
-                let name = format!("r{}", random_hex());
-                persist::write_file(&self.storage, table, &sorted, *hour, &name, 1, ms)
-            });
-            match file {
-                Ok(w) => written.push((*hour, w)),
-                Err(e) => {
-                    self.forget(&written);
-                    return Err(e);
+        let mut written: Vec<Written> = Vec::with_capacity(hours.len());
+        let done = self
+            .keep_the_rest(table, &replaced, ms, &mut written)
+            .and_then(|spanning| {
+                for (hour, batch) in hours {
+                    let sorted = checked(table, *hour, batch)?;
+                    let name = format!("r{}", random_hex());
+                    written.push(persist::write_file(
+                        &self.storage,
+                        table,
+                        &sorted,
+                        *hour,
+                        &name,
+                        1,
+                        ms,
+                    )?);
                 }
-            }
-        }
-        let committed = self.commit_hours(table, &written, ms);
-        if let Err(e) = committed {
-            self.forget(&written);
+                self.commit_hours(table, &replaced, &spanning, &written, ms)
+            });
+        if let Err(e) = done {
+            persist::remove_files(&self.storage, &written);
             if matches!(e, Error::DeltaConflict { .. }) {
                 self.stats.delta_conflicts.fetch_add(1, Ordering::Relaxed);
             }
@@ -64,27 +104,75 @@ impl Store {
         Ok(())
     }
 
-    fn forget(&self, written: &[(i64, Written)]) {
-        let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
-        persist::remove_files(&self.storage, &files);
+    /// The files that hold rows of the `replaced` hours and of others (a merged day), each
+    /// written again without the replaced hours (into `written`); returns them.
+    fn keep_the_rest(
+        &self,
+        table: Table,
+        replaced: &[i64],
+        ms: i64,
+        written: &mut Vec<Written>,
+    ) -> Result<Vec<FileMeta>> {
+        let spanning: Vec<FileMeta> = self
+            .readable_files(table)
+            .into_iter()
+            .filter(|f| replaced.iter().any(|h| overlaps(f, *h)) && spans_beyond(f, replaced))
+            .collect();
+        for f in &spanning {
+            let rest = without_hours(
+                &compact::read_files(&self.storage, table, std::slice::from_ref(f))?,
+                replaced,
+            )?;
+            if rest.num_rows() > 0 {
+                let name = format!("r{}", random_hex());
+                let hour = compact::window_of(f);
+                written.push(persist::write_file(
+                    &self.storage,
+                    table,
+                    &rest,
+                    hour,
+                    &name,
+                    1,
+                    ms,
+                )?);
+            }
+        }
+        Ok(spanning)
     }
 
-    /// The commit: the hours' current files removed, the new ones added.
-    fn commit_hours(&self, table: Table, written: &[(i64, Written)], ms: i64) -> Result<()> {
+    /// The commit: the files holding rows of the hours removed, the new ones added. A file
+    /// `spanning` read before is no longer in the table: [`Error::Changed`].
+    fn commit_hours(
+        &self,
+        table: Table,
+        replaced: &[i64],
+        spanning: &[FileMeta],
+        written: &[Written],
+        ms: i64,
+    ) -> Result<()> {
         let now = self.clock.now_nanos();
         let mut tables = lock(&self.tables);
         if let Some(why) = tables.blocked(table) {
             return Err(Error::LogDamaged(why));
         }
-        let replaced: Vec<i64> = written.iter().map(|(h, _)| *h).collect();
-        let old: Vec<FileMeta> = tables
-            .files(table)
+        let current = tables.files(table);
+        let old: Vec<FileMeta> = current
             .iter()
-            .filter(|f| f.has_time_range() && replaced.contains(&compact::window_of(f)))
+            .filter(|f| replaced.iter().any(|h| overlaps(f, *h)))
             .cloned()
             .collect();
+        let changed = old
+            .iter()
+            .any(|f| spans_beyond(f, replaced) && !spanning.iter().any(|s| s.path == f.path));
+        if changed
+            || !spanning
+                .iter()
+                .all(|s| current.iter().any(|f| f.path == s.path))
+        {
+            return Err(Error::Changed { table });
+        }
         let mut actions = removes(&old, true, ms);
-        actions.extend(written.iter().map(|(_, w)| Action::Add(w.add.clone())));
+        actions.extend(written.iter().map(|w| Action::Add(w.add.clone())));
         let (first, last) = (
             replaced.iter().min().copied().unwrap_or(0),
             replaced.iter().max().copied().unwrap_or(0),
@@ -102,6 +190,69 @@ impl Store {
             now,
         )
     }
+
+    /// Merges the files of each UTC day of the [`DAY_FILES`] tables that ended an hour ago or
+    /// more into one file (`dataChange=false`). A day whose files changed meanwhile is left for
+    /// the next pass.
+    pub(super) fn merge_days(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
+        for table in DAY_FILES {
+            let mut days: BTreeMap<i64, Vec<FileMeta>> = BTreeMap::new();
+            for f in self
+                .readable_files(table)
+                .into_iter()
+                .filter(|f| f.has_time_range())
+            {
+                days.entry(f.min_time.div_euclid(DAY_NANOS))
+                    .or_default()
+                    .push(f);
+            }
+            for (day, files) in days {
+                let end = (day + 1).saturating_mul(DAY_NANOS);
+                let within = files.iter().all(|f| f.max_time < end);
+                if files.len() < 2 || !within || end.saturating_add(HOUR_NANOS) > now {
+                    continue;
+                }
+                match self.merge_day(table, day, &files) {
+                    Ok(()) => {
+                        report.files_merged += files.len();
+                        report.windows_compacted += 1;
+                    }
+                    Err(Error::Changed { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_day(&self, table: Table, day: i64, inputs: &[FileMeta]) -> Result<()> {
+        let merged =
+            persist::sort_batch(table, &compact::read_files(&self.storage, table, inputs)?)?;
+        let ms = now_millis(self.clock.as_ref());
+        let name = format!("d{}", random_hex());
+        let w = persist::write_file(&self.storage, table, &merged, day * 24, &name, 1, ms)?;
+        let now = self.clock.now_nanos();
+        let done = {
+            let mut tables = lock(&self.tables);
+            let current = tables.files(table);
+            if !inputs
+                .iter()
+                .all(|i| current.iter().any(|f| f.path == i.path))
+            {
+                Err(Error::Changed { table })
+            } else {
+                let mut add = w.add.clone();
+                add.data_change = false;
+                let mut actions = removes(inputs, false, ms);
+                actions.push(Action::Add(add));
+                self.maintenance_commit(&mut tables, table, actions, Kind::Compact, now)
+            }
+        };
+        if done.is_err() {
+            persist::remove_files(&self.storage, std::slice::from_ref(&w));
+        }
+        done
+    }
 }
 
 /// `batch` checked against `table` and `hour`, in microseconds and sorted as the table's files.
@@ -112,7 +263,7 @@ fn checked(table: Table, hour: i64, batch: &RecordBatch) -> Result<RecordBatch> 
         s.fields().iter().map(|f| f.name().clone()).collect()
     };
     if names(&batch.schema()) != names(&table.schema()) {
-        return Err(Error::DeltaSchema(format!(
+        return Err(Error::BadRows(format!(
             "rows for {} must have its columns, in order",
             table.name()
         )));
@@ -122,7 +273,7 @@ fn checked(table: Table, hour: i64, batch: &RecordBatch) -> Result<RecordBatch> 
         .column(0)
         .as_primitive_opt::<TimestampNanosecondType>();
     if times.is_none_or(|t| t.values().iter().any(|&t| t < start || t >= end)) {
-        return Err(Error::DeltaSchema(format!(
+        return Err(Error::BadRows(format!(
             "rows for hour {} of {} must have their time within the hour",
             time_text(start),
             table.name()

@@ -26,6 +26,14 @@ fn ledger_rows(times: &[i64], job: &str) -> RecordBatch {
     .expect("batch")
 }
 
+/// Every `job_id` in the table, sorted.
+fn every_job(store: &Store) -> Vec<String> {
+    let mut all = jobs_of(store, &store.files(Table::JobLedger));
+    all.sort();
+    all
+}
+
+/// The `job_id`s of the files whose first row is in the hour at `hour` (ns).
 fn jobs_in(store: &Store, hour: i64) -> Vec<String> {
     let files = store.files(Table::JobLedger);
     let inside: Vec<FileMeta> = files
@@ -33,7 +41,11 @@ fn jobs_in(store: &Store, hour: i64) -> Vec<String> {
         .filter(|f| f.min_time >= hour && f.min_time < hour + H)
         .cloned()
         .collect();
-    let b = crate::compact::read_files(store.storage(), Table::JobLedger, &inside).expect("read");
+    jobs_of(store, &inside)
+}
+
+fn jobs_of(store: &Store, inside: &[FileMeta]) -> Vec<String> {
+    let b = crate::compact::read_files(store.storage(), Table::JobLedger, inside).expect("read");
     let a = arrow::compute::cast(b.column(1), &arrow::datatypes::DataType::Utf8).expect("text");
     a.as_any()
         .downcast_ref::<StringArray>()
@@ -70,12 +82,9 @@ fn an_hour_is_replaced_whole_and_nothing_else_moves() {
 
     // Rows outside the hour, a table that ingest writes: refused, nothing written.
     let outside = store.replace_hour(Table::JobLedger, hour, &ledger_rows(&[T0 + H], "d"));
-    assert!(matches!(outside, Err(Error::DeltaSchema(_))), "{outside:?}");
+    assert!(matches!(outside, Err(Error::BadRows(_))), "{outside:?}");
     let ingested = store.replace_hour(Table::GpuMetrics, hour, &ledger_rows(&[T0], "e"));
-    assert!(
-        matches!(ingested, Err(Error::DeltaSchema(_))),
-        "{ingested:?}"
-    );
+    assert!(matches!(ingested, Err(Error::BadRows(_))), "{ingested:?}");
     assert_eq!(jobs_in(&store, T0), ["c"]);
     assert_eq!(store.files(Table::JobLedger).len(), 2);
 
@@ -95,4 +104,48 @@ fn an_hour_is_replaced_whole_and_nothing_else_moves() {
         store.replace_hour(Table::JobLedger, hour, &ledger_rows(&[T0], "f")),
         Err(Error::ReadOnly)
     ));
+}
+
+#[test]
+fn closed_days_are_merged_and_an_hour_in_a_merged_day_is_replaced_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0 + 3 * H));
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path())
+        },
+        clock.clone(),
+    )
+    .expect("open");
+    let hour = T0 / H;
+    for (k, job) in ["a", "b", "c"].iter().enumerate() {
+        let t = T0 + k as i64 * H;
+        store
+            .replace_hour(
+                Table::JobLedger,
+                hour + k as i64,
+                &ledger_rows(&[t, t + 1], job),
+            )
+            .expect("hour");
+    }
+    // The day is still open: nothing merged.
+    store.maintain().expect("maintain");
+    assert_eq!(store.files(Table::JobLedger).len(), 3);
+    // A day after: one file.
+    clock.advance(24 * H);
+    store.maintain().expect("maintain");
+    let files = store.files(Table::JobLedger);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(every_job(&store), ["a", "a", "b", "b", "c", "c"]);
+    // Refolding the middle hour rewrites the day's other rows and adds the new hour.
+    store
+        .replace_hour(Table::JobLedger, hour + 1, &ledger_rows(&[T0 + H + 9], "z"))
+        .expect("replace inside the merged day");
+    assert_eq!(every_job(&store), ["a", "a", "c", "c", "z"]);
+    assert_eq!(store.files(Table::JobLedger).len(), 2);
+    // And the next pass merges the day again.
+    store.maintain().expect("maintain");
+    assert_eq!(store.files(Table::JobLedger).len(), 1);
+    assert_eq!(every_job(&store), ["a", "a", "c", "c", "z"]);
 }
