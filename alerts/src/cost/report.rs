@@ -663,6 +663,10 @@ pub async fn list_jobs(
     } else {
         limit + 1
     };
+    let watermark = match gather::ledger_of(engine).await {
+        Some(l) => l.snapshot().watermark,
+        None => None,
+    };
     let sql = format!(
         "WITH j AS (SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
            count(DISTINCT host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
@@ -671,12 +675,10 @@ pub async fn list_jobs(
            sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
          FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id \
          ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}), \
-         m AS (SELECT job_id, avg(gpu_utilization) AS mean_utilization, avg(sm_active) AS mean_sm_active, \
-           count(*) AS samples, count(DISTINCT host || ' ' || gpu_uuid) AS gpu_count, \
-           CAST(max(time) AS BIGINT) - CAST(min(time) AS BIGINT) AS span_ns \
-         FROM gpu_metrics WHERE job_id IN (SELECT job_id FROM j) AND time >= to_timestamp_nanos({since}){user} GROUP BY job_id) \
+         {m} \
          SELECT j.*, m.mean_utilization, m.mean_sm_active, m.samples, m.gpu_count, m.span_ns \
-         FROM j LEFT JOIN m ON j.job_id = m.job_id ORDER BY j.last_seen_ns DESC, j.job_id"
+         FROM j LEFT JOIN m ON j.job_id = m.job_id ORDER BY j.last_seen_ns DESC, j.job_id",
+        m = list_means_sql(since, &user, watermark),
     );
     let mut out = Vec::new();
     for r in rows(engine, &sql).await? {
@@ -691,6 +693,36 @@ pub async fn list_jobs(
         jobs: out,
         truncated,
     })
+}
+
+/// The `m` CTE of [`list_jobs`]: each listed job's mean utilisation and SM activity, samples,
+/// GPUs and span since `since`, from the job ledger's rows before `watermark` (the report's
+/// parts: sums and counts) and the raw samples after it, so that a list over a month reads a
+/// month of ledger rows, not a month of raw samples.
+fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
+    let (ledger, raw_from) = match watermark {
+        Some(w) => (
+            format!(
+                "SELECT job_id, part_utilization_sum AS u_sum, part_utilization_n AS u_n, \
+                   part_sm_active_sum AS s_sum, part_sm_active_n AS s_n, samples AS n, \
+                   host || ' ' || gpu_uuid AS g, CAST(first_seen AS BIGINT) AS t0, CAST(last_seen AS BIGINT) AS t1 \
+                 FROM job_ledger WHERE job_id IN (SELECT job_id FROM j) AND time < to_timestamp_nanos({w}) \
+                   AND last_seen >= to_timestamp_nanos({since}){user} UNION ALL "
+            ),
+            since.max(w),
+        ),
+        None => (String::new(), since),
+    };
+    format!(
+        "m AS (SELECT job_id, sum(u_sum) / CASE WHEN sum(u_n) > 0 THEN sum(u_n) END AS mean_utilization, \
+           sum(s_sum) / CASE WHEN sum(s_n) > 0 THEN sum(s_n) END AS mean_sm_active, \
+           CAST(sum(n) AS BIGINT) AS samples, count(DISTINCT g) AS gpu_count, max(t1) - min(t0) AS span_ns FROM ( \
+         {ledger}SELECT job_id, gpu_utilization AS u_sum, CASE WHEN gpu_utilization IS NULL THEN 0.0 ELSE 1.0 END AS u_n, \
+           sm_active AS s_sum, CASE WHEN sm_active IS NULL THEN 0.0 ELSE 1.0 END AS s_n, 1 AS n, \
+           host || ' ' || gpu_uuid AS g, CAST(time AS BIGINT) AS t0, CAST(time AS BIGINT) AS t1 \
+         FROM gpu_metrics WHERE job_id IN (SELECT job_id FROM j) AND time >= to_timestamp_nanos({raw_from}){user}) x \
+         GROUP BY job_id)"
+    )
 }
 
 #[cfg(test)]

@@ -293,6 +293,43 @@ async fn same_reports(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, wha
             panic!("{what}: job {id}: {diff}");
         }
     }
+    same_lists(e, raw, cost, what).await;
+}
+
+/// The jobs list through the ledger (its means from the ledger's parts before the watermark)
+/// equals the list from raw samples for every job the raw samples name as their own (a job
+/// that only ever shares a GPU has no raw row of its own: the ledger gives it means too).
+async fn same_lists(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what: &str) {
+    use crate::cost::report::{ListFilter, list_jobs};
+    // A `jobs` view whose ledger never folds: every figure from raw samples.
+    let raw = QueryEngine::new(raw.store().clone(), EngineConfig::default()).expect("engine");
+    cost.register(raw.context(), &crate::cost::JobsConfig::default())
+        .await
+        .expect("register");
+    let filter = ListFilter {
+        user: None,
+        since_ns: 0,
+        running_only: false,
+        limit: 1000,
+    };
+    let list = |engine| list_jobs(engine, &filter, T0 + 7 * H);
+    let (got, want) = (
+        list(e).await.expect("list"),
+        list(&raw).await.expect("list"),
+    );
+    assert_eq!(got.jobs.len(), want.jobs.len(), "{what}: jobs listed");
+    for (g, w) in got.jobs.iter().zip(&want.jobs) {
+        if w.mean_utilization.is_none() {
+            continue;
+        }
+        let (g, w) = (
+            serde_json::to_value(g).expect("json"),
+            serde_json::to_value(w).expect("json"),
+        );
+        if let Err(diff) = agree(&g, &w, "list") {
+            panic!("{what}: {diff}");
+        }
+    }
 }
 
 #[tokio::test]
