@@ -667,9 +667,11 @@ pub async fn list_jobs(
         Some(l) => l.snapshot().watermark,
         None => None,
     };
+    // `jobs` has one row per job and host, so `count(host)` counts the hosts (a DISTINCT beside
+    // the ordered `first_value` doubles the aggregate's time).
     let sql = format!(
         "WITH j AS (SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
-           count(DISTINCT host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
+           count(host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
            CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
            sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
            sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
@@ -695,10 +697,11 @@ pub async fn list_jobs(
     })
 }
 
-/// The `m` CTE of [`list_jobs`]: each listed job's mean utilisation and SM activity, samples,
-/// GPUs and span since `since`, from the job ledger's rows before `watermark` (the report's
-/// parts: sums and counts) and the raw samples after it, so that a list over a month reads a
-/// month of ledger rows, not a month of raw samples.
+/// The `m` CTE of [`list_jobs`]: each job's mean utilisation and SM activity, samples, GPUs
+/// and span since `since`, from the job ledger's rows before `watermark` (the report's parts:
+/// sums and counts) and the raw samples after it, so that a list over a month reads a month of
+/// ledger rows, not a month of raw samples. Every job in the range, joined to the listed ones
+/// after: filtering by the list (`IN (SELECT … FROM j)`) would plan the `jobs` view twice.
 fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
     let (ledger, raw_from) = match watermark {
         Some(w) => (
@@ -706,7 +709,7 @@ fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
                 "SELECT job_id, part_utilization_sum AS u_sum, part_utilization_n AS u_n, \
                    part_sm_active_sum AS s_sum, part_sm_active_n AS s_n, samples AS n, \
                    host || ' ' || gpu_uuid AS g, CAST(first_seen AS BIGINT) AS t0, CAST(last_seen AS BIGINT) AS t1 \
-                 FROM job_ledger WHERE job_id IN (SELECT job_id FROM j) AND time < to_timestamp_nanos({w}) \
+                 FROM job_ledger WHERE time < to_timestamp_nanos({w}) \
                    AND last_seen >= to_timestamp_nanos({since}){user} UNION ALL "
             ),
             since.max(w),
@@ -720,7 +723,7 @@ fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
          {ledger}SELECT job_id, gpu_utilization AS u_sum, CASE WHEN gpu_utilization IS NULL THEN 0.0 ELSE 1.0 END AS u_n, \
            sm_active AS s_sum, CASE WHEN sm_active IS NULL THEN 0.0 ELSE 1.0 END AS s_n, 1 AS n, \
            host || ' ' || gpu_uuid AS g, CAST(time AS BIGINT) AS t0, CAST(time AS BIGINT) AS t1 \
-         FROM gpu_metrics WHERE job_id IN (SELECT job_id FROM j) AND time >= to_timestamp_nanos({raw_from}){user}) x \
+         FROM gpu_metrics WHERE job_id IS NOT NULL AND time >= to_timestamp_nanos({raw_from}){user}) x \
          GROUP BY job_id)"
     )
 }
