@@ -238,13 +238,38 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
     let fold_s = settle(&server, &marker, args.settle_timeout).await?;
     let month = statement_month(marker.end_hour_ns, args.days);
     let questions = [
-        ("jobs view, every job's cost", Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into())),
-        ("jobs list, last 30 days", Ask::Get("/api/v1/jobs?since=30d&limit=1000".into())),
-        ("statement by account, one month", Ask::Get(format!("/api/v1/cost?by=account&month={month}&format=json"))),
-        ("job report, the oldest job", Ask::Get(format!("/api/v1/jobs/{}", marker.old_job))),
-        ("count(*) of gpu_metrics_1h", Ask::Sql("SELECT count(*) AS n FROM gpu_metrics_1h".into())),
-        ("count(*) of job_ledger", Ask::Sql("SELECT count(*) AS n FROM job_ledger".into())),
-        ("fleet now: last hour per GPU", Ask::Sql("SELECT host, gpu_uuid, max(time) AS t, avg(gpu_utilization) AS u FROM gpu_metrics WHERE time > now() - interval '5 minutes' GROUP BY host, gpu_uuid".into())),
+        (
+            "jobs view, every job's cost",
+            Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into()),
+        ),
+        (
+            "jobs list, last 30 days",
+            Ask::Get("/api/v1/jobs?since=30d&limit=1000".into()),
+        ),
+        (
+            "statement by account, one month",
+            Ask::Get(format!("/api/v1/cost?by=account&month={month}&format=json")),
+        ),
+        (
+            "job report, the oldest job",
+            Ask::Get(format!("/api/v1/jobs/{}", marker.old_job)),
+        ),
+        (
+            "count(*) of gpu_metrics_1h",
+            Ask::Sql("SELECT count(*) AS n FROM gpu_metrics_1h".into()),
+        ),
+        (
+            "count(*) of job_ledger",
+            Ask::Sql("SELECT count(*) AS n FROM job_ledger".into()),
+        ),
+        (
+            "the last hour of raw samples, per GPU",
+            Ask::Sql(format!(
+                "SELECT host, gpu_uuid, max(time) AS t, avg(gpu_utilization) AS u FROM gpu_metrics \
+                 WHERE time >= to_timestamp_nanos({}) GROUP BY host, gpu_uuid",
+                marker.end_hour_ns - 3_600_000_000_000
+            )),
+        ),
     ];
     let client = crate::send::client()?;
     println!(
