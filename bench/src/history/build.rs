@@ -259,24 +259,36 @@ pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
             );
         }
     }
-    raw_hours(args, &store, &mut nodes, raw_start)?;
+    let first_raw_job = raw_hours(args, &store, &mut nodes, raw_start)?;
     Ok(Marker {
         shape: args.shape(),
         end_hour_ns,
-        old_job: old_job.ok_or("the history has no job")?,
+        old_job: old_job.or(first_raw_job).ok_or("the history has no job")?,
         built_s: began.elapsed().as_secs_f64(),
     })
 }
 
 /// The raw samples from `from` to now, through the write-ahead log; persisted and compacted.
-fn raw_hours(args: &HistoryArgs, store: &Store, nodes: &mut Nodes, from: i64) -> Result<()> {
+/// Returns the first job seen.
+fn raw_hours(
+    args: &HistoryArgs,
+    store: &Store,
+    nodes: &mut Nodes,
+    from: i64,
+) -> Result<Option<String>> {
     let step = args.raw_interval.as_nanos() as i64;
     let now = gpuwatch_store::clock::Clock::now_nanos(&SystemClock);
     let began = Instant::now();
     let mut t = from;
     let mut rounds = 0u64;
+    let mut first_job = None;
     while t < now {
-        let (_, _, raw) = nodes.round(t)?;
+        let (samples, _, raw) = nodes.round(t)?;
+        if first_job.is_none() {
+            first_job = samples
+                .iter()
+                .find_map(|s| s.job.as_ref().map(|j| j.id.clone()));
+        }
         store
             .write(&gpuwatch_store::ingest::WriteBatch {
                 batches: vec![(Table::GpuMetrics, raw)],
@@ -296,5 +308,5 @@ fn raw_hours(args: &HistoryArgs, store: &Store, nodes: &mut Nodes, from: i64) ->
         "raw: {rounds} rounds of every GPU written and compacted ({:.0} s)",
         began.elapsed().as_secs_f64()
     );
-    Ok(())
+    Ok(first_job)
 }
