@@ -215,29 +215,10 @@ async fn settle(server: &Server, marker: &Marker, limit: Duration) -> Result<f64
     }
 }
 
-pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
-    let marker = tokio::task::block_in_place(|| data(&args))?;
-    let parent = peers::parent_dir(&args.data_dir)?;
-    let config = parent.join("history-gpuwatch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cost]\ndefault_gpu_hour_usd = {}\nkwh_usd = 0.12\n",
-            build::GPU_HOUR_USD
-        ),
-    )
-    .map_err(|e| format!("{}: {e}", config.display()))?;
-    let cmd = GpuwatchCmd::new(&args.data_dir)?.args(["--config", &config.display().to_string()]);
-    let started = Instant::now();
-    let mut server = cmd.start(
-        "gpuwatch",
-        &args.gpuwatch,
-        parent.join("history-gpuwatch.log"),
-    )?;
-    let ready_s = started.elapsed().as_secs_f64();
-    let fold_s = settle(&server, &marker, args.settle_timeout).await?;
-    let month = statement_month(marker.end_hour_ns, args.days);
-    let questions = [
+/// The questions timed, asked of a history ending at `marker`'s hour; `month` is the
+/// statement's.
+fn questions(marker: &Marker, month: &str) -> Vec<(&'static str, Ask)> {
+    vec![
         (
             "jobs view, every job's cost",
             Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into()),
@@ -270,7 +251,32 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
                 marker.end_hour_ns - 3_600_000_000_000
             )),
         ),
-    ];
+    ]
+}
+
+pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
+    let marker = tokio::task::block_in_place(|| data(&args))?;
+    let parent = peers::parent_dir(&args.data_dir)?;
+    let config = parent.join("history-gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cost]\ndefault_gpu_hour_usd = {}\nkwh_usd = 0.12\n",
+            build::GPU_HOUR_USD
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", config.display()))?;
+    let cmd = GpuwatchCmd::new(&args.data_dir)?.args(["--config", &config.display().to_string()]);
+    let started = Instant::now();
+    let mut server = cmd.start(
+        "gpuwatch",
+        &args.gpuwatch,
+        parent.join("history-gpuwatch.log"),
+    )?;
+    let ready_s = started.elapsed().as_secs_f64();
+    let fold_s = settle(&server, &marker, args.settle_timeout).await?;
+    let month = statement_month(marker.end_hour_ns, args.days);
+    let questions = questions(&marker, &month);
     let client = crate::send::client()?;
     println!(
         "history: {} GPUs, {} days (1-minute rollups {} days, raw {} h); month {month}",
