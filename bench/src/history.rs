@@ -192,9 +192,8 @@ fn statement_month(end_hour_ns: i64, days: u64) -> String {
 use chrono::Datelike;
 
 /// Waits until the ledger has folded every closed raw hour; returns how long it took.
-async fn settle(server: &Server, marker: &Marker, limit: Duration) -> Result<f64> {
+async fn settle(server: &Server, limit: Duration) -> Result<f64> {
     let began = Instant::now();
-    let _ = marker;
     let want = (now_ns() - 15 * 60_000_000_000).div_euclid(3_600_000_000_000) * 3_600;
     loop {
         let (_, text) = peers::blocking_get(&format!("{}/metrics", server.url))?;
@@ -274,7 +273,7 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
         parent.join("history-gpuwatch.log"),
     )?;
     let ready_s = started.elapsed().as_secs_f64();
-    let fold_s = settle(&server, &marker, args.settle_timeout).await?;
+    let fold_s = settle(&server, args.settle_timeout).await?;
     let month = statement_month(marker.end_hour_ns, args.days);
     let questions = questions(&marker, &month);
     let client = crate::send::client()?;

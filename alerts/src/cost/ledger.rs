@@ -258,6 +258,12 @@ fn f64_column(batch: &RecordBatch, i: usize) -> DfResult<Float64Array> {
         .clone())
 }
 
+fn ints(batch: &RecordBatch, i: usize) -> DfResult<arrow::array::Int64Array> {
+    Ok(cast(batch.column(i), &DataType::Int64)?
+        .as_primitive::<arrow::datatypes::Int64Type>()
+        .clone())
+}
+
 fn opt(a: &StringArray, i: usize) -> Option<&str> {
     (!a.is_null(i)).then(|| a.value(i))
 }
@@ -467,11 +473,7 @@ struct FoldBatch {
 
 impl FoldBatch {
     fn of(batch: &RecordBatch, exprs: &[Arc<dyn PhysicalExpr>]) -> DfResult<Self> {
-        let ints = |i: usize| -> DfResult<arrow::array::Int64Array> {
-            Ok(cast(batch.column(i), &DataType::Int64)?
-                .as_primitive::<arrow::datatypes::Int64Type>()
-                .clone())
-        };
+        let ints = |i: usize| ints(batch, i);
         Ok(FoldBatch {
             rows: batch.num_rows(),
             time: ints(0)?,

@@ -18,11 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray, StringBuilder,
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, StringBuilder,
     TimestampNanosecondArray,
 };
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field, Int64Type};
+use arrow::datatypes::{DataType, Field};
 use datafusion::catalog::TableProvider;
 use datafusion::error::Result as DfResult;
 use datafusion::prelude::SessionContext;
@@ -340,29 +339,23 @@ async fn collect(ctx: &SessionContext, sql: &str) -> DfResult<Vec<RecordBatch>> 
     ctx.sql(sql).await?.collect().await
 }
 
+/// The index of column `name` of `b`.
+fn index_of(b: &RecordBatch, name: &str) -> DfResult<usize> {
+    b.schema()
+        .index_of(name)
+        .map_err(|_| plain(format!("{NAME}: no column {name}")))
+}
+
 fn text_at(b: &RecordBatch, name: &str) -> DfResult<StringArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| plain(format!("{NAME}: no column {name}")))?;
-    Ok(cast(c, &DataType::Utf8)?.as_string::<i32>().clone())
+    super::strings(b, index_of(b, name)?)
 }
 
 fn int_at(b: &RecordBatch, name: &str) -> DfResult<Int64Array> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| plain(format!("{NAME}: no column {name}")))?;
-    Ok(cast(c, &DataType::Int64)?
-        .as_primitive::<Int64Type>()
-        .clone())
+    super::ints(b, index_of(b, name)?)
 }
 
 fn float_at(b: &RecordBatch, name: &str) -> DfResult<Float64Array> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| plain(format!("{NAME}: no column {name}")))?;
-    Ok(cast(c, &DataType::Float64)?
-        .as_primitive::<arrow::datatypes::Float64Type>()
-        .clone())
+    super::f64_column(b, index_of(b, name)?)
 }
 
 fn opt_i(a: &Int64Array, i: usize) -> Option<i64> {
