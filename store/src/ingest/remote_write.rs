@@ -223,6 +223,20 @@ pub const DCGM_LABELS: &[(&str, &[&str])] = &[
     ("job_labels", &[]),
 ];
 
+/// The label columns [`dcgm_label_set`] reads: a reader that wants only dcgm-exporter's labels
+/// of a row may leave the others out (as nulls).
+pub const DCGM_LABEL_COLUMNS: &[&str] = &[
+    "host",
+    "gpu_uuid",
+    "gpu_index",
+    "gpu_model",
+    "mig_instance",
+    "job_id",
+    "k8s_namespace",
+    "k8s_pod",
+    "k8s_container",
+];
+
 /// dcgm-exporter's labels of a `gpu_metrics` row, from its label columns (in [`LABEL_COLUMNS`]
 /// order, `gpu_index` as decimal text): `gpu`, `UUID`, `device` (`nvidia<gpu>`), `modelName`,
 /// `Hostname`, `GPU_I_ID` (the GPU instance of `mig_instance`), then `namespace`, `pod` and
@@ -232,6 +246,7 @@ pub const DCGM_LABELS: &[(&str, &[&str])] = &[
 /// labels differ from it ([`series_overrides`]).
 pub fn dcgm_label_set(cols: &[Option<&str>]) -> Vec<(&'static str, String)> {
     let at = |name: &str| {
+        debug_assert!(DCGM_LABEL_COLUMNS.contains(&name), "{name} is not declared");
         LABEL_COLUMNS
             .iter()
             .position(|(c, _)| *c == name)

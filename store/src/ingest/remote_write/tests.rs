@@ -84,6 +84,42 @@ fn every_dcgm_field_names_a_real_column() {
 }
 
 #[test]
+fn the_dcgm_label_set_reads_only_its_declared_columns() {
+    for c in DCGM_LABEL_COLUMNS {
+        assert!(LABEL_COLUMNS.iter().any(|(l, _)| l == c), "{c}");
+    }
+    // Every column set (a pod's GPU, then a job's): blanking the undeclared ones changes nothing.
+    for pod in [true, false] {
+        let full: Vec<String> = LABEL_COLUMNS
+            .iter()
+            .map(|(c, _)| match *c {
+                "gpu_index" => "3".to_string(),
+                "mig_instance" => "1.0".to_string(),
+                c => format!("{c}-value"),
+            })
+            .collect();
+        let cells = |only_declared: bool| -> Vec<Option<&str>> {
+            LABEL_COLUMNS
+                .iter()
+                .zip(&full)
+                .map(|((c, _), v)| {
+                    let keep = !only_declared || DCGM_LABEL_COLUMNS.contains(c);
+                    let keep = keep && (pod || *c != "k8s_pod");
+                    keep.then_some(v.as_str())
+                })
+                .collect()
+        };
+        let all = dcgm_label_set(&cells(false));
+        assert_eq!(all, dcgm_label_set(&cells(true)));
+        assert!(
+            all.iter()
+                .any(|(n, v)| *n == "Hostname" && v == "host-value")
+        );
+        assert_eq!(all.iter().any(|(n, _)| *n == "pod"), pod);
+    }
+}
+
+#[test]
 fn dcgm_series_are_pivoted_with_units_converted() {
     let t = NOW_MS - 15_000;
     let mut labels = dcgm("DCGM_FI_DEV_GPU_UTIL", "0", "GPU-aaa");
