@@ -536,6 +536,20 @@ impl QueryEngine {
         Ok(self.plan(sql, notes).await??)
     }
 
+    /// Like [`QueryEngine::stream`], as one stream per partition of the plan (files split
+    /// between them, no order across them), for a caller that reads them in parallel.
+    pub async fn stream_partitions(
+        &self,
+        sql: &str,
+        notes: &Arc<ScanNotes>,
+    ) -> Result<Vec<SendableRecordBatchStream>> {
+        Ok(self
+            .plan_with(sql, notes, |df| async move {
+                df.execute_stream_partitioned().await
+            })
+            .await??)
+    }
+
     /// Plans `sql` and starts it. The outer error refuses the statement before DataFusion sees
     /// it; the inner one is DataFusion's (planning reads the files' footers too).
     async fn plan(
@@ -543,6 +557,21 @@ impl QueryEngine {
         sql: &str,
         notes: &Arc<ScanNotes>,
     ) -> Result<DfResult<SendableRecordBatchStream>> {
+        self.plan_with(sql, notes, |df| async move { df.execute_stream().await })
+            .await
+    }
+
+    /// Plans `sql` and hands the plan to `execute`.
+    async fn plan_with<T, F, Fut>(
+        &self,
+        sql: &str,
+        notes: &Arc<ScanNotes>,
+        execute: F,
+    ) -> Result<DfResult<T>>
+    where
+        F: FnOnce(datafusion::dataframe::DataFrame) -> Fut,
+        Fut: std::future::Future<Output = DfResult<T>>,
+    {
         gate::check(sql)?;
         self.admit()?;
         let options = SQLOptions::new()
@@ -552,7 +581,7 @@ impl QueryEngine {
         let session = self.session(notes)?;
         Ok(async {
             let df = session.sql_with_options(sql, options).await?;
-            df.execute_stream().await
+            execute(df).await
         }
         .await)
     }
