@@ -7,7 +7,7 @@
 //! so both engines see the same series end.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::fleet::{Fleet, FleetConfig};
 use crate::peers::{self, Result, Server, free_port};
+use crate::query::{LoadMarker, MARKER};
 use crate::remote_write::{Body, host_request_with_staleness};
 use crate::send;
 use crate::{FleetArgs, parse_duration};
@@ -52,6 +53,10 @@ pub(crate) struct PromqlArgs {
     /// Longest wait for gpuwatch to persist the load.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
+    /// The directory of an earlier run (printed at its end) whose load matches these flags:
+    /// both servers start on its data and nothing is loaded again.
+    #[arg(long)]
+    pub reuse: Option<PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -92,10 +97,55 @@ fn start_prometheus(args: &PromqlArgs, run_dir: &std::path::Path) -> Result<Serv
     )
 }
 
-/// Generates the history once and sends every request to both servers.
-async fn load(args: &PromqlArgs, gw: &Server, prom: &Server) -> Result<(i64, i64, u64)> {
+/// What this run's flags load.
+fn wanted_load(args: &PromqlArgs, start_ms: i64) -> LoadMarker {
     let interval_ms = args.fleet.interval.as_millis() as i64;
-    let rounds = (args.history.as_millis() as i64 / interval_ms).max(1) as u64;
+    LoadMarker {
+        hosts: args.fleet.hosts,
+        gpus_per_host: args.fleet.gpus_per_host,
+        interval_ms,
+        seed: args.fleet.seed,
+        start_ms,
+        rounds: (args.history.as_millis() as i64 / interval_ms).max(1) as u64,
+        samples: 0,
+        load_seconds: 0.0,
+    }
+}
+
+/// The load an earlier run left in `dir`, refused when it is not what these flags load.
+fn earlier_load(args: &PromqlArgs, dir: &Path) -> Result<LoadMarker> {
+    let path = dir.join(MARKER);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let m: LoadMarker =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let want = wanted_load(args, m.start_ms);
+    let same = (m.hosts, m.gpus_per_host, m.interval_ms, m.seed, m.rounds)
+        == (
+            want.hosts,
+            want.gpus_per_host,
+            want.interval_ms,
+            want.seed,
+            want.rounds,
+        );
+    if !same {
+        return Err(format!(
+            "{} holds another load ({m:?}): run with its flags or without --reuse",
+            dir.display()
+        ));
+    }
+    Ok(m)
+}
+
+/// Generates the history once and sends every request to both servers; the load is recorded in
+/// the run directory for `--reuse`.
+async fn load(
+    args: &PromqlArgs,
+    gw: &Server,
+    prom: &Server,
+    run_dir: &Path,
+) -> Result<(i64, i64, u64)> {
+    let interval_ms = args.fleet.interval.as_millis() as i64;
+    let rounds = wanted_load(args, 0).rounds;
     let end_ms = now_ms().div_euclid(interval_ms) * interval_ms;
     let start_ms = end_ms - rounds as i64 * interval_ms;
     let fleet_args = args.fleet.clone();
@@ -148,6 +198,14 @@ async fn load(args: &PromqlArgs, gw: &Server, prom: &Server) -> Result<(i64, i64
         a.samples,
         t.elapsed().as_secs_f64()
     );
+    let marker = LoadMarker {
+        samples: a.samples,
+        load_seconds: t.elapsed().as_secs_f64(),
+        ..wanted_load(args, start_ms)
+    };
+    let path = run_dir.join(MARKER);
+    let text = serde_json::to_string(&marker).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((start_ms, end_ms, rounds))
 }
 
@@ -245,8 +303,16 @@ pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
     if args.fleet.interval.is_zero() || args.step.is_zero() {
         return Err("--interval and --step must be positive".into());
     }
-    let run_dir = args.work_dir.join(format!("promql-{}", std::process::id()));
+    let run_dir = match &args.reuse {
+        Some(dir) => dir.clone(),
+        None => args.work_dir.join(format!("promql-{}", std::process::id())),
+    };
     std::fs::create_dir_all(&run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
+    let earlier = args
+        .reuse
+        .as_ref()
+        .map(|d| earlier_load(&args, d))
+        .transpose()?;
     let mut gw = peers::GpuwatchCmd::new(&run_dir.join("gpuwatch"))?
         .args(peers::FAST_PERSIST)
         .args(&args.gpuwatch_args)
@@ -260,7 +326,21 @@ pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
             .next()
             .unwrap_or_default()
     );
-    let (start_ms, end_ms, rounds) = load(&args, &gw, &prom).await?;
+    let (start_ms, end_ms, rounds) = match &earlier {
+        Some(m) => {
+            println!(
+                "reusing the load of {} ({} samples)",
+                run_dir.display(),
+                m.samples
+            );
+            (
+                m.start_ms,
+                m.start_ms + m.rounds as i64 * m.interval_ms,
+                m.rounds,
+            )
+        }
+        None => load(&args, &gw, &prom, &run_dir).await?,
+    };
     let expected = (args.fleet.hosts * args.fleet.gpus_per_host) as u64 * rounds;
     let deadline = Instant::now() + args.settle_timeout;
     while crate::query::persisted_rows(&gw.url).await < expected {
@@ -305,7 +385,10 @@ pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
     }
     gw.stop();
     prom.stop();
-    println!("data left in {} (remove it when done)", run_dir.display());
+    println!(
+        "data left in {} (time it again with --reuse {0}; remove it when done)",
+        run_dir.display()
+    );
     match agree {
         None => Ok(()),
         Some(d) => Err(format!("the answers differ: {d}")),
