@@ -266,6 +266,7 @@ impl<'a> Evaluator<'a> {
         vs: &VectorSelector,
         min: i64,
         max: i64,
+        steps: Option<select::Steps>,
     ) -> Result<Vec<RawSeries>> {
         if !vs.matchers.or_matchers.is_empty() {
             return Err(bad(
@@ -273,7 +274,7 @@ impl<'a> Evaluator<'a> {
             ));
         }
         let matchers = select::all_matchers(vs.name.as_deref(), &vs.matchers.matchers);
-        let out = select::select(self.engine, &matchers, min, max, &self.budget).await?;
+        let out = select::select(self.engine, &matchers, min, max, &self.budget, steps).await?;
         self.check_deadline("selection")?;
         Ok(out)
     }
@@ -293,7 +294,11 @@ impl<'a> Evaluator<'a> {
             Some(a) => (a - offset - lb, a - offset),
             None => (g.start - offset - lb, g.end - offset),
         };
-        let raw = self.load(vs, lo, hi).await?;
+        let steps = match at {
+            Some(a) => select::Steps::new(a - offset, 1, a - offset),
+            None => select::Steps::new(g.start - offset, g.step, g.end - offset),
+        };
+        let raw = self.load(vs, lo, hi, Some(steps)).await?;
         let mut out = Vec::with_capacity(raw.len());
         for s in raw {
             let mut vals = vec![None; g.len()];
@@ -342,7 +347,7 @@ impl<'a> Evaluator<'a> {
                     Some(a) => (a - offset - range, a - offset),
                     None => (g.start - offset - range, g.end - offset),
                 };
-                let series = self.load(vs, lo, hi).await?;
+                let series = self.load(vs, lo, hi, None).await?;
                 Ok(Windowed {
                     series,
                     range,

@@ -122,16 +122,21 @@ fn time_filter(min_ms: i64, max_ms: i64) -> String {
     format!("time >= to_timestamp_millis({min_ms}) AND time <= to_timestamp_millis({max_ms})")
 }
 
-/// Selects the series `matchers` accept with their samples in `[min_ms, max_ms]`.
+/// Selects the series `matchers` accept with their samples in `[min_ms, max_ms]`; with `steps`
+/// (an instant selector's), only the samples those steps can read.
 pub async fn select(
     engine: &QueryEngine,
     matchers: &[Matcher],
     min_ms: i64,
     max_ms: i64,
     budget: &Budget,
+    steps: Option<Steps>,
 ) -> Result<Vec<RawSeries>> {
     check_selector(matchers)?;
-    let mut out = Collector::default();
+    let mut out = Collector {
+        steps,
+        ..Collector::default()
+    };
     collect(engine, matchers, min_ms, max_ms, budget, &mut out).await?;
     out.add_failed_scrapes(engine, min_ms, max_ms, budget)
         .await?;
@@ -295,6 +300,7 @@ where
         let part = Arc::clone(&part);
         let mut c = Collector {
             labels_only: out.labels_only,
+            steps: out.steps,
             ..Collector::default()
         };
         tasks.spawn(async move {

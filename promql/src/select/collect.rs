@@ -17,6 +17,8 @@ pub(super) struct Collector {
     pub(super) target_job: Vec<Option<(String, String)>>,
     /// Only which series exist is wanted: one sample each is kept, none counted.
     pub(super) labels_only: bool,
+    /// The steps an instant selector reads at: samples and scrapes no step reads are dropped.
+    pub(super) steps: Option<Steps>,
 }
 
 impl Collector {

@@ -300,27 +300,53 @@ pub(super) fn name_values(
         .collect())
 }
 
-/// Adds row `i`'s values (taken at `t`) to the series in `slots`, one per selected name.
-pub(super) fn push_row(
+/// Adds the samples of the rows of `run` (times `t`) to the series in `slots`, one per selected
+/// name, and their times to the scrapes of `target`. With steps to read at (an instant selector)
+/// and the run in time order, only what a step can read is kept ([`Steps`]); the run's last
+/// sample and scrape always are, since the next may come in another run.
+fn push_run(
     out: &mut Collector,
-    names: &[GpuName],
-    slots: &[Option<usize>],
-    values: &[Float64Array],
-    i: usize,
-    t: i64,
+    (names, slots, values): (&[GpuName], &[Option<usize>], &[Float64Array]),
+    t: &[i64],
+    run: std::ops::Range<usize>,
+    target: usize,
 ) {
+    let rows = &t[run.clone()];
+    let steps = out.steps.filter(|_| rows.windows(2).all(|w| w[0] < w[1]));
+    if !out.labels_only {
+        let times = &mut out.target_times[target];
+        match &steps {
+            Some(s) => s.read(rows, |i| times.push(rows[i])),
+            None => times.extend_from_slice(rows),
+        }
+    }
     for (j, g) in names.iter().enumerate() {
         let Some(slot) = slots[j] else { continue };
-        let col = &values[j];
-        if col.is_null(i) {
+        let (col, s) = (&values[j], &mut out.series[slot]);
+        if out.labels_only {
+            if let Some(i) = run.clone().find(|&i| !col.is_null(i))
+                && s.t.is_empty()
+            {
+                s.t.push(t[i]);
+                s.v.push(unscale(col.value(i), g.scale));
+            }
             continue;
         }
-        let s = &mut out.series[slot];
-        if out.labels_only && !s.t.is_empty() {
-            continue;
+        // A sample waits for the next one: kept when a step falls between them.
+        let mut pending: Option<usize> = None;
+        for i in run.clone().filter(|&i| !col.is_null(i)) {
+            if let Some(p) = pending
+                && steps.is_none_or(|st| st.any_in(t[p], t[i]))
+            {
+                s.t.push(t[p]);
+                s.v.push(unscale(col.value(p), g.scale));
+            }
+            pending = Some(i);
         }
-        s.t.push(t);
-        s.v.push(unscale(col.value(i), g.scale));
+        if let Some(p) = pending {
+            s.t.push(t[p]);
+            s.v.push(unscale(col.value(p), g.scale));
+        }
     }
 }
 
@@ -350,12 +376,7 @@ pub(super) fn gpu_batch(
             let labels = base.with(NAME, g.name);
             slots[j] = matches(matchers, &labels).then(|| out.slot(labels, Some(target)));
         }
-        if !out.labels_only {
-            out.target_times[target].extend_from_slice(&t[run.clone()]);
-        }
-        for i in run.clone() {
-            push_row(out, names, &slots, &values, i, t[i]);
-        }
+        push_run(out, (names, &slots, &values), &t, run.clone(), target);
     }
     Ok(())
 }
