@@ -66,39 +66,51 @@ pub async fn eval(ev: &Evaluator<'_>, a: &AggregateExpr, g: Grid) -> Result<Valu
             vals: vec![None; g.len()],
         })
         .collect();
-    let mut acc: Vec<Acc> = vec![Acc::default(); out.len()];
-    let mut values: Vec<Vec<f64>> = if op == T_QUANTILE {
-        vec![Vec::new(); out.len()]
+    if op == T_QUANTILE {
+        quantiles(&input, &member, &param, &mut out);
     } else {
-        Vec::new()
-    };
-    for i in 0..g.len() {
-        for a in acc.iter_mut() {
-            *a = Acc::default();
-        }
-        for v in values.iter_mut() {
-            v.clear();
-        }
+        // Series by series (each series' values read once, in order); at every step the series
+        // are still added in their order, as Prometheus adds them.
+        let steps = g.len();
+        let mut acc: Vec<Acc> = vec![Acc::default(); out.len() * steps];
         for (s, &gi) in input.iter().zip(&member) {
-            let Some(x) = s.vals[i] else { continue };
-            if op == T_QUANTILE {
-                values[gi].push(x);
+            let row = &mut acc[gi * steps..(gi + 1) * steps];
+            for (a, x) in row.iter_mut().zip(&s.vals) {
+                if let Some(x) = x {
+                    a.add(op, *x);
+                }
             }
-            acc[gi].add(op, x);
         }
         for (gi, o) in out.iter_mut().enumerate() {
-            if acc[gi].count == 0 {
-                continue;
+            for (v, a) in o.vals.iter_mut().zip(&acc[gi * steps..(gi + 1) * steps]) {
+                if a.count > 0 {
+                    *v = Some(a.result(op)?);
+                }
             }
-            o.vals[i] = Some(if op == T_QUANTILE {
-                quantile(param[i], &values[gi])
-            } else {
-                acc[gi].result(op)?
-            });
         }
     }
     out.retain(|s| s.vals.iter().any(Option::is_some));
     Ok(Value::Vector(out))
+}
+
+/// `quantile` per group and step, over the group's values at the step.
+fn quantiles(input: &[Series], member: &[usize], param: &[f64], out: &mut [Series]) {
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); out.len()];
+    for (i, q) in param.iter().enumerate() {
+        for v in values.iter_mut() {
+            v.clear();
+        }
+        for (s, &gi) in input.iter().zip(member) {
+            if let Some(x) = s.vals.get(i).copied().flatten() {
+                values[gi].push(x);
+            }
+        }
+        for (gi, o) in out.iter_mut().enumerate() {
+            if !values[gi].is_empty() {
+                o.vals[i] = Some(quantile(*q, &values[gi]));
+            }
+        }
+    }
 }
 
 /// One group's running aggregate at one step.
