@@ -311,15 +311,62 @@ static ALERTS: LazyLock<SchemaRef> = LazyLock::new(|| {
 /// Rollup columns of one value column: `<col>_min`, `<col>_max`, `<col>_avg`, `<col>_last`.
 pub const ROLLUP_SUFFIXES: [&str; 4] = ["min", "max", "avg", "last"];
 
-fn rollup_schema() -> SchemaRef {
-    let raw = GPU_METRICS.clone();
-    let mut fields: Vec<Field> = raw.fields()[..=LABEL_COLUMNS.len()]
+/// The value columns of `gpu_processes`, after its label columns (`host` … `job_user`).
+pub const PROCESS_VALUE_COLUMNS: [(&str, ValueType); 2] = [
+    ("used_memory_bytes", ValueType::Int),
+    ("sm_utilization", ValueType::Float),
+];
+
+/// How a table's rows are rolled up: its schema is `time`, then `labels` label columns (the
+/// groups), then the value columns `values` (aggregated); `seen` adds the group's first and
+/// last raw `time` (`first_seen`, `last_seen`), for tables whose rows come and go (processes).
+#[derive(Debug, Clone)]
+pub struct RollupSpec {
+    /// Label columns after `time`.
+    pub labels: usize,
+    /// Value columns after the labels, with their types.
+    pub values: Vec<(&'static str, ValueType)>,
+    /// Whether the rollup keeps each group's first and last raw time.
+    pub seen: bool,
+}
+
+impl RollupSpec {
+    /// How `source` (a table with rollups) is rolled up.
+    pub fn of(source: Table) -> Option<RollupSpec> {
+        match source {
+            Table::GpuMetrics => Some(RollupSpec {
+                labels: LABEL_COLUMNS.len(),
+                values: VALUE_COLUMNS.iter().map(|c| (c.column, c.ty)).collect(),
+                seen: false,
+            }),
+            Table::GpuProcesses => Some(RollupSpec {
+                labels: GPU_PROCESSES.fields().len() - 1 - PROCESS_VALUE_COLUMNS.len(),
+                values: PROCESS_VALUE_COLUMNS.to_vec(),
+                seen: true,
+            }),
+            _ => None,
+        }
+    }
+}
+
+fn rollup_schema(source: Table) -> SchemaRef {
+    let raw = source.schema();
+    let spec = RollupSpec::of(source).unwrap_or(RollupSpec {
+        labels: 0,
+        values: Vec::new(),
+        seen: false,
+    });
+    let mut fields: Vec<Field> = raw.fields()[..=spec.labels]
         .iter()
         .map(|f| f.as_ref().clone())
         .collect();
     fields.push(Field::new("samples", DataType::Int64, false));
-    for c in VALUE_COLUMNS {
-        let ty = match c.ty {
+    if spec.seen {
+        fields.push(Field::new("first_seen", time_type(), false));
+        fields.push(Field::new("last_seen", time_type(), false));
+    }
+    for (column, ty) in &spec.values {
+        let ty = match ty {
             ValueType::Float => DataType::Float64,
             ValueType::Int => DataType::Int64,
         };
@@ -329,13 +376,15 @@ fn rollup_schema() -> SchemaRef {
             } else {
                 ty.clone()
             };
-            fields.push(Field::new(format!("{}_{suffix}", c.column), t, true));
+            fields.push(Field::new(format!("{column}_{suffix}"), t, true));
         }
     }
     Arc::new(Schema::new(fields))
 }
 
-static GPU_METRICS_ROLLUP: LazyLock<SchemaRef> = LazyLock::new(rollup_schema);
+static GPU_METRICS_ROLLUP: LazyLock<SchemaRef> = LazyLock::new(|| rollup_schema(Table::GpuMetrics));
+static GPU_PROCESSES_ROLLUP: LazyLock<SchemaRef> =
+    LazyLock::new(|| rollup_schema(Table::GpuProcesses));
 
 /// The tables the store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -350,6 +399,10 @@ pub enum Table {
     GpuMetrics1h,
     /// One row per GPU process per sample.
     GpuProcesses,
+    /// `gpu_processes` rolled up per minute (built when an hour is compacted).
+    GpuProcesses1m,
+    /// `gpu_processes` rolled up per hour (built when an hour is compacted).
+    GpuProcesses1h,
     /// One row per GPU event (XID, ECC).
     GpuEvents,
     /// Alert history: one row per state transition.
@@ -361,12 +414,14 @@ pub enum Table {
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 8] = [
+    pub const ALL: [Table; 10] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
         Table::GpuMetrics1h,
         Table::GpuProcesses,
+        Table::GpuProcesses1m,
+        Table::GpuProcesses1h,
         Table::GpuEvents,
         Table::Alerts,
         Table::JobLedger,
@@ -375,10 +430,24 @@ impl Table {
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
     pub fn rollup_nanos(self) -> Option<i64> {
         match self {
-            Table::GpuMetrics1m => Some(60_000_000_000),
-            Table::GpuMetrics1h => Some(3_600_000_000_000),
+            Table::GpuMetrics1m | Table::GpuProcesses1m => Some(60_000_000_000),
+            Table::GpuMetrics1h | Table::GpuProcesses1h => Some(3_600_000_000_000),
             _ => None,
         }
+    }
+
+    /// The rollups the compactor builds of a closed hour of this table.
+    pub fn rollups(self) -> &'static [Table] {
+        match self {
+            Table::GpuMetrics => &[Table::GpuMetrics1m, Table::GpuMetrics1h],
+            Table::GpuProcesses => &[Table::GpuProcesses1m, Table::GpuProcesses1h],
+            _ => &[],
+        }
+    }
+
+    /// The table a rollup is built from.
+    pub fn rollup_source(self) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.rollups().contains(&self))
     }
 
     /// SQL name.
@@ -389,6 +458,8 @@ impl Table {
             Table::GpuMetrics1m => "gpu_metrics_1m",
             Table::GpuMetrics1h => "gpu_metrics_1h",
             Table::GpuProcesses => "gpu_processes",
+            Table::GpuProcesses1m => "gpu_processes_1m",
+            Table::GpuProcesses1h => "gpu_processes_1h",
             Table::GpuEvents => "gpu_events",
             Table::Alerts => "alerts",
             Table::JobLedger => "job_ledger",
@@ -417,6 +488,8 @@ impl Table {
             Table::GpuEvents => 6,
             Table::Alerts => 7,
             Table::JobLedger => 8,
+            Table::GpuProcesses1m => 9,
+            Table::GpuProcesses1h => 10,
         }
     }
 
@@ -432,6 +505,7 @@ impl Table {
             Table::Metrics => METRICS.clone(),
             Table::GpuMetrics1m | Table::GpuMetrics1h => GPU_METRICS_ROLLUP.clone(),
             Table::GpuProcesses => GPU_PROCESSES.clone(),
+            Table::GpuProcesses1m | Table::GpuProcesses1h => GPU_PROCESSES_ROLLUP.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
             Table::Alerts => ALERTS.clone(),
             Table::JobLedger => ledger::job_ledger_schema(),
@@ -445,6 +519,8 @@ impl Table {
             | Table::GpuMetrics1m
             | Table::GpuMetrics1h
             | Table::GpuProcesses
+            | Table::GpuProcesses1m
+            | Table::GpuProcesses1h
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
             Table::Alerts => &["rule", "time"],

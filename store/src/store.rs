@@ -864,4 +864,6 @@ mod tests;
 #[cfg(test)]
 mod tests_damage;
 #[cfg(test)]
+mod tests_processes;
+#[cfg(test)]
 mod tests_replace;

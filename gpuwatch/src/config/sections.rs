@@ -95,6 +95,10 @@ pub(crate) struct RetentionFile {
     pub gpu_metrics_1h: Option<String>,
     /// GPU processes (default 30d).
     pub gpu_processes: Option<String>,
+    /// GPU processes' 1-minute rollups (default 365d).
+    pub gpu_processes_1m: Option<String>,
+    /// GPU processes' 1-hour rollups (default 1825d).
+    pub gpu_processes_1h: Option<String>,
     /// GPU events (default 365d).
     pub gpu_events: Option<String>,
     /// Alert history (default 365d).
@@ -121,6 +125,16 @@ impl RetentionFile {
                 &mut r.gpu_metrics_1h,
             ),
             ("gpu_processes", &self.gpu_processes, &mut r.gpu_processes),
+            (
+                "gpu_processes_1m",
+                &self.gpu_processes_1m,
+                &mut r.gpu_processes_1m,
+            ),
+            (
+                "gpu_processes_1h",
+                &self.gpu_processes_1h,
+                &mut r.gpu_processes_1h,
+            ),
             ("gpu_events", &self.gpu_events, &mut r.gpu_events),
             ("alerts", &self.alerts, &mut r.alerts),
             ("job_ledger", &self.job_ledger, &mut r.job_ledger),

@@ -70,13 +70,18 @@ fn every_shipped_example_parses() {
 fn retention_keys_override_the_defaults() {
     let s = Sections::read(
         None,
-        "[retention]\ngpu_metrics = \"7d\"\ngpu_metrics_1h = \"forever\"\ngpu_events = \"2d\"\n",
+        "[retention]\ngpu_metrics = \"7d\"\ngpu_metrics_1h = \"forever\"\ngpu_events = \"2d\"\ngpu_processes_1m = \"90d\"\n",
     )
     .expect("parse");
     let r = s.retention().expect("resolve");
     assert_eq!(r.gpu_metrics, Some(Duration::from_secs(7 * 86400)));
     assert_eq!(r.gpu_events, Some(Duration::from_secs(2 * 86400)));
     assert_eq!(r.gpu_processes, Some(Duration::from_secs(30 * 86400)));
+    assert_eq!(r.gpu_processes_1m, Some(Duration::from_secs(90 * 86400)));
+    assert_eq!(
+        r.gpu_processes_1h,
+        Some(Duration::from_secs(5 * 365 * 86400))
+    );
     assert_eq!(r.gpu_metrics_1h, None);
     assert_eq!(r.gpu_metrics_1m, Some(Duration::from_secs(365 * 86400)));
     let bad = Sections::read(None, "[retention]\nmetrics = \"soon\"\n").expect("parse");

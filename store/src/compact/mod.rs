@@ -8,11 +8,12 @@
 //!   reached), so a backfill streaming into an old hour does not rewrite it at every persist.
 //!   In Delta terms: `remove` of the inputs and `add` of the merged file, `dataChange=false`.
 //! - **Rollups.** When a closed `gpu_metrics` hour is merged, its `gpu_metrics_1m` and
-//!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) and committed to those
-//!   tables first, replacing any earlier rollup of that hour (late data re-closes the hour); the
+//!   `gpu_metrics_1h` rows are computed from the merged rows ([`rollup`]) (`gpu_processes`:
+//!   `gpu_processes_1m` and `gpu_processes_1h`) and committed to those tables first, replacing any earlier rollup of that hour (late data re-closes the hour); the
 //!   raw hour is marked rolled up (its file's `gpuwatch.level` tag is 1) by its own commit after.
 //! - **Retention.** Whole files whose newest row is older than their table's retention are
-//!   removed from their table (raw `gpu_metrics` only once its hour is rolled up).
+//!   removed from their table (raw `gpu_metrics` and `gpu_processes` only once their hour is
+//!   rolled up).
 //!
 //! Files removed from a table are not deleted at once: a query (here or in another engine) may
 //! be reading a version that names them. Vacuum deletes them `grace` later (longer than any
@@ -68,6 +69,10 @@ pub struct RetentionConfig {
     pub gpu_metrics_1h: Option<Duration>,
     /// `gpu_processes`.
     pub gpu_processes: Option<Duration>,
+    /// `gpu_processes_1m`.
+    pub gpu_processes_1m: Option<Duration>,
+    /// `gpu_processes_1h`.
+    pub gpu_processes_1h: Option<Duration>,
     /// `gpu_events`.
     pub gpu_events: Option<Duration>,
     /// `alerts` (the alert history).
@@ -79,7 +84,8 @@ pub struct RetentionConfig {
 const DAY: u64 = 24 * 3600;
 
 impl Default for RetentionConfig {
-    /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years; processes 30 days,
+    /// Raw 30 days, 1-minute rollups a year, 1-hour rollups five years; processes 30 days (their
+    /// rollups as long as the GPUs', so a job's report reads both at one resolution),
     /// events and alert history a year (they are few, and a GPU's XID history matters when it
     /// is replaced); the job ledger five years (what a job cost is asked about long after it
     /// ran).
@@ -90,6 +96,8 @@ impl Default for RetentionConfig {
             gpu_metrics_1m: Some(Duration::from_secs(365 * DAY)),
             gpu_metrics_1h: Some(Duration::from_secs(5 * 365 * DAY)),
             gpu_processes: Some(Duration::from_secs(30 * DAY)),
+            gpu_processes_1m: Some(Duration::from_secs(365 * DAY)),
+            gpu_processes_1h: Some(Duration::from_secs(5 * 365 * DAY)),
             gpu_events: Some(Duration::from_secs(365 * DAY)),
             alerts: Some(Duration::from_secs(365 * DAY)),
             job_ledger: Some(Duration::from_secs(5 * 365 * DAY)),
@@ -106,6 +114,8 @@ impl RetentionConfig {
             Table::GpuMetrics1m => self.gpu_metrics_1m,
             Table::GpuMetrics1h => self.gpu_metrics_1h,
             Table::GpuProcesses => self.gpu_processes,
+            Table::GpuProcesses1m => self.gpu_processes_1m,
+            Table::GpuProcesses1h => self.gpu_processes_1h,
             Table::GpuEvents => self.gpu_events,
             Table::Alerts => self.alerts,
             Table::JobLedger => self.job_ledger,

@@ -1,6 +1,7 @@
-//! Rollups: `gpu_metrics` rows of one hour aggregated per time bucket (a minute, an hour) and per
-//! distinct set of labels: the number of samples, and the min, max, avg and last (the value at the
-//! latest `time`) of every value column. Nulls are skipped; a column with no value in a group is
+//! Rollups: `gpu_metrics` and `gpu_processes` rows of one hour aggregated per time bucket (a
+//! minute, an hour) and per distinct set of labels: the number of samples (for processes, the
+//! first and last time seen too), and the min, max, avg and last (the value at the latest `time`)
+//! of every value column ([`RollupSpec`]). Nulls are skipped; a column with no value in a group is
 //! null in every aggregate.
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use arrow::row::{RowConverter, SortField};
 
 use crate::Result;
 use crate::persist::sort_batch;
-use crate::schema::{LABEL_COLUMNS, Table, VALUE_COLUMNS, ValueType};
+use crate::schema::{RollupSpec, Table, ValueType};
 
 fn aggregate<T: ArrowPrimitiveType>(
     column: &ArrayRef,
@@ -68,62 +69,99 @@ where
     ]
 }
 
-/// Rolls `batch` (rows of `gpu_metrics`) up into `table` (`gpu_metrics_1m` or `gpu_metrics_1h`).
+/// Rolls `batch` (rows of a table with rollups: `gpu_metrics`, `gpu_processes`) up into
+/// `table`, one of its rollups.
 pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     let width = table.rollup_nanos().unwrap_or(60_000_000_000);
+    let spec = table
+        .rollup_source()
+        .and_then(RollupSpec::of)
+        .ok_or_else(|| crate::Error::BadRows(format!("{} is not a rollup table", table.name())))?;
     let schema = table.schema();
     let times = batch
         .column(0)
         .as_primitive::<TimestampNanosecondType>()
         .values();
-    let labels: Vec<ArrayRef> = (1..=LABEL_COLUMNS.len())
+    let labels: Vec<ArrayRef> = (1..=spec.labels)
         .map(|i| Arc::clone(batch.column(i)))
         .collect();
-    let converter = RowConverter::new(
-        labels
-            .iter()
-            .map(|c| SortField::new(c.data_type().clone()))
-            .collect(),
-    )?;
-    let rows = converter.convert_columns(&labels)?;
-    let mut index: HashMap<(i64, &[u8]), usize> = HashMap::new();
-    let mut group_of = Vec::with_capacity(batch.num_rows());
-    let mut firsts: Vec<u32> = Vec::new();
-    let mut buckets: Vec<i64> = Vec::new();
-    let mut samples: Vec<i64> = Vec::new();
-    for (i, t) in times.iter().enumerate() {
-        let bucket = t.div_euclid(width) * width;
-        let next = firsts.len();
-        let g = *index.entry((bucket, rows.row(i).data())).or_insert(next);
-        if g == next {
-            firsts.push(i as u32);
-            buckets.push(bucket);
-            samples.push(0);
-        }
-        samples[g] += 1;
-        group_of.push(g);
-    }
-    let groups = firsts.len();
-    let firsts = UInt32Array::from(firsts);
+    let groups = Groups::of(&labels, times, width)?;
+    let firsts = UInt32Array::from(groups.firsts.clone());
     let mut columns: Vec<ArrayRef> = vec![Arc::new(
-        TimestampNanosecondArray::from(buckets).with_timezone("UTC"),
+        TimestampNanosecondArray::from(groups.buckets.clone()).with_timezone("UTC"),
     )];
     for l in &labels {
         columns.push(take(l.as_ref(), &firsts, None)?);
     }
-    columns.push(Arc::new(Int64Array::from(samples)));
-    for (i, c) in VALUE_COLUMNS.iter().enumerate() {
-        let column = batch.column(1 + LABEL_COLUMNS.len() + i);
-        let aggs = match c.ty {
-            ValueType::Float => aggregate::<Float64Type>(column, times, &group_of, groups, |v| v),
-            ValueType::Int => {
-                aggregate::<Int64Type>(column, times, &group_of, groups, |v| v as f64)
-            }
+    columns.push(Arc::new(Int64Array::from(groups.samples.clone())));
+    if spec.seen {
+        for seen in [&groups.first_seen, &groups.last_seen] {
+            columns.push(Arc::new(
+                TimestampNanosecondArray::from(seen.clone()).with_timezone("UTC"),
+            ));
+        }
+    }
+    let n = groups.firsts.len();
+    for (i, (_, ty)) in spec.values.iter().enumerate() {
+        let column = batch.column(1 + spec.labels + i);
+        let aggs = match ty {
+            ValueType::Float => aggregate::<Float64Type>(column, times, &groups.of, n, |v| v),
+            ValueType::Int => aggregate::<Int64Type>(column, times, &groups.of, n, |v| v as f64),
         };
         columns.extend(aggs);
     }
     let out = RecordBatch::try_new(schema, columns)?;
     sort_batch(table, &out)
+}
+
+/// The groups of a batch: one per time bucket and distinct set of label values.
+struct Groups {
+    /// Per row, its group.
+    of: Vec<usize>,
+    /// Per group, its first row, bucket start, rows, and first and last raw time.
+    firsts: Vec<u32>,
+    buckets: Vec<i64>,
+    samples: Vec<i64>,
+    first_seen: Vec<i64>,
+    last_seen: Vec<i64>,
+}
+
+impl Groups {
+    fn of(labels: &[ArrayRef], times: &[i64], width: i64) -> Result<Groups> {
+        let converter = RowConverter::new(
+            labels
+                .iter()
+                .map(|c| SortField::new(c.data_type().clone()))
+                .collect(),
+        )?;
+        let rows = converter.convert_columns(labels)?;
+        let mut index: HashMap<(i64, &[u8]), usize> = HashMap::new();
+        let mut g = Groups {
+            of: Vec::with_capacity(times.len()),
+            firsts: Vec::new(),
+            buckets: Vec::new(),
+            samples: Vec::new(),
+            first_seen: Vec::new(),
+            last_seen: Vec::new(),
+        };
+        for (i, &t) in times.iter().enumerate() {
+            let bucket = t.div_euclid(width) * width;
+            let next = g.firsts.len();
+            let k = *index.entry((bucket, rows.row(i).data())).or_insert(next);
+            if k == next {
+                g.firsts.push(i as u32);
+                g.buckets.push(bucket);
+                g.samples.push(0);
+                g.first_seen.push(t);
+                g.last_seen.push(t);
+            }
+            g.samples[k] += 1;
+            g.first_seen[k] = g.first_seen[k].min(t);
+            g.last_seen[k] = g.last_seen[k].max(t);
+            g.of.push(k);
+        }
+        Ok(g)
+    }
 }
 
 #[cfg(test)]
@@ -204,6 +242,75 @@ mod tests {
                 .as_primitive::<Float64Type>()
                 .value(g),
             50.0
+        );
+    }
+
+    #[test]
+    fn processes_roll_up_per_process_with_first_and_last_seen() {
+        use crate::ingest::ProcessRow;
+        let t0 = 1_800_000_000_000_000_000i64;
+        let s = 1_000_000_000i64;
+        let p = |t: i64, pid: i64, mem: i64, sm: Option<f64>| ProcessRow {
+            time: t0 + t * s,
+            host: "h".into(),
+            gpu_uuid: "GPU-a".into(),
+            pid,
+            process_name: Some("python".into()),
+            job_id: Some("42".into()),
+            job_user: Some("ana".into()),
+            used_memory_bytes: Some(mem),
+            sm_utilization: sm,
+        };
+        // pid 7 in minutes 0 and 1; pid 8 only in minute 1.
+        let rows = [
+            p(5, 7, 100, Some(0.5)),
+            p(35, 7, 300, None),
+            p(65, 7, 200, Some(0.9)),
+            p(70, 8, 50, Some(0.1)),
+        ];
+        let mut wb = WriteBatch::from_rows(&[], &[]).expect("batch");
+        wb.add_processes_and_events(&rows, &[]).expect("rows");
+        let batch = wb.batches[0].1.clone();
+        let m = rollup(&batch, Table::GpuProcesses1m).expect("rollup");
+        assert_eq!(m.schema(), Table::GpuProcesses1m.schema());
+        assert_eq!(m.num_rows(), 3);
+        let pids = col(&m, "pid").as_primitive::<Int64Type>().clone();
+        let times = m
+            .column(0)
+            .as_primitive::<TimestampNanosecondType>()
+            .clone();
+        let g = (0..3)
+            .find(|&k| pids.value(k) == 7 && times.value(k) == t0)
+            .expect("pid 7, minute 0");
+        let ts = |name: &str| {
+            col(&m, name)
+                .as_primitive::<TimestampNanosecondType>()
+                .value(g)
+        };
+        assert_eq!(ts("first_seen"), t0 + 5 * s);
+        assert_eq!(ts("last_seen"), t0 + 35 * s);
+        let i = |name: &str| col(&m, name).as_primitive::<Int64Type>().value(g);
+        assert_eq!(i("samples"), 2);
+        assert_eq!(i("used_memory_bytes_max"), 300);
+        assert_eq!(i("used_memory_bytes_last"), 300);
+        let sm = col(&m, "sm_utilization_avg").as_primitive::<Float64Type>();
+        assert_eq!(sm.value(g), 0.5, "nulls are skipped");
+        let h = rollup(&batch, Table::GpuProcesses1h).expect("rollup");
+        assert_eq!(h.num_rows(), 2, "one per process in the hour");
+        let pids = col(&h, "pid").as_primitive::<Int64Type>();
+        let g = (0..2).find(|&k| pids.value(k) == 7).expect("pid 7");
+        let seen = |name: &str| {
+            col(&h, name)
+                .as_primitive::<TimestampNanosecondType>()
+                .value(g)
+        };
+        assert_eq!(
+            (seen("first_seen"), seen("last_seen")),
+            (t0 + 5 * s, t0 + 65 * s)
+        );
+        assert!(
+            rollup(&batch, Table::GpuProcesses).is_err(),
+            "not a rollup table"
         );
     }
 }

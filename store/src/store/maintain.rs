@@ -121,8 +121,8 @@ impl Store {
                 .readable_files(table)
                 .iter()
                 .filter(|f| {
-                    // Raw samples go only once their hour is rolled up.
-                    let rolled = table != Table::GpuMetrics || f.level >= 1;
+                    // Raw rows go only once their hour is rolled up.
+                    let rolled = table.rollups().is_empty() || f.level >= 1;
                     f.has_time_range() && f.max_time < cutoff && rolled
                 })
                 .cloned()
@@ -218,11 +218,10 @@ impl Store {
         now: i64,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
-        let needs = if closed && table == Table::GpuMetrics {
-            vec![table, Table::GpuMetrics1m, Table::GpuMetrics1h]
-        } else {
-            vec![table]
-        };
+        let mut needs = vec![table];
+        if closed {
+            needs.extend(table.rollups());
+        }
         let blocked = {
             let tables = lock(&self.tables);
             needs.iter().find_map(|t| tables.blocked(*t))
@@ -298,7 +297,7 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the window's merged file and, for a closed hour of `gpu_metrics`, its rollups;
+    /// Writes the window's merged file and, for a closed hour of a table with rollups, its rollups;
     /// on failure nothing written stays.
     fn write_window(
         &self,
@@ -319,8 +318,8 @@ impl Store {
             Ok(())
         };
         let mut result = write(table, &merged);
-        if closed && table == Table::GpuMetrics {
-            for rollup in [Table::GpuMetrics1m, Table::GpuMetrics1h] {
+        if closed {
+            for &rollup in table.rollups() {
                 result =
                     result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
             }

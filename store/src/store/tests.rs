@@ -713,6 +713,8 @@ fn an_earlier_release_data_directory_is_converted_once_and_nothing_is_lost_or_do
         retention: crate::RetentionConfig {
             gpu_metrics: None,
             gpu_processes: None,
+            gpu_processes_1m: None,
+            gpu_processes_1h: None,
             gpu_events: None,
             metrics: None,
             gpu_metrics_1m: None,
@@ -851,10 +853,11 @@ fn processes_and_events_are_persisted_compacted_and_expired() {
         assert_eq!(files_of(&s, t).len(), 4, "{}", t.name());
         assert_eq!(rows_of(&s, t), 120, "{}", t.name());
     }
-    // Both hours close: each table's hour is merged into one file, no rollups.
+    // Both hours close: each table's hour is merged into one file; the processes' hours are
+    // rolled up (a 1-minute and a 1-hour file each), the events' are not.
     clock.advance(2 * 3_600_000_000_000 + 11 * 60_000_000_000);
     let r = s.maintain().expect("maintain");
-    assert_eq!((r.windows_compacted, r.rollup_files), (4, 0));
+    assert_eq!((r.windows_compacted, r.rollup_files), (4, 4));
     for t in [Table::GpuProcesses, Table::GpuEvents] {
         assert_eq!(files_of(&s, t).len(), 2, "{}", t.name());
         assert_eq!(rows_of(&s, t), 120, "{}", t.name());
@@ -868,6 +871,11 @@ fn processes_and_events_are_persisted_compacted_and_expired() {
     s.maintain().expect("maintain");
     assert_eq!(files_of(&s, Table::GpuProcesses).len(), 1);
     assert_eq!(rows_of(&s, Table::GpuProcesses), 60);
+    assert_eq!(
+        files_of(&s, Table::GpuProcesses1h).len(),
+        2,
+        "rollups outlive raw rows"
+    );
     assert_eq!(files_of(&s, Table::GpuEvents).len(), 2);
     assert_eq!(rows_of(&s, Table::GpuEvents), 120);
 }

@@ -459,7 +459,11 @@ proptest! {
                         cells += (col.len() - col.null_count()) as u64;
                     }
                 }
-                Table::GpuMetrics1m | Table::GpuMetrics1h | Table::JobLedger => {
+                Table::GpuMetrics1m
+                | Table::GpuMetrics1h
+                | Table::GpuProcesses1m
+                | Table::GpuProcesses1h
+                | Table::JobLedger => {
                     prop_assert!(false, "ingest never writes rollup or ledger tables");
                 }
                 Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {
