@@ -380,17 +380,19 @@ fn every_panel_answers_on_the_demo_fleet() {
     let job = loop {
         let hours = psql_count(demo.pg, "SELECT count(DISTINCT time) FROM gpu_metrics_1h");
         let minutes = psql_count(demo.pg, "SELECT count(DISTINCT time) FROM gpu_metrics_1m");
+        let process_hours =
+            psql_count(demo.pg, "SELECT count(DISTINCT time) FROM gpu_processes_1h");
         let job = psql_text(
             demo.pg,
             "SELECT labels['job_id'] FROM alerts WHERE state = 'firing' \
              AND labels['job_id'] IS NOT NULL ORDER BY time DESC, labels['job_id'] LIMIT 1",
         );
-        if hours >= 2 && minutes >= 110 && !job.is_empty() {
+        if hours >= 2 && minutes >= 110 && process_hours >= 1 && !job.is_empty() {
             break job;
         }
         assert!(
             Instant::now() < deadline,
-            "rollups ({hours} hours, {minutes} minutes) or a job's alert ({job:?}) missing:\n{}",
+            "rollups ({hours} hours, {minutes} minutes, {process_hours} hours of processes) or a job's alert ({job:?}) missing:\n{}",
             std::fs::read_to_string(&demo.log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(500));
@@ -409,6 +411,27 @@ fn every_panel_answers_on_the_demo_fleet() {
     ] {
         assert!(psql_count(demo.pg, sql) > 0, "no {what} from the demo");
     }
+    // The processes' rollups hold every raw row of their hours once, each group's first and last
+    // time inside its bucket.
+    let rolled = "SELECT max(time) + INTERVAL '1 hour' FROM gpu_processes_1h";
+    let raw = psql_count(
+        demo.pg,
+        &format!("SELECT count(*) FROM gpu_processes WHERE time < ({rolled})"),
+    );
+    assert!(raw > 0, "no process rows in the rolled-up hours");
+    assert_eq!(
+        psql_count(demo.pg, "SELECT sum(samples) FROM gpu_processes_1h"),
+        raw,
+        "process rows in the hourly rollups"
+    );
+    assert_eq!(
+        psql_count(
+            demo.pg,
+            "SELECT count(*) FROM gpu_processes_1m WHERE first_seen < time \
+             OR last_seen >= time + INTERVAL '1 minute' OR first_seen > last_seen"
+        ),
+        0
+    );
 
     // 1h and 24h read raw samples, 3d the 1-minute rollups, 30d the 1-hour rollups. The job is
     // one with an alert, picked as a user picks it in the job_id picker.
