@@ -319,14 +319,16 @@ pub const PROCESS_VALUE_COLUMNS: [(&str, ValueType); 2] = [
 
 /// How a table's rows are rolled up: its schema is `time`, then `labels` label columns (the
 /// groups), then the value columns `values` (aggregated); `seen` adds the group's first and
-/// last raw `time` (`first_seen`, `last_seen`), for tables whose rows come and go (processes).
+/// last raw `time` (`first_seen`, `last_seen`) and each value column's count of values
+/// (`<col>_count`, so that means over several groups are exact), for tables whose rows come and
+/// go (processes).
 #[derive(Debug, Clone)]
 pub struct RollupSpec {
     /// Label columns after `time`.
     pub labels: usize,
     /// Value columns after the labels, with their types.
     pub values: Vec<(&'static str, ValueType)>,
-    /// Whether the rollup keeps each group's first and last raw time.
+    /// Whether the rollup keeps each group's first and last raw time and its values' counts.
     pub seen: bool,
 }
 
@@ -377,6 +379,13 @@ fn rollup_schema(source: Table) -> SchemaRef {
                 ty.clone()
             };
             fields.push(Field::new(format!("{column}_{suffix}"), t, true));
+        }
+        if spec.seen {
+            fields.push(Field::new(
+                format!("{column}_count"),
+                DataType::Int64,
+                false,
+            ));
         }
     }
     Arc::new(Schema::new(fields))

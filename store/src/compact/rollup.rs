@@ -25,7 +25,7 @@ fn aggregate<T: ArrowPrimitiveType>(
     group_of: &[usize],
     groups: usize,
     to_f64: impl Fn(T::Native) -> f64,
-) -> [ArrayRef; 4]
+) -> [ArrayRef; 5]
 where
     T::Native: PartialOrd,
 {
@@ -66,6 +66,9 @@ where
                 .map(|l| l.map(|(_, v)| v))
                 .collect::<PrimitiveArray<T>>(),
         ),
+        Arc::new(Int64Array::from_iter_values(
+            count.iter().map(|&c| c as i64),
+        )),
     ]
 }
 
@@ -108,7 +111,11 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
             ValueType::Float => aggregate::<Float64Type>(column, times, &groups.of, n, |v| v),
             ValueType::Int => aggregate::<Int64Type>(column, times, &groups.of, n, |v| v as f64),
         };
-        columns.extend(aggs);
+        let [min, max, avg, last, count] = aggs;
+        columns.extend([min, max, avg, last]);
+        if spec.seen {
+            columns.push(count);
+        }
     }
     let out = RecordBatch::try_new(schema, columns)?;
     sort_batch(table, &out)
@@ -295,6 +302,8 @@ mod tests {
         assert_eq!(i("used_memory_bytes_last"), 300);
         let sm = col(&m, "sm_utilization_avg").as_primitive::<Float64Type>();
         assert_eq!(sm.value(g), 0.5, "nulls are skipped");
+        assert_eq!(i("sm_utilization_count"), 1, "values, not rows");
+        assert_eq!(i("used_memory_bytes_count"), 2);
         let h = rollup(&batch, Table::GpuProcesses1h).expect("rollup");
         assert_eq!(h.num_rows(), 2, "one per process in the hour");
         let pids = col(&h, "pid").as_primitive::<Int64Type>();
