@@ -17,6 +17,7 @@ mod advise;
 pub mod charge;
 mod gather;
 pub mod parts;
+pub mod processes;
 mod render;
 pub mod roofline;
 pub mod sql;
@@ -263,6 +264,12 @@ pub struct JobReport {
     pub per_gpu: Vec<GpuReport>,
     /// XID and ECC events during the job.
     pub events: Vec<JobEvent>,
+    /// The job's GPU processes, by host, GPU and pid (at most [`processes::MAX_PROCESSES`]).
+    #[serde(default)]
+    pub processes: Vec<processes::JobProcess>,
+    /// More processes than listed.
+    #[serde(default)]
+    pub processes_left_out: bool,
     /// Notes (docs/jobs.md).
     pub advice: Vec<Advice>,
 }
@@ -599,6 +606,7 @@ pub async fn job_report(
     let cost_usd = sum(|g| g.cost_usd);
     let wall_s = (last_seen_ns - first_seen_ns) as f64 / 1e9;
     let work = job_work(engine, &jobs.work, job_id, (wall_s, gpu_seconds, cost_usd)).await?;
+    let (processes, processes_left_out) = processes::job_processes(engine, job_id).await?;
     let mut report = JobReport {
         job_id: job_id.to_string(),
         scheduler: labels(|u| &u.scheduler),
@@ -628,6 +636,8 @@ pub async fn job_report(
         charge: JobCharge::of(&usages, wall_s),
         per_gpu,
         events,
+        processes,
+        processes_left_out,
         advice: Vec::new(),
     };
     report.advice = advise(&report, advice);

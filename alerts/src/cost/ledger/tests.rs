@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::{Clock, ManualClock};
-use gpuwatch_store::ingest::{Cell, GpuRow, WriteBatch};
+use gpuwatch_store::ingest::{Cell, GpuRow, ProcessRow, WriteBatch};
 use gpuwatch_store::schema::value_index;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
 
@@ -265,6 +265,28 @@ fn agree(got: &serde_json::Value, want: &serde_json::Value, path: &str) -> Resul
     }
 }
 
+/// A process per sample of a GPU held by a job (one per job and GPU), with its SM share in one
+/// sample of three: what retention leaves of them is the hourly rollup, which the report reads.
+fn processes_of(rows: &[GpuRow]) -> Vec<ProcessRow> {
+    rows.iter()
+        .filter_map(|r| {
+            let job = r.labels[5].clone()?;
+            let secs = r.time / S;
+            Some(ProcessRow {
+                time: r.time,
+                host: r.labels[0].clone()?,
+                gpu_uuid: r.labels[1].clone()?,
+                pid: 1_000 + job.parse::<i64>().unwrap_or(0),
+                process_name: Some("train".into()),
+                job_id: Some(job),
+                job_user: r.labels[6].clone(),
+                used_memory_bytes: Some(secs % 1_000 * 1_000_000),
+                sm_utilization: (secs % 3 == 0).then(|| (secs % 7) as f64 / 10.0),
+            })
+        })
+        .collect()
+}
+
 /// Every job's report through the ledger (`e`) equals its report from raw samples only (`raw`,
 /// an engine without the `jobs` view and so without a ledger).
 async fn same_reports(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what: &str) {
@@ -347,9 +369,10 @@ async fn folded_hours_plus_live_samples_equal_the_plain_view() {
         .expect("store"),
     );
     let write = |rows: &[GpuRow]| {
-        store
-            .write(&WriteBatch::from_rows(rows, &[]).expect("batch"))
-            .expect("write");
+        let mut wb = WriteBatch::from_rows(rows, &[]).expect("batch");
+        wb.add_processes_and_events(&processes_of(rows), &[])
+            .expect("processes");
+        store.write(&wb).expect("write");
     };
     let cost: CostConfig = toml::from_str(
         r#"
@@ -583,6 +606,15 @@ async fn retention_keeps_every_cost(
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
     let raw = rows(&e, "SELECT count(*) AS n FROM gpu_metrics").await;
     assert_eq!(raw[0]["n"], 0, "retention left raw samples");
+    let raw = rows(&e, "SELECT count(*) AS n FROM gpu_processes").await;
+    assert_eq!(raw[0]["n"], 0, "retention left raw processes");
+    assert!(
+        before
+            .reports
+            .iter()
+            .any(|r| r["processes"].as_array().is_some_and(|p| !p.is_empty())),
+        "no report listed processes"
+    );
     let ledger = cost
         .register(e.context(), &crate::cost::JobsConfig::default())
         .await

@@ -232,7 +232,42 @@ pub fn render_text(r: &JobReport) -> String {
             ));
         }
     }
+    o.push_str(&processes_text(r));
     o.push_str(&events_and_notes(r));
+    o
+}
+
+/// The job's GPU processes, as text.
+fn processes_text(r: &JobReport) -> String {
+    if r.processes.is_empty() {
+        return String::new();
+    }
+    let mut o = String::from(
+        "\n  processes:\n    host            GPU                                       pid      name             first seen            last seen             memory peak  SM share\n",
+    );
+    for p in &r.processes {
+        o.push_str(&format!(
+            "    {:<15} {:<41} {:<8} {:<16} {:<21} {:<21} {:>11}  {}\n",
+            p.host,
+            p.gpu_uuid,
+            p.pid,
+            p.name.as_deref().unwrap_or("-"),
+            p.first_seen,
+            p.last_seen,
+            p.memory_peak_bytes
+                .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+                .unwrap_or_else(|| "-".into()),
+            p.sm_share
+                .map(|v| format!("{:.0}%", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    if r.processes_left_out {
+        o.push_str(&format!(
+            "    (more processes than the {} listed: query gpu_processes for all)\n",
+            super::processes::MAX_PROCESSES
+        ));
+    }
     o
 }
 

@@ -383,6 +383,8 @@ fn report(per_gpu: Vec<GpuReport>) -> JobReport {
         charge: JobCharge::default(),
         per_gpu,
         events: Vec::new(),
+        processes: Vec::new(),
+        processes_left_out: false,
         advice: Vec::new(),
     }
 }
