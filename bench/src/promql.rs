@@ -298,6 +298,50 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The range query over `[start_ms, end_ms]` asked of both servers: once to compare the
+/// answers (`Some` with the first difference), then `--runs` times each, alternating; prints the
+/// medians and their ratio.
+async fn time_both(
+    args: &PromqlArgs,
+    (gw, prom): (&Server, &Server),
+    start_ms: i64,
+    end_ms: i64,
+) -> Result<Option<String>> {
+    let step_s = args.step.as_secs_f64();
+    let params = vec![
+        ("query", args.query.clone()),
+        ("start", format!("{:.3}", start_ms as f64 / 1000.0 + step_s)),
+        ("end", format!("{:.3}", end_ms as f64 / 1000.0)),
+        ("step", format!("{step_s}")),
+    ];
+    println!(
+        "query: {} over {:?} at a {step_s}s step ({} steps)",
+        args.query,
+        args.history,
+        ((end_ms - start_ms) as f64 / 1000.0 / step_s) as u64
+    );
+    let client = send::client()?;
+    let (_, gw_answer) = timed(&client, &gw.url, &params).await?;
+    let (_, prom_answer) = timed(&client, &prom.url, &params).await?;
+    let agree = difference(&gw_answer, &prom_answer);
+    let (mut tg, mut tp) = (Vec::new(), Vec::new());
+    for _ in 0..args.runs.max(1) {
+        tg.push(timed(&client, &gw.url, &params).await?.0);
+        tp.push(timed(&client, &prom.url, &params).await?.0);
+    }
+    let (mg, mp) = (median(&mut tg), median(&mut tp));
+    let series = gw_answer["data"]["result"].as_array().map_or(0, Vec::len);
+    println!("series in the answer: {series}");
+    println!("gpuwatch   median {mg:.3}s (runs {tg:.3?})");
+    println!("Prometheus median {mp:.3}s (runs {tp:.3?})");
+    println!("gpuwatch / Prometheus = {:.2}x", mg / mp);
+    match &agree {
+        None => println!("answers agree: every series and point (relative 1e-6)"),
+        Some(d) => println!("ANSWERS DIFFER: {d}"),
+    }
+    Ok(agree)
+}
+
 /// Runs the benchmark.
 pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
     if args.fleet.interval.is_zero() || args.step.is_zero() {
@@ -351,38 +395,7 @@ pub(crate) async fn run(args: PromqlArgs) -> Result<()> {
     }
     crate::query::wait_idle(&gw, Duration::from_secs(300)).await?;
     crate::query::wait_idle(&prom, Duration::from_secs(300)).await?;
-    let step_s = args.step.as_secs_f64();
-    let params = vec![
-        ("query", args.query.clone()),
-        ("start", format!("{:.3}", start_ms as f64 / 1000.0 + step_s)),
-        ("end", format!("{:.3}", end_ms as f64 / 1000.0)),
-        ("step", format!("{step_s}")),
-    ];
-    println!(
-        "query: {} over {:?} at a {step_s}s step ({} steps)",
-        args.query,
-        args.history,
-        ((end_ms - start_ms) as f64 / 1000.0 / step_s) as u64
-    );
-    let client = send::client()?;
-    let (_, gw_answer) = timed(&client, &gw.url, &params).await?;
-    let (_, prom_answer) = timed(&client, &prom.url, &params).await?;
-    let agree = difference(&gw_answer, &prom_answer);
-    let (mut tg, mut tp) = (Vec::new(), Vec::new());
-    for _ in 0..args.runs.max(1) {
-        tg.push(timed(&client, &gw.url, &params).await?.0);
-        tp.push(timed(&client, &prom.url, &params).await?.0);
-    }
-    let (mg, mp) = (median(&mut tg), median(&mut tp));
-    let series = gw_answer["data"]["result"].as_array().map_or(0, Vec::len);
-    println!("series in the answer: {series}");
-    println!("gpuwatch   median {mg:.3}s (runs {tg:.3?})");
-    println!("Prometheus median {mp:.3}s (runs {tp:.3?})");
-    println!("gpuwatch / Prometheus = {:.2}x", mg / mp);
-    match &agree {
-        None => println!("answers agree: every series and point (relative 1e-6)"),
-        Some(d) => println!("ANSWERS DIFFER: {d}"),
-    }
+    let agree = time_both(&args, (&gw, &prom), start_ms, end_ms).await?;
     gw.stop();
     prom.stop();
     println!(
