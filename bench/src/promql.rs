@@ -118,15 +118,7 @@ fn earlier_load(args: &PromqlArgs, dir: &Path) -> Result<LoadMarker> {
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let m: LoadMarker =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let want = wanted_load(args, m.start_ms);
-    let same = (m.hosts, m.gpus_per_host, m.interval_ms, m.seed, m.rounds)
-        == (
-            want.hosts,
-            want.gpus_per_host,
-            want.interval_ms,
-            want.seed,
-            want.rounds,
-        );
+    let same = m.is_load_of(&args.fleet, args.history);
     if !same {
         return Err(format!(
             "{} holds another load ({m:?}): run with its flags or without --reuse",

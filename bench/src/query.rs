@@ -68,6 +68,18 @@ pub(crate) struct LoadMarker {
 
 pub(crate) const MARKER: &str = "bench-load.json";
 
+impl LoadMarker {
+    /// Whether this records a load of `fleet` over `history` (wherever it started).
+    pub(crate) fn is_load_of(&self, fleet: &crate::FleetArgs, history: Duration) -> bool {
+        let interval_ms = fleet.interval.as_millis() as i64;
+        self.hosts == fleet.hosts
+            && self.gpus_per_host == fleet.gpus_per_host
+            && self.interval_ms == interval_ms
+            && self.seed == fleet.seed
+            && self.rounds == (history.as_millis() as i64 / interval_ms.max(1)).max(1) as u64
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -96,19 +108,15 @@ pub(crate) async fn persisted_rows(url: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// What an earlier run loaded into `args.data_dir`, when it is this fleet (sampled every
-/// `interval_ms`); otherwise the directory is cleared for a new load.
-pub(crate) fn earlier_load(args: &QueryArgs, interval_ms: i64) -> Result<Option<LoadMarker>> {
+/// What an earlier run loaded into `args.data_dir`, when it is this fleet over this history;
+/// otherwise the directory is cleared for a new load.
+pub(crate) fn earlier_load(args: &QueryArgs) -> Result<Option<LoadMarker>> {
     let existing: Option<LoadMarker> = std::fs::read_to_string(args.data_dir.join(MARKER))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    let reusable = existing.as_ref().is_some_and(|m| {
-        m.hosts == args.fleet.hosts
-            && m.gpus_per_host == args.fleet.gpus_per_host
-            && m.interval_ms == interval_ms
-            && m.seed == args.fleet.seed
-            && m.rounds == (args.history.as_millis() as i64 / interval_ms).max(1) as u64
-    });
+    let reusable = existing
+        .as_ref()
+        .is_some_and(|m| m.is_load_of(&args.fleet, args.history));
     if !reusable && args.data_dir.exists() {
         std::fs::remove_dir_all(&args.data_dir)
             .map_err(|e| format!("{}: {e}", args.data_dir.display()))?;
@@ -419,7 +427,7 @@ pub(crate) async fn run(args: QueryArgs) -> Result<()> {
     }
     let parent = peers::parent_dir(&args.data_dir)?;
     let log = parent.join("query-gpuwatch.log");
-    let earlier = earlier_load(&args, interval_ms)?;
+    let earlier = earlier_load(&args)?;
     let mut server = start_server(&args, log.clone())?;
     let version = peers::version_of(&args.gpuwatch, "--version");
     println!(
