@@ -1,6 +1,7 @@
 //! `gpu_metrics` rows as dcgm-exporter's series: the label columns' runs, the value columns in
 //! the exporter's units.
 
+use super::steps::read;
 use super::*;
 
 /// A dcgm-exporter name that reads a `gpu_metrics` column.
@@ -312,13 +313,12 @@ fn push_run(
     target: usize,
 ) {
     let rows = &t[run.clone()];
-    let steps = out.steps.filter(|_| rows.windows(2).all(|w| w[0] < w[1]));
+    let read_at = out.steps.filter(|_| rows.windows(2).all(|w| w[0] < w[1]));
     if !out.labels_only {
         let times = &mut out.target_times[target];
-        match &steps {
-            Some(s) => s.read(rows, |i| times.push(rows[i])),
-            None => times.extend_from_slice(rows),
-        }
+        read(read_at.as_ref(), rows.iter().copied().enumerate(), |i| {
+            times.push(rows[i])
+        });
     }
     for (j, g) in names.iter().enumerate() {
         let Some(slot) = slots[j] else { continue };
@@ -332,21 +332,11 @@ fn push_run(
             }
             continue;
         }
-        // A sample waits for the next one: kept when a step falls between them.
-        let mut pending: Option<usize> = None;
-        for i in run.clone().filter(|&i| !col.is_null(i)) {
-            if let Some(p) = pending
-                && steps.is_none_or(|st| st.any_in(t[p], t[i]))
-            {
-                s.t.push(t[p]);
-                s.v.push(unscale(col.value(p), g.scale));
-            }
-            pending = Some(i);
-        }
-        if let Some(p) = pending {
-            s.t.push(t[p]);
-            s.v.push(unscale(col.value(p), g.scale));
-        }
+        let samples = run.clone().filter(|&i| !col.is_null(i)).map(|i| (i, t[i]));
+        read(read_at.as_ref(), samples, |i| {
+            s.t.push(t[i]);
+            s.v.push(unscale(col.value(i), g.scale));
+        });
     }
 }
 

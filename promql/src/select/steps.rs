@@ -34,15 +34,27 @@ impl Steps {
         let at = self.first + k * self.step;
         at < b && at <= self.last
     }
+}
 
-    /// Calls `keep` with each index of `t` (strictly increasing) whose time some step reads as
-    /// the latest at or before it: those with a step before the next time, and the last.
-    pub fn read(&self, t: &[i64], mut keep: impl FnMut(usize)) {
-        for i in 0..t.len() {
-            if i + 1 == t.len() || self.any_in(t[i], t[i + 1]) {
-                keep(i);
-            }
+/// Calls `keep` with the index of each of `rows` (index and time, times strictly increasing)
+/// that some of `steps` reads as the latest at or before it: those with a step before the next
+/// row's time, and the last (the next may come in another run). Without steps, every row.
+pub(super) fn read(
+    steps: Option<&Steps>,
+    rows: impl IntoIterator<Item = (usize, i64)>,
+    mut keep: impl FnMut(usize),
+) {
+    let mut pending: Option<(usize, i64)> = None;
+    for (i, t) in rows {
+        if let Some((p, tp)) = pending
+            && steps.is_none_or(|s| s.any_in(tp, t))
+        {
+            keep(p);
         }
+        pending = Some((i, t));
+    }
+    if let Some((p, _)) = pending {
+        keep(p);
     }
 }
 
@@ -71,7 +83,7 @@ mod tests {
         let s = Steps::new(60, 60, 180);
         let t = [0, 10, 60, 70, 110, 120, 170, 190];
         let mut kept = Vec::new();
-        s.read(&t, |i| kept.push(t[i]));
+        read(Some(&s), t.iter().copied().enumerate(), |i| kept.push(t[i]));
         assert_eq!(kept, vec![60, 120, 170, 190]);
     }
 }
