@@ -255,29 +255,15 @@ fn values_f64(a: &ArrayRef) -> Result<Float64Array> {
     })
 }
 
+/// The batches of `sql` (small answers: metric names, failed scrapes; selections go through
+/// [`scan_parts`]).
 async fn run(engine: &QueryEngine, sql: &str, budget: &Budget) -> Result<Vec<RecordBatch>> {
-    let mut out = Vec::new();
-    each_batch(engine, sql, budget, |b| {
-        out.push(b.clone());
-        Ok(())
-    })
-    .await?;
-    Ok(out)
-}
-
-/// Runs `sql` and hands each batch to `f` as the scan gives it: a selection never holds the
-/// scan's label columns of more than a batch at once, only the samples it keeps.
-async fn each_batch(
-    engine: &QueryEngine,
-    sql: &str,
-    budget: &Budget,
-    mut f: impl FnMut(&RecordBatch) -> Result<()>,
-) -> Result<()> {
     let mut stream = engine.stream(sql, &budget.notes).await?;
+    let mut out = Vec::new();
     while let Some(b) = stream.next().await {
-        f(&b.map_err(gpuwatch_query::Error::from)?)?;
+        out.push(b.map_err(gpuwatch_query::Error::from)?);
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Runs `sql` with each partition of its plan (a share of the files) read by its own task into
