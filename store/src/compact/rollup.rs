@@ -88,28 +88,35 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     let labels: Vec<ArrayRef> = (1..=spec.labels)
         .map(|i| Arc::clone(batch.column(i)))
         .collect();
-    let groups = Groups::of(&labels, times, width)?;
-    let firsts = UInt32Array::from(groups.firsts.clone());
+    let Groups {
+        of,
+        firsts,
+        buckets,
+        samples,
+        first_seen,
+        last_seen,
+    } = Groups::of(&labels, times, width)?;
+    let n = firsts.len();
+    let firsts = UInt32Array::from(firsts);
     let mut columns: Vec<ArrayRef> = vec![Arc::new(
-        TimestampNanosecondArray::from(groups.buckets.clone()).with_timezone("UTC"),
+        TimestampNanosecondArray::from(buckets).with_timezone("UTC"),
     )];
     for l in &labels {
         columns.push(take(l.as_ref(), &firsts, None)?);
     }
-    columns.push(Arc::new(Int64Array::from(groups.samples.clone())));
+    columns.push(Arc::new(Int64Array::from(samples)));
     if spec.seen {
-        for seen in [&groups.first_seen, &groups.last_seen] {
+        for seen in [first_seen, last_seen] {
             columns.push(Arc::new(
-                TimestampNanosecondArray::from(seen.clone()).with_timezone("UTC"),
+                TimestampNanosecondArray::from(seen).with_timezone("UTC"),
             ));
         }
     }
-    let n = groups.firsts.len();
     for (i, (_, ty)) in spec.values.iter().enumerate() {
         let column = batch.column(1 + spec.labels + i);
         let aggs = match ty {
-            ValueType::Float => aggregate::<Float64Type>(column, times, &groups.of, n, |v| v),
-            ValueType::Int => aggregate::<Int64Type>(column, times, &groups.of, n, |v| v as f64),
+            ValueType::Float => aggregate::<Float64Type>(column, times, &of, n, |v| v),
+            ValueType::Int => aggregate::<Int64Type>(column, times, &of, n, |v| v as f64),
         };
         let [min, max, avg, last, count] = aggs;
         columns.extend([min, max, avg, last]);
