@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use arrow::array::RecordBatch;
 use deltalake_core::kernel::{Action, Transaction};
 
 use super::{Store, lock, now_millis};
@@ -24,6 +23,33 @@ pub(super) struct Maintenance {
     reopened: Mutex<HashMap<(Table, i64), usize>>,
     /// When the last vacuum ran (ns, the store's clock).
     last_vacuum: Mutex<Option<i64>>,
+}
+
+/// What compacting a window wrote.
+struct WindowFiles {
+    /// The merged raw hour.
+    raw: Written,
+    /// Per rollup table, in commit order.
+    rollups: Vec<RollupFiles>,
+}
+
+/// A rollup's hour: its file, then the rest of each merged day (`spanning`) it is part of.
+struct RollupFiles {
+    table: Table,
+    files: Vec<Written>,
+    spanning: Vec<FileMeta>,
+}
+
+impl WindowFiles {
+    /// The files of the rollups from the `landed`-th on, and the raw hour's.
+    fn files(&self, landed: usize) -> Vec<Written> {
+        self.rollups
+            .iter()
+            .skip(landed)
+            .flat_map(|r| r.files.iter().cloned())
+            .chain(std::iter::once(self.raw.clone()))
+            .collect()
+    }
 }
 
 fn nanos(d: std::time::Duration) -> i64 {
@@ -266,26 +292,19 @@ impl Store {
             .all(|i| current.iter().any(|f| f.path == i.path))
         {
             drop(tables);
-            self.discard(&written);
+            self.discard(&written.files(0));
             return Ok(());
         }
         let committed = self.commit_window(&mut tables, table, hour, inputs, &written, now);
         drop(tables);
         if let Err((e, landed)) = committed {
             // Files of commits that did not land go; those that landed stay.
-            let rollups: Vec<(Table, Written)> = written
-                .iter()
-                .filter(|(t, _)| *t != table)
-                .skip(landed)
-                .cloned()
-                .chain(written.iter().filter(|(t, _)| *t == table).cloned())
-                .collect();
-            self.discard(&rollups);
+            self.discard(&written.files(landed));
             return Err(e);
         }
         report.windows_compacted += 1;
         report.files_merged += inputs.len();
-        report.rollup_files += written.len() - 1;
+        report.rollup_files += written.rollups.len();
         self.stats.compactions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             table = table.name(),
@@ -297,45 +316,55 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the window's merged file and, for a closed hour of a table with rollups, its rollups;
-    /// on failure nothing written stays.
+    /// Writes the window's merged file and, for a closed hour of a table with rollups, its rollups
+    /// (with the rest of a merged day a rollup's hour is part of); on failure nothing written
+    /// stays.
     fn write_window(
         &self,
         table: Table,
         hour: i64,
         inputs: &[FileMeta],
         closed: bool,
-    ) -> Result<Vec<(Table, Written)>> {
+    ) -> Result<WindowFiles> {
         let storage = &self.storage;
         let merged = persist::sort_batch(table, &compact::read_files(storage, table, inputs)?)?;
         let name = format!("c{}", random_hex());
         let ms = now_millis(self.clock.as_ref());
-        let mut written: Vec<(Table, Written)> = Vec::new();
-        let mut write = |t: Table, batch: &RecordBatch| -> Result<()> {
-            let level = u8::from(closed);
-            let w = persist::write_file(storage, t, batch, hour, &name, level, ms)?;
-            written.push((t, w));
-            Ok(())
+        let level = u8::from(closed);
+        let raw = persist::write_file(storage, table, &merged, hour, &name, level, ms)?;
+        let mut window = WindowFiles {
+            raw,
+            rollups: Vec::new(),
         };
-        let mut result = write(table, &merged);
-        if closed {
-            for &rollup in table.rollups() {
-                result =
-                    result.and_then(|()| write(rollup, &compact::rollup::rollup(&merged, rollup)?));
+        if !closed {
+            return Ok(window);
+        }
+        for &t in table.rollups() {
+            let mut files = Vec::new();
+            let done = compact::rollup::rollup(&merged, t)
+                .and_then(|rows| persist::write_file(storage, t, &rows, hour, &name, level, ms))
+                .and_then(|w| {
+                    files.push(w);
+                    self.keep_the_rest(t, &[hour], ms, &mut files)
+                });
+            match done {
+                Ok(spanning) => window.rollups.push(RollupFiles {
+                    table: t,
+                    files,
+                    spanning,
+                }),
+                Err(e) => {
+                    persist::remove_files(storage, &files);
+                    self.discard(&window.files(0));
+                    return Err(e);
+                }
             }
         }
-        match result {
-            Ok(()) => Ok(written),
-            Err(e) => {
-                self.discard(&written);
-                Err(e)
-            }
-        }
+        Ok(window)
     }
 
-    fn discard(&self, written: &[(Table, Written)]) {
-        let files: Vec<Written> = written.iter().map(|(_, w)| w.clone()).collect();
-        persist::remove_files(&self.storage, &files);
+    fn discard(&self, files: &[Written]) {
+        persist::remove_files(&self.storage, files);
     }
 
     /// Commits the window's rollups, then the raw hour's compaction; on failure, the error and
@@ -346,38 +375,22 @@ impl Store {
         table: Table,
         hour: i64,
         inputs: &[FileMeta],
-        written: &[(Table, Written)],
+        written: &WindowFiles,
         now: i64,
     ) -> std::result::Result<(), (Error, usize)> {
         let ms = now_millis(self.clock.as_ref());
-        let start = time_text(hour.saturating_mul(HOUR_NANOS));
-        let end = time_text((hour + 1).saturating_mul(HOUR_NANOS));
         // Rollups first: a crash before the raw hour's commit leaves it unmarked, so the next
         // pass builds its rollups again (replacing these), never an hour marked without them.
-        let mut committed = 0;
-        for (t, w) in written.iter().filter(|(t, _)| *t != table) {
-            let old: Vec<FileMeta> = tables
-                .files(*t)
-                .iter()
-                .filter(|f| f.has_time_range() && compact::window_of(f) == hour)
-                .cloned()
-                .collect();
-            let mut actions = removes(&old, true, ms);
-            actions.push(Action::Add(w.add.clone()));
-            let predicate = format!("time >= '{start}' AND time < '{end}'");
-            self.maintenance_commit(tables, *t, actions, Kind::Replace { predicate }, now)
-                .map_err(|e| (e, committed))?;
-            committed += 1;
-        }
-        if let Some((_, w)) = written.iter().find(|(t, _)| *t == table) {
-            let mut add = w.add.clone();
-            add.data_change = false;
-            let mut actions = removes(inputs, false, ms);
-            actions.push(Action::Add(add));
-            self.maintenance_commit(tables, table, actions, Kind::Compact, now)
+        for (committed, r) in written.rollups.iter().enumerate() {
+            self.commit_hours_locked(tables, r.table, &[hour], &r.spanning, &r.files, ms, now)
                 .map_err(|e| (e, committed))?;
         }
-        Ok(())
+        let mut add = written.raw.add.clone();
+        add.data_change = false;
+        let mut actions = removes(inputs, false, ms);
+        actions.push(Action::Add(add));
+        self.maintenance_commit(tables, table, actions, Kind::Compact, now)
+            .map_err(|e| (e, written.rollups.len()))
     }
 
     fn vacuum(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {

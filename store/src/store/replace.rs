@@ -1,13 +1,16 @@
 //! Whole hours of a table ingest does not write, replaced by the layer above: the job ledger's
-//! closed hours (written again when late samples change them), or history a benchmark or an
-//! import builds. Each call is one Delta commit of maintenance: `remove` of the files holding
-//! rows of those hours, `add` of one new file per hour (and, for a file that spans more hours
-//! than it loses, of a file with its other rows).
+//! closed hours (written again when late samples change them), the rollups' hours the compactor
+//! builds again, or history a benchmark or an import builds. Each call is one Delta commit of
+//! maintenance: `remove` of the files holding rows of those hours, `add` of one new file per
+//! hour (or per day, [`Store::replace_days`]) and, for a file that spans more hours than it
+//! loses (a merged day), of a file with its other rows.
 //!
 //! Such tables have few rows an hour, so maintenance merges each of their closed days into one
-//! file ([`Store::merge_days`]): a month of the job ledger is 30 files to open, not 720.
+//! file ([`Store::merge_days`]): a month of the job ledger is 30 files to open, not 720, and a
+//! year of hourly rollups 365, not 8,760.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use arrow::array::{AsArray, BooleanArray, RecordBatch};
@@ -18,15 +21,17 @@ use deltalake_core::kernel::Action;
 use super::maintain::{removes, time_text};
 use super::{Store, lock, now_millis};
 use crate::compact::{self, HOUR_NANOS, MaintenanceReport};
-use crate::delta::Kind;
+use crate::delta::{DeltaTables, Kind};
 use crate::persist::{self, FileMeta, Written, storage::random_hex};
 use crate::schema::Table;
 use crate::{Error, Result};
 
 const DAY_NANOS: i64 = 24 * HOUR_NANOS;
 
-/// Tables whose closed days maintenance merges into one file each.
-pub(super) const DAY_FILES: [Table; 1] = [Table::JobLedger];
+/// Tables whose closed days maintenance merges into one file each: those with few rows an
+/// hour. The 1-minute rollups stay a file an hour (60 rows a GPU an hour).
+pub(super) const DAY_FILES: [Table; 3] =
+    [Table::JobLedger, Table::GpuMetrics1h, Table::GpuProcesses1h];
 
 fn overlaps(f: &FileMeta, hour: i64) -> bool {
     f.has_time_range()
@@ -63,6 +68,29 @@ impl Store {
     /// ([`Table::is_ingested`]); every row must fall in its hour and the batches have the
     /// table's columns in order. On failure nothing written stays.
     pub fn replace_hours(&self, table: Table, hours: &[(i64, RecordBatch)]) -> Result<()> {
+        let spans: Vec<(Range<i64>, &RecordBatch)> =
+            hours.iter().map(|(h, b)| (*h..*h + 1, b)).collect();
+        self.replace_spans(table, &spans)
+    }
+
+    /// Replaces every row of `table` in each of the `days` (UTC days since the epoch, with the
+    /// rows of each) in one commit, a file a day: what [`Store::replace_hours`] and the day
+    /// merge of maintenance would leave, written once.
+    pub fn replace_days(&self, table: Table, days: &[(i64, RecordBatch)]) -> Result<()> {
+        let spans: Vec<(Range<i64>, &RecordBatch)> = days
+            .iter()
+            .map(|(d, b)| {
+                (
+                    d.saturating_mul(24)..d.saturating_mul(24).saturating_add(24),
+                    b,
+                )
+            })
+            .collect();
+        self.replace_spans(table, &spans)
+    }
+
+    /// Replaces every row of `table` in the hours of each span with its rows, one file a span.
+    fn replace_spans(&self, table: Table, spans: &[(Range<i64>, &RecordBatch)]) -> Result<()> {
         if table.is_ingested() {
             return Err(Error::BadRows(format!(
                 "{} is written by ingest, not replaced an hour at a time",
@@ -73,20 +101,25 @@ impl Store {
             return Err(Error::ReadOnly);
         }
         self.check_fenced()?;
-        let replaced: Vec<i64> = hours.iter().map(|(h, _)| *h).collect();
+        let replaced: Vec<i64> = spans.iter().flat_map(|(r, _)| r.clone()).collect();
         let ms = now_millis(self.clock.as_ref());
-        let mut written: Vec<Written> = Vec::with_capacity(hours.len());
+        let mut written: Vec<Written> = Vec::with_capacity(spans.len());
         let done = self
             .keep_the_rest(table, &replaced, ms, &mut written)
             .and_then(|spanning| {
-                for (hour, batch) in hours {
-                    let sorted = checked(table, *hour, batch)?;
-                    let name = format!("r{}", random_hex());
+                for (hours, batch) in spans {
+                    let sorted = checked(table, hours, batch)?;
+                    let prefix = if hours.end - hours.start > 1 {
+                        'd'
+                    } else {
+                        'r'
+                    };
+                    let name = format!("{prefix}{}", random_hex());
                     written.push(persist::write_file(
                         &self.storage,
                         table,
                         &sorted,
-                        *hour,
+                        hours.start,
                         &name,
                         1,
                         ms,
@@ -106,7 +139,7 @@ impl Store {
 
     /// The files that hold rows of the `replaced` hours and of others (a merged day), each
     /// written again without the replaced hours (into `written`); returns them.
-    fn keep_the_rest(
+    pub(super) fn keep_the_rest(
         &self,
         table: Table,
         replaced: &[i64],
@@ -152,6 +185,21 @@ impl Store {
     ) -> Result<()> {
         let now = self.clock.now_nanos();
         let mut tables = lock(&self.tables);
+        self.commit_hours_locked(&mut tables, table, replaced, spanning, written, ms, now)
+    }
+
+    /// [`Store::commit_hours`] under the tables' lock, held by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn commit_hours_locked(
+        &self,
+        tables: &mut DeltaTables,
+        table: Table,
+        replaced: &[i64],
+        spanning: &[FileMeta],
+        written: &[Written],
+        ms: i64,
+        now: i64,
+    ) -> Result<()> {
         if let Some(why) = tables.blocked(table) {
             return Err(Error::LogDamaged(why));
         }
@@ -182,13 +230,7 @@ impl Store {
             time_text(first.saturating_mul(HOUR_NANOS)),
             time_text((last + 1).saturating_mul(HOUR_NANOS))
         );
-        self.maintenance_commit(
-            &mut tables,
-            table,
-            actions,
-            Kind::Replace { predicate },
-            now,
-        )
+        self.maintenance_commit(tables, table, actions, Kind::Replace { predicate }, now)
     }
 
     /// Merges the files of each UTC day of the [`DAY_FILES`] tables that ended an hour ago or
@@ -255,10 +297,11 @@ impl Store {
     }
 }
 
-/// `batch` checked against `table` and `hour`, in microseconds and sorted as the table's files.
-fn checked(table: Table, hour: i64, batch: &RecordBatch) -> Result<RecordBatch> {
-    let start = hour.saturating_mul(HOUR_NANOS);
-    let end = (hour + 1).saturating_mul(HOUR_NANOS);
+/// `batch` checked against `table` and the `hours` it replaces, in microseconds and sorted as
+/// the table's files.
+fn checked(table: Table, hours: &Range<i64>, batch: &RecordBatch) -> Result<RecordBatch> {
+    let start = hours.start.saturating_mul(HOUR_NANOS);
+    let end = hours.end.saturating_mul(HOUR_NANOS);
     let names = |s: &arrow::datatypes::Schema| -> Vec<String> {
         s.fields().iter().map(|f| f.name().clone()).collect()
     };
@@ -274,9 +317,14 @@ fn checked(table: Table, hour: i64, batch: &RecordBatch) -> Result<RecordBatch> 
         .as_primitive_opt::<TimestampNanosecondType>();
     if times.is_none_or(|t| t.values().iter().any(|&t| t < start || t >= end)) {
         return Err(Error::BadRows(format!(
-            "rows for hour {} of {} must have their time within the hour",
+            "rows for {} from {} must have their time within the {}",
+            table.name(),
             time_text(start),
-            table.name()
+            if hours.end - hours.start > 1 {
+                "day"
+            } else {
+                "hour"
+            }
         )));
     }
     persist::sort_batch(table, &batch)

@@ -74,3 +74,60 @@ fn a_closed_hour_of_processes_is_rolled_up_and_outlives_its_raw_rows() {
     assert_eq!(rows_of(&store, Table::GpuProcesses1m), 60);
     assert_eq!(rows_of(&store, Table::GpuProcesses1h), 2);
 }
+
+/// The sum of the `samples` column of `table`'s rows.
+fn samples_of(store: &Store, table: Table) -> i64 {
+    let b = crate::compact::read_files(store.storage(), table, &store.files(table)).expect("read");
+    let n = arrow::compute::cast(
+        b.column_by_name("samples").expect("samples"),
+        &arrow::datatypes::DataType::Int64,
+    )
+    .expect("cast");
+    arrow::compute::sum(
+        n.as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .expect("i64"),
+    )
+    .unwrap_or(0)
+}
+
+#[test]
+fn a_late_hour_of_a_merged_day_replaces_its_rows_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // T0 is 08:00 UTC: hours 08 and 09 are of one day, which ends at T0 + 16 h.
+    let clock = Arc::new(ManualClock::new(T0 + 2 * 3600 * S + 11 * 60 * S));
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path())
+        },
+        clock.clone(),
+    )
+    .expect("open");
+    store.write(&processes(0, 7200)).expect("write");
+    store.persist().expect("persist");
+    store.maintain().expect("maintain");
+    assert_eq!(
+        store.files(Table::GpuProcesses1h).len(),
+        2,
+        "a file an hour"
+    );
+    assert_eq!(rows_of(&store, Table::GpuProcesses1h), 4);
+    assert_eq!(samples_of(&store, Table::GpuProcesses1h), 1440);
+    // The day ended an hour ago: its hourly rollups are one file.
+    clock.advance(15 * 3600 * S - 11 * 60 * S);
+    let r = store.maintain().expect("maintain");
+    assert!(r.files_merged >= 2, "{r:?}");
+    assert_eq!(store.files(Table::GpuProcesses1h).len(), 1);
+    assert_eq!(rows_of(&store, Table::GpuProcesses1h), 4);
+    // Late rows of the first hour: once quiet, its rollup is built again, replacing that
+    // hour's rows of the day file and keeping the other hour's; the same pass merges the day
+    // again.
+    store.write(&processes(1800, 20)).expect("write");
+    store.persist().expect("persist");
+    store.maintain().expect("maintain");
+    store.maintain().expect("maintain");
+    assert_eq!(rows_of(&store, Table::GpuProcesses1h), 4, "no hour twice");
+    assert_eq!(samples_of(&store, Table::GpuProcesses1h), 1444);
+    assert_eq!(store.files(Table::GpuProcesses1h).len(), 1);
+}

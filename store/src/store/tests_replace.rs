@@ -149,3 +149,44 @@ fn closed_days_are_merged_and_an_hour_in_a_merged_day_is_replaced_alone() {
     assert_eq!(store.files(Table::JobLedger).len(), 1);
     assert_eq!(every_job(&store), ["a", "a", "c", "c", "z"]);
 }
+
+#[test]
+fn a_day_is_written_as_one_file_and_refused_past_its_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path())
+        },
+        Arc::new(ManualClock::new(T0 + 40 * H)),
+    )
+    .expect("open");
+    // T0 is 08:00 UTC: its day began 8 hours before.
+    let day = (T0 - 8 * H) / (24 * H);
+    let start = day * 24 * H;
+    store
+        .replace_hour(Table::JobLedger, T0 / H, &ledger_rows(&[T0], "old"))
+        .expect("an hour");
+    store
+        .replace_days(
+            Table::JobLedger,
+            &[(day, ledger_rows(&[start, T0 + 1, start + 23 * H + 5], "d"))],
+        )
+        .expect("a day");
+    assert_eq!(store.files(Table::JobLedger).len(), 1);
+    assert_eq!(
+        every_job(&store),
+        ["d", "d", "d"],
+        "the day's old rows replaced"
+    );
+    let past = store.replace_days(
+        Table::JobLedger,
+        &[(day, ledger_rows(&[start + 24 * H], "x"))],
+    );
+    assert!(matches!(past, Err(Error::BadRows(_))), "{past:?}");
+    // An hour of it replaced alone keeps the rest of the day.
+    store
+        .replace_hour(Table::JobLedger, T0 / H, &ledger_rows(&[T0 + 2], "h"))
+        .expect("an hour of the day");
+    assert_eq!(every_job(&store), ["d", "d", "h"]);
+}
