@@ -80,7 +80,7 @@ pub(crate) struct DashboardsArgs {
 
 /// One timed panel query, as the script prints it.
 #[derive(serde::Deserialize, Debug)]
-struct Timing {
+pub(crate) struct Timing {
     dashboard: String,
     panel: String,
     #[serde(rename = "ref")]
@@ -343,37 +343,104 @@ async fn alerted_job(server: &Server, end_ms: i64) -> Result<String> {
         .ok_or_else(|| "no alert names a job: the Job dashboard's alerts would be empty".into())
 }
 
-/// Runs the script's `bench` over the Postgres wire port and reads its timings.
-fn time_panels(args: &DashboardsArgs, pg_port: u16, to: &str, job: &str) -> Result<Vec<Timing>> {
-    let dsn = format!("host=127.0.0.1 port={pg_port} user=bench dbname=gpuwatch sslmode=disable");
-    let mut cmd = Command::new(&args.python);
-    cmd.arg(&args.script)
-        .arg("bench")
-        .arg("--dsn")
-        .arg(&dsn)
-        .arg("--dashboards")
-        .arg(&args.dashboards)
-        .arg("--to")
-        .arg(to)
-        .arg("--runs")
-        .arg(args.runs.max(1).to_string())
-        .arg("--var")
-        .arg(format!("job_id={job}"));
-    for r in &args.ranges {
-        cmd.arg("--range").arg(r);
+/// How the panels are timed: the expander script, its Python, the dashboards, the ranges.
+pub(crate) struct Panels<'a> {
+    pub python: &'a Path,
+    pub script: &'a Path,
+    pub dashboards: &'a Path,
+    pub runs: usize,
+    pub ranges: &'a [String],
+}
+
+impl<'a> Panels<'a> {
+    fn of(args: &'a DashboardsArgs) -> Self {
+        Self {
+            python: &args.python,
+            script: &args.script,
+            dashboards: &args.dashboards,
+            runs: args.runs,
+            ranges: &args.ranges,
+        }
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", args.python.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} bench failed: {}",
-            args.script.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+
+    /// Runs the script's `bench` over the Postgres wire port and reads its timings, the Job
+    /// dashboard on `job`, every range ending at `to`.
+    pub(crate) fn time(&self, pg_port: u16, to: &str, job: &str) -> Result<Vec<Timing>> {
+        if !self.script.is_file() {
+            return Err(format!(
+                "{}: not found; run from the repository root or pass --script",
+                self.script.display()
+            ));
+        }
+        let dsn =
+            format!("host=127.0.0.1 port={pg_port} user=bench dbname=gpuwatch sslmode=disable");
+        let mut cmd = Command::new(self.python);
+        cmd.arg(self.script)
+            .arg("bench")
+            .arg("--dsn")
+            .arg(&dsn)
+            .arg("--dashboards")
+            .arg(self.dashboards)
+            .arg("--to")
+            .arg(to)
+            .arg("--runs")
+            .arg(self.runs.max(1).to_string())
+            .arg("--var")
+            .arg(format!("job_id={job}"));
+        for r in self.ranges {
+            cmd.arg("--range").arg(r);
+        }
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.python.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} bench failed: {}",
+                self.script.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("script output is not the expected JSON: {e}"))
     }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("script output is not the expected JSON: {e}"))
+}
+
+/// Prints the timings slowest first as a Markdown table, and the count at or over 1 s; returns
+/// the panels that failed and those that answered no rows.
+pub(crate) fn print_timings(timings: &mut [Timing]) -> (Vec<String>, Vec<String>) {
+    timings.sort_by(|a, b| b.median_s.total_cmp(&a.median_s));
+    println!("| dashboard | panel | ref | range | median (s) | max (s) | rows |");
+    println!("| --- | --- | --- | --- | ---: | ---: | ---: |");
+    let mut failed = Vec::new();
+    let mut empty = Vec::new();
+    for t in timings.iter() {
+        let name = format!("{} / {} [{}] ({})", t.dashboard, t.panel, t.ref_id, t.range);
+        if let Some(e) = &t.error {
+            println!(
+                "| {} | {} | {} | {} | error: {e} | | |",
+                t.dashboard, t.panel, t.ref_id, t.range
+            );
+            failed.push(name);
+            continue;
+        }
+        if t.rows == 0 {
+            empty.push(name);
+        }
+        println!(
+            "| {} | {} | {} | {} | {:.3} | {:.3} | {} |",
+            t.dashboard, t.panel, t.ref_id, t.range, t.median_s, t.max_s, t.rows
+        );
+    }
+    let over = timings
+        .iter()
+        .filter(|t| t.error.is_none() && t.median_s >= 1.0)
+        .count();
+    println!(
+        "\npanel queries at or over 1 s (median): {over}; failed: {}; without rows: {}",
+        failed.len(),
+        empty.len()
+    );
+    (failed, empty)
 }
 
 /// The loaded fleet (loaded now, or reused from an earlier run) and a timing server on it that
@@ -409,12 +476,6 @@ pub(crate) async fn prepare(args: &DashboardsArgs) -> Result<(load::Started, Loa
 
 /// Runs the benchmark.
 pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
-    if !args.script.is_file() {
-        return Err(format!(
-            "{}: not found; run from the repository root or pass --script",
-            args.script.display()
-        ));
-    }
     let (timing, loaded) = prepare(&args).await?;
     let end_ms = loaded.end_ms();
     check_tables(&timing.server, &loaded, &args.ranges).await?;
@@ -428,17 +489,15 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
     );
     let before = load_average();
     let t = Instant::now();
-    let timings = {
+    let mut timings = {
         let args = args.clone();
         let pg = timing.pg_port;
         let (to, job) = (to.clone(), job.clone());
-        tokio::task::spawn_blocking(move || time_panels(&args, pg, &to, &job))
+        tokio::task::spawn_blocking(move || Panels::of(&args).time(pg, &to, &job))
             .await
             .map_err(|e| format!("script task: {e}"))??
     };
     let after = load_average();
-    let mut timings = timings;
-    timings.sort_by(|a, b| b.median_s.total_cmp(&a.median_s));
     println!(
         "{} panel queries timed in {:.0}s; {} GPUs x {} samples; load average {before} before, {after} after\n",
         timings.len(),
@@ -446,37 +505,7 @@ pub(crate) async fn run(args: DashboardsArgs) -> Result<()> {
         loaded.hosts * loaded.gpus_per_host,
         loaded.rounds()
     );
-    println!("| dashboard | panel | ref | range | median (s) | max (s) | rows |");
-    println!("| --- | --- | --- | --- | ---: | ---: | ---: |");
-    let mut failed = Vec::new();
-    let mut empty = Vec::new();
-    for t in &timings {
-        let name = format!("{} / {} [{}] ({})", t.dashboard, t.panel, t.ref_id, t.range);
-        if let Some(e) = &t.error {
-            println!(
-                "| {} | {} | {} | {} | error: {e} | | |",
-                t.dashboard, t.panel, t.ref_id, t.range
-            );
-            failed.push(name);
-            continue;
-        }
-        if t.rows == 0 {
-            empty.push(name);
-        }
-        println!(
-            "| {} | {} | {} | {} | {:.3} | {:.3} | {} |",
-            t.dashboard, t.panel, t.ref_id, t.range, t.median_s, t.max_s, t.rows
-        );
-    }
-    let over = timings
-        .iter()
-        .filter(|t| t.error.is_none() && t.median_s >= 1.0)
-        .count();
-    println!(
-        "\npanel queries at or over 1 s (median): {over}; failed: {}; without rows: {}",
-        failed.len(),
-        empty.len()
-    );
+    let (failed, empty) = print_timings(&mut timings);
     if !failed.is_empty() {
         return Err(format!("panel queries failed: {}", failed.join(", ")));
     }

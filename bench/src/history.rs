@@ -1,8 +1,9 @@
 //! `gpuwatch-bench history`: a fleet's long history as a real data directory, then the real
 //! server started on it and the questions whose cost should depend on what is asked, not on how
 //! much is kept, timed: start to ready, the `jobs` view over the whole history, the jobs list of
-//! the last 30 days, a month's statement, the report of the history's oldest job, `count(*)`
-//! over the hourly rollups and over the ledger, and the server's peak RSS.
+//! the last 30 days (the API and `gpuwatch jobs --since 30d`), a month's statement, the report
+//! of the history's oldest job, the console's fleet page, `count(*)` over the hourly rollups
+//! and over the ledger, every dashboard panel over each `--range`, and the server's peak RSS.
 //!
 //! The data directory ([`build`]) is reused when its `bench-history.json` says it holds the same
 //! shape of fleet and history.
@@ -51,6 +52,18 @@ pub(crate) struct HistoryArgs {
     /// Timed runs per question (after one warm-up run); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Python with psycopg 3, which times the panels (`pip install 'psycopg[binary]'`).
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
+    /// The panels' expander and timer.
+    #[arg(long, default_value = "tests/dashboards/grafana_sql.py")]
+    pub script: PathBuf,
+    /// Folder of the dashboard JSON files.
+    #[arg(long, default_value = "dashboards")]
+    pub dashboards: PathBuf,
+    /// Dashboard time ranges every panel is timed over, ending now (none: `--range ''`).
+    #[arg(long = "range", default_values_t = ["1h", "24h", "30d", "365d"].map(String::from))]
+    pub ranges: Vec<String>,
     /// Longest wait for the server to fold the raw hours into the ledger.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
@@ -125,9 +138,34 @@ fn data(args: &HistoryArgs) -> Result<Marker> {
 enum Ask {
     Sql(String),
     Get(String),
+    /// The gpuwatch binary with these arguments and `--server`.
+    Cli(Vec<String>),
 }
 
-async fn ask(client: &reqwest::Client, server: &Server, a: &Ask) -> Result<usize> {
+/// The console's fleet page query, as `console/assets/app.js` declares it (string literals
+/// joined by `+`).
+fn console_fleet_sql() -> Result<String> {
+    const APP: &str = include_str!("../../console/assets/app.js");
+    let missing = || "console/assets/app.js declares no FLEET_SQL".to_string();
+    let rest = &APP[APP.find("const FLEET_SQL =").ok_or_else(missing)?..];
+    let declared = &rest[..rest.find(";\n").ok_or_else(missing)?];
+    Ok(declared.split('"').skip(1).step_by(2).collect())
+}
+
+async fn ask(client: &reqwest::Client, server: &Server, a: &Ask, bin: &Path) -> Result<usize> {
+    if let Ask::Cli(args) = a {
+        let out = tokio::task::block_in_place(|| {
+            std::process::Command::new(bin)
+                .args(args)
+                .args(["--server", &server.url])
+                .output()
+        })
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        return Ok(out.stdout.len());
+    }
     let resp = match a {
         Ask::Sql(sql) => {
             client
@@ -138,6 +176,7 @@ async fn ask(client: &reqwest::Client, server: &Server, a: &Ask) -> Result<usize
                 .await
         }
         Ask::Get(path) => client.get(format!("{}{path}", server.url)).send().await,
+        Ask::Cli(_) => unreachable!("asked above"),
     }
     .map_err(|e| format!("request: {e}"))?;
     let status = resp.status();
@@ -154,13 +193,13 @@ async fn time(
     client: &reqwest::Client,
     server: &Server,
     a: &Ask,
-    runs: usize,
+    (runs, bin): (usize, &Path),
 ) -> Result<(f64, f64, usize)> {
-    let bytes = ask(client, server, a).await?;
+    let bytes = ask(client, server, a, bin).await?;
     let mut took = Vec::with_capacity(runs);
     for _ in 0..runs.max(1) {
         let t = Instant::now();
-        ask(client, server, a).await?;
+        ask(client, server, a, bin).await?;
         took.push(t.elapsed().as_secs_f64());
     }
     took.sort_by(f64::total_cmp);
@@ -216,8 +255,8 @@ async fn settle(server: &Server, limit: Duration) -> Result<f64> {
 
 /// The questions timed, asked of a history ending at `marker`'s hour; `month` is the
 /// statement's.
-fn questions(marker: &Marker, month: &str) -> Vec<(&'static str, Ask)> {
-    vec![
+fn questions(marker: &Marker, month: &str) -> Result<Vec<(&'static str, Ask)>> {
+    Ok(vec![
         (
             "jobs view, every job's cost",
             Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into()),
@@ -226,6 +265,11 @@ fn questions(marker: &Marker, month: &str) -> Vec<(&'static str, Ask)> {
             "jobs list, last 30 days",
             Ask::Get("/api/v1/jobs?since=30d&limit=1000".into()),
         ),
+        (
+            "gpuwatch jobs --since 30d",
+            Ask::Cli(vec!["jobs".into(), "--since".into(), "30d".into()]),
+        ),
+        ("console fleet page", Ask::Sql(console_fleet_sql()?)),
         (
             "statement by account, one month",
             Ask::Get(format!("/api/v1/cost?by=account&month={month}&format=json")),
@@ -250,7 +294,61 @@ fn questions(marker: &Marker, month: &str) -> Vec<(&'static str, Ask)> {
                 marker.end_hour_ns - 3_600_000_000_000
             )),
         ),
-    ]
+    ])
+}
+
+/// The job the Job dashboard is timed on: the one with the most GPU time among those seen in
+/// the history's last hour.
+async fn recent_job(client: &reqwest::Client, server: &Server, end_hour_ns: i64) -> Result<String> {
+    let sql = format!(
+        "SELECT job_id, sum(gpu_seconds) AS s FROM jobs WHERE last_seen >= to_timestamp_nanos({}) \
+         GROUP BY job_id ORDER BY s DESC, job_id LIMIT 1",
+        end_hour_ns - 3_600_000_000_000
+    );
+    let rows = crate::ingest::sql_json(client, &server.url, &sql).await?;
+    rows.first()
+        .and_then(|r| r.get("job_id"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| "no job in the history's last hour".into())
+}
+
+/// Every panel over every `--range`, ending now; printed slowest first.
+async fn time_panels(
+    args: &HistoryArgs,
+    client: &reqwest::Client,
+    server: &Server,
+    pg: u16,
+    marker: &Marker,
+) -> Result<()> {
+    let ranges: Vec<String> = args
+        .ranges
+        .iter()
+        .filter(|r| !r.is_empty())
+        .cloned()
+        .collect();
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    let job = recent_job(client, server, marker.end_hour_ns).await?;
+    let to = crate::query::iso(now_ns() / 1_000_000);
+    println!(
+        "\nevery panel over {} ending {to}, the Job dashboard on job {job}:",
+        ranges.join(", ")
+    );
+    let panels = crate::dashboards::Panels {
+        python: &args.python,
+        script: &args.script,
+        dashboards: &args.dashboards,
+        runs: args.runs,
+        ranges: &ranges,
+    };
+    let mut timings = tokio::task::block_in_place(|| panels.time(pg, &to, &job))?;
+    let (failed, _) = crate::dashboards::print_timings(&mut timings);
+    if !failed.is_empty() {
+        return Err(format!("panel queries failed: {}", failed.join(", ")));
+    }
+    Ok(())
 }
 
 pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
@@ -275,7 +373,7 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
     let ready_s = started.elapsed().as_secs_f64();
     let fold_s = settle(&server, args.settle_timeout).await?;
     let month = statement_month(marker.end_hour_ns, args.days);
-    let questions = questions(&marker, &month);
+    let questions = questions(&marker, &month)?;
     let client = crate::send::client()?;
     println!(
         "history: {} GPUs, {} days (1-minute rollups {} days, raw {} h); month {month}",
@@ -290,15 +388,28 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
         "question", "median_s", "max_s", "bytes"
     );
     for (name, a) in &questions {
-        match time(&client, &server, a, args.runs).await {
+        match time(&client, &server, a, (args.runs, &args.gpuwatch)).await {
             Ok((median, max, bytes)) => {
                 println!("{name:<40} {median:>10.3} {max:>10.3} {bytes:>12}")
             }
             Err(e) => println!("{name:<40} error: {e}"),
         }
     }
+    let panels = time_panels(&args, &client, &server, cmd.pg, &marker).await;
     if let Some(rss) = peak_rss(server.pid()) {
         println!("peak RSS: {:.0} MiB", rss as f64 / 1_048_576.0);
     }
-    server.terminate(Duration::from_secs(60))
+    server.terminate(Duration::from_secs(60))?;
+    panels
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_console_fleet_query_is_read_from_the_console() {
+        let sql = super::console_fleet_sql().expect("declared");
+        assert!(sql.starts_with("SELECT host, gpu_uuid,"), "{sql}");
+        assert!(sql.ends_with("GROUP BY host, gpu_uuid"), "{sql}");
+        assert!(!sql.contains('"') && !sql.contains(" + "), "{sql}");
+    }
 }

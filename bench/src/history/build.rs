@@ -1,22 +1,22 @@
 //! Builds the history data directory through the store's own writers: the agent's simulated
 //! nodes (their jobs, users, accounts, idle holds) stepped an hour at a time over the history,
 //! each hour's readings encoded as the agent encodes them and decoded as the server decodes
-//! them; their `gpu_metrics_1h` rows (and, for the last `--minute-days`, `gpu_metrics_1m` rows)
-//! and the job ledger's rows written a day per commit; then the last `--raw-hours` as raw
-//! samples every `--raw-interval` through the write-ahead log, persisted and compacted (which
-//! rolls their closed hours up). The server folds the raw hours into the ledger itself when it
-//! starts, as it would after any restart.
+//! them; their `gpu_metrics_1h` rows and the job ledger's rows written a file a day (as the day
+//! merge of maintenance leaves them), and for the last `--minute-days` the `gpu_metrics_1m` rows
+//! a file an hour; then the last `--raw-hours` as raw samples every `--raw-interval` through
+//! the write-ahead log, persisted and compacted (which rolls their closed hours up). The server
+//! folds the raw hours into the ledger itself when it starts, as it would after any restart.
 //!
 //! One reading per GPU stands for its hour in the rollups and the ledger: each hour is one
 //! sample of the model, so a ledger row holds 3,600 GPU-seconds and the hour's energy at the
-//! reading's power.
+//! reading's power, and each of the hour's minutes holds that reading. The simulation runs on
+//! one thread and the writing on another ([`build`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{AsArray, RecordBatch, TimestampNanosecondArray};
-use arrow::compute::concat_batches;
-use arrow::datatypes::TimestampNanosecondType;
+use arrow::array::{RecordBatch, TimestampNanosecondArray, UInt32Array};
+use arrow::compute::{concat_batches, take_record_batch};
 use gpuwatch_agent::collect::{GpuSample, Source};
 use gpuwatch_agent::{Fleet as Node, NodeOptions};
 use gpuwatch_alerts::cost::ledger::table::{UsageRow, hour_rows};
@@ -64,43 +64,50 @@ impl Nodes {
         Self { names, nodes }
     }
 
-    /// Every host's readings at `t`, decoded by the store into `gpu_metrics` rows.
-    fn round(&mut self, t: i64) -> Result<(Vec<GpuSample>, Vec<(usize, usize)>, RecordBatch)> {
+    /// Every host's readings at `t`, decoded by the store into `gpu_metrics` rows: the hosts'
+    /// requests as one, as a collector in front of the server would batch them.
+    fn round(&mut self, t: i64) -> Result<(Vec<GpuSample>, Vec<usize>, RecordBatch)> {
         let mut all = Vec::new();
         let mut owners = Vec::new();
-        let mut batches = Vec::new();
+        let mut req = gpuwatch_agent::encode(&[], &[]);
+        req.resource_metrics.clear();
         for (h, node) in self.nodes.iter_mut().enumerate() {
             let samples = node.collect(t as u64).unwrap_or_default();
-            let req = gpuwatch_agent::encode(
+            let one = gpuwatch_agent::encode(
                 &samples,
                 &[("host.name".to_string(), self.names[h].clone())],
             );
-            let (wb, _) = gpuwatch_store::ingest::otlp::to_write_batch(&req, t)
-                .map_err(|e| format!("decoding the fleet's readings: {e}"))?;
-            batches.extend(
-                wb.batches
-                    .into_iter()
-                    .filter(|(table, _)| *table == Table::GpuMetrics)
-                    .map(|(_, b)| b),
-            );
-            owners.extend((0..samples.len()).map(|i| (h, i)));
+            req.resource_metrics.extend(one.resource_metrics);
+            owners.extend(std::iter::repeat_n(h, samples.len()));
             all.extend(samples);
         }
+        let (wb, _) = gpuwatch_store::ingest::otlp::to_write_batch(&req, t)
+            .map_err(|e| format!("decoding the fleet's readings: {e}"))?;
+        let batches: Vec<RecordBatch> = wb
+            .batches
+            .into_iter()
+            .filter(|(table, _)| *table == Table::GpuMetrics)
+            .map(|(_, b)| b)
+            .collect();
         let batch = concat_batches(&Table::GpuMetrics.schema(), &batches)
             .map_err(|e| format!("gpu_metrics rows: {e}"))?;
         Ok((all, owners, batch))
     }
 }
 
-/// `batch` with `shift` ns added to its times.
-fn shifted(batch: &RecordBatch, shift: i64) -> Result<RecordBatch> {
-    let mut columns = batch.columns().to_vec();
-    let t = batch.column(0).as_primitive::<TimestampNanosecondType>();
-    columns[0] = Arc::new(
-        TimestampNanosecondArray::from(t.values().iter().map(|v| v + shift).collect::<Vec<_>>())
-            .with_timezone("UTC"),
-    );
-    RecordBatch::try_new(batch.schema(), columns).map_err(|e| e.to_string())
+/// Each row of `rows` (a minute's rollup of one reading per GPU, in the table's order) as the
+/// hour's 60 minutes, in the table's order: the row repeated, its time moved to each minute.
+fn minutes(rows: &RecordBatch, hour: i64) -> Result<RecordBatch> {
+    let n = rows.num_rows() as u32;
+    let indices = UInt32Array::from_iter_values((0..n).flat_map(|i| std::iter::repeat_n(i, 60)));
+    let all = take_record_batch(rows, &indices).map_err(|e| e.to_string())?;
+    let times = TimestampNanosecondArray::from_iter_values(
+        (0..n).flat_map(|_| (0..60).map(move |m| hour + m * MINUTE_NS)),
+    )
+    .with_timezone("UTC");
+    let mut columns = all.columns().to_vec();
+    columns[0] = Arc::new(times);
+    RecordBatch::try_new(all.schema(), columns).map_err(|e| e.to_string())
 }
 
 /// The limiter class a job of this name is mostly in (the agent's job kinds).
@@ -122,11 +129,11 @@ fn ledger_hour(
     hour: i64,
     names: &[String],
     samples: &[GpuSample],
-    owners: &[(usize, usize)],
+    owners: &[usize],
 ) -> Result<RecordBatch> {
     let mut usage = Vec::new();
     let mut gpus = Vec::new();
-    for (s, &(h, _)) in samples.iter().zip(owners) {
+    for (s, &h) in samples.iter().zip(owners) {
         let host = names[h].clone();
         let t = s.time_unix_nano as i64;
         gpus.push((host.clone(), s.gpu_uuid.clone(), t, s.energy_joules));
@@ -179,33 +186,149 @@ fn ledger_hour(
         .map_err(|e| format!("ledger rows: {e}"))
 }
 
-/// What one day of history writes: per table, the rows of each hour (hours since the epoch).
+/// One hour of history, as the simulation gives it to the writer.
+struct Hour {
+    /// Hours since the epoch.
+    index: i64,
+    /// `gpu_metrics_1h` rows.
+    hourly: RecordBatch,
+    /// One `gpu_metrics_1m` row per GPU (the hour's reading), for the hours with minutes.
+    minute: Option<RecordBatch>,
+    ledger: RecordBatch,
+}
+
+/// Seconds spent in each step of the build.
+#[derive(Default, Debug)]
+struct Spent {
+    simulate: f64,
+    roll_up: f64,
+    ledger: f64,
+    write_days: f64,
+    write_minutes: f64,
+}
+
+fn timed<T>(into: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let began = Instant::now();
+    let out = f();
+    *into += began.elapsed().as_secs_f64();
+    out
+}
+
+/// The rows of a UTC day, gathered hour by hour and written a file per table.
 #[derive(Default)]
 struct Day {
-    hourly: Vec<(i64, RecordBatch)>,
-    minutes: Vec<(i64, RecordBatch)>,
-    ledger: Vec<(i64, RecordBatch)>,
+    index: Option<i64>,
+    hourly: Vec<RecordBatch>,
+    ledger: Vec<RecordBatch>,
 }
 
 impl Day {
     fn write(&mut self, store: &Store) -> Result<()> {
+        let Some(day) = self.index.take() else {
+            return Ok(());
+        };
         for (table, hours) in [
             (Table::GpuMetrics1h, &mut self.hourly),
-            (Table::GpuMetrics1m, &mut self.minutes),
             (Table::JobLedger, &mut self.ledger),
         ] {
-            if !hours.is_empty() {
-                store
-                    .replace_hours(table, hours)
-                    .map_err(|e| format!("writing {}: {e}", table.name()))?;
-                hours.clear();
-            }
+            let rows = concat_batches(&table.schema(), hours.iter()).map_err(|e| e.to_string())?;
+            hours.clear();
+            store
+                .replace_days(table, &[(day, rows)])
+                .map_err(|e| format!("writing {}: {e}", table.name()))?;
         }
         Ok(())
     }
 }
 
-/// Builds the data directory; returns what the timings need.
+/// The hours of history: from the first, the first with minutes, and the first of raw samples.
+#[derive(Clone, Copy)]
+struct Span {
+    start: i64,
+    minute_start: i64,
+    raw_start: i64,
+}
+
+/// The simulation's side: steps the nodes an hour at a time and sends each hour's rows; returns
+/// a job of the first hour.
+fn simulate(
+    nodes: &mut Nodes,
+    span: Span,
+    out: std::sync::mpsc::SyncSender<Hour>,
+    spent: &mut Spent,
+) -> Result<Option<String>> {
+    let mut old_job = None;
+    let mut hour = span.start;
+    while hour < span.raw_start {
+        let (samples, owners, raw) =
+            timed(&mut spent.simulate, || nodes.round(hour + 30 * MINUTE_NS))?;
+        if old_job.is_none() {
+            old_job = samples
+                .iter()
+                .find_map(|s| s.job.as_ref().map(|j| j.id.clone()));
+        }
+        let (hourly, minute) = timed(&mut spent.roll_up, || {
+            let hourly = rollup(&raw, Table::GpuMetrics1h).map_err(|e| e.to_string())?;
+            let minute = (hour >= span.minute_start)
+                .then(|| rollup(&raw, Table::GpuMetrics1m).map_err(|e| e.to_string()))
+                .transpose()?;
+            Ok((hourly, minute))
+        })?;
+        let ledger = timed(&mut spent.ledger, || {
+            ledger_hour(hour, &nodes.names, &samples, &owners)
+        })?;
+        let hour_rows = Hour {
+            index: hour / HOUR_NS,
+            hourly,
+            minute,
+            ledger,
+        };
+        if out.send(hour_rows).is_err() {
+            break; // the writer stopped: its error is the build's
+        }
+        hour += HOUR_NS;
+    }
+    Ok(old_job)
+}
+
+/// The writer's side: a file a day of hourly rollups and ledger, a file an hour of minutes.
+fn write(
+    args: &HistoryArgs,
+    store: &Store,
+    span: Span,
+    hours: std::sync::mpsc::Receiver<Hour>,
+    spent: &mut Spent,
+) -> Result<()> {
+    let mut day = Day::default();
+    let began = Instant::now();
+    for h in hours {
+        let d = h.index.div_euclid(24);
+        if day.index.is_some_and(|i| i != d) {
+            timed(&mut spent.write_days, || day.write(store))?;
+            println!(
+                "history: {} of {} days written ({:.0} s)",
+                (h.index * HOUR_NS - span.start) / (24 * HOUR_NS),
+                args.days,
+                began.elapsed().as_secs_f64()
+            );
+        }
+        day.index = Some(d);
+        day.hourly.push(h.hourly);
+        day.ledger.push(h.ledger);
+        if let Some(rows) = h.minute {
+            timed(&mut spent.write_minutes, || {
+                let all = minutes(&rows, h.index * HOUR_NS)?;
+                store
+                    .replace_hours(Table::GpuMetrics1m, &[(h.index, all)])
+                    .map_err(|e| format!("writing gpu_metrics_1m: {e}"))
+            })?;
+        }
+    }
+    timed(&mut spent.write_days, || day.write(store))
+}
+
+/// Builds the data directory; returns what the timings need. The simulation runs on a thread
+/// of its own, the writing on this one.
 pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
     gpuwatch_alerts::cost::declare_ledger_table()?;
     let store = Store::open(
@@ -216,50 +339,33 @@ pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
         Arc::new(SystemClock),
     )
     .map_err(|e| format!("opening {}: {e}", args.data_dir.display()))?;
-    let start = end_hour_ns - args.days as i64 * 24 * HOUR_NS;
-    let raw_start = end_hour_ns - args.raw_hours as i64 * HOUR_NS;
-    let minute_start = end_hour_ns - args.minute_days as i64 * 24 * HOUR_NS;
-    let mut nodes = Nodes::new(args, start);
-    let mut day = Day::default();
-    let mut old_job = None;
+    let span = Span {
+        start: end_hour_ns - args.days as i64 * 24 * HOUR_NS,
+        minute_start: end_hour_ns - args.minute_days as i64 * 24 * HOUR_NS,
+        raw_start: end_hour_ns - args.raw_hours as i64 * HOUR_NS,
+    };
+    let mut nodes = Nodes::new(args, span.start);
     let began = Instant::now();
-    let mut hour = start;
-    while hour < raw_start {
-        let (samples, owners, raw) = nodes.round(hour + 30 * MINUTE_NS)?;
-        if old_job.is_none() {
-            old_job = samples
-                .iter()
-                .find_map(|s| s.job.as_ref().map(|j| j.id.clone()));
-        }
-        let index = hour / HOUR_NS;
-        day.hourly.push((
-            index,
-            rollup(&raw, Table::GpuMetrics1h).map_err(|e| e.to_string())?,
-        ));
-        if hour >= minute_start {
-            let copies = (0..60)
-                .map(|m| shifted(&raw, (m - 30) * MINUTE_NS))
-                .collect::<Result<Vec<_>>>()?;
-            let all = concat_batches(&raw.schema(), &copies).map_err(|e| e.to_string())?;
-            day.minutes.push((
-                index,
-                rollup(&all, Table::GpuMetrics1m).map_err(|e| e.to_string())?,
-            ));
-        }
-        day.ledger
-            .push((index, ledger_hour(hour, &nodes.names, &samples, &owners)?));
-        hour += HOUR_NS;
-        if day.ledger.len() == 24 || hour >= raw_start {
-            day.write(&store)?;
-            println!(
-                "history: {} of {} days written ({:.0} s)",
-                (hour - start) / (24 * HOUR_NS),
-                args.days,
-                began.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let first_raw_job = raw_hours(args, &store, &mut nodes, raw_start)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(4);
+    let mut spent = Spent::default();
+    let mut writer_spent = Spent::default();
+    let (simulated, written) = std::thread::scope(|scope| {
+        let sim = scope.spawn(|| simulate(&mut nodes, span, tx, &mut spent));
+        let written = write(args, &store, span, rx, &mut writer_spent);
+        let simulated = sim
+            .join()
+            .unwrap_or_else(|_| Err("the simulation thread panicked".into()));
+        (simulated, written)
+    });
+    written?;
+    let old_job = simulated?;
+    spent.write_days = writer_spent.write_days;
+    spent.write_minutes = writer_spent.write_minutes;
+    println!(
+        "history written in {:.0} s; seconds spent in each step: {spent:?}",
+        began.elapsed().as_secs_f64()
+    );
+    let first_raw_job = raw_hours(args, &store, &mut nodes, span.raw_start)?;
     Ok(Marker {
         shape: args.shape(),
         end_hour_ns,
@@ -282,22 +388,26 @@ fn raw_hours(
     let mut t = from;
     let mut rounds = 0u64;
     let mut first_job = None;
+    let (mut simulate, mut write) = (0.0, 0.0);
     while t < now {
-        let (samples, _, raw) = nodes.round(t)?;
+        let (samples, _, raw) = timed(&mut simulate, || nodes.round(t))?;
         if first_job.is_none() {
             first_job = samples
                 .iter()
                 .find_map(|s| s.job.as_ref().map(|j| j.id.clone()));
         }
-        store
-            .write(&gpuwatch_store::ingest::WriteBatch {
-                batches: vec![(Table::GpuMetrics, raw)],
-            })
-            .map_err(|e| format!("writing raw samples: {e}"))?;
         rounds += 1;
-        if rounds % 60 == 0 {
-            store.persist().map_err(|e| format!("persist: {e}"))?;
-        }
+        timed(&mut write, || {
+            store
+                .write(&gpuwatch_store::ingest::WriteBatch {
+                    batches: vec![(Table::GpuMetrics, raw)],
+                })
+                .map_err(|e| format!("writing raw samples: {e}"))?;
+            if rounds % 60 == 0 {
+                store.persist().map_err(|e| format!("persist: {e}"))?;
+            }
+            Ok(())
+        })?;
         t += step;
     }
     store.persist().map_err(|e| format!("persist: {e}"))?;
@@ -305,7 +415,8 @@ fn raw_hours(
         store.maintain().map_err(|e| format!("maintain: {e}"))?;
     }
     println!(
-        "raw: {rounds} rounds of every GPU written and compacted ({:.0} s)",
+        "raw: {rounds} rounds of every GPU written and compacted ({:.0} s: simulation {simulate:.0} s, \
+         writes and persists {write:.0} s)",
         began.elapsed().as_secs_f64()
     );
     Ok(first_job)

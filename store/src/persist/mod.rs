@@ -17,7 +17,8 @@ use bytes::Bytes;
 
 use arrow::array::{AsArray, BooleanArray, RecordBatch};
 use arrow::compute::{
-    SortColumn, concat_batches, filter_record_batch, lexsort_to_indices, take_record_batch,
+    LexicographicalComparator, SortColumn, concat_batches, filter_record_batch, lexsort_to_indices,
+    take_record_batch,
 };
 use arrow::datatypes::TimestampNanosecondType;
 use deltalake_core::kernel::Add;
@@ -92,8 +93,21 @@ pub fn sort_batch(table: Table, batch: &RecordBatch) -> Result<RecordBatch> {
             options: None,
         })
         .collect();
+    if is_sorted(&columns, batch.num_rows())? {
+        return Ok(batch.clone());
+    }
     let indices = lexsort_to_indices(&columns, None)?;
     Ok(take_record_batch(batch, &indices)?)
+}
+
+/// Whether the rows are already in order: one comparison a row, where sorting a batch that is
+/// (a single persisted file, rows built in order) would copy every column.
+fn is_sorted(columns: &[SortColumn], rows: usize) -> Result<bool> {
+    if columns.is_empty() {
+        return Ok(true);
+    }
+    let cmp = LexicographicalComparator::try_new(columns)?;
+    Ok((1..rows).all(|i| cmp.compare(i - 1, i) != std::cmp::Ordering::Greater))
 }
 
 fn writer_properties(table: Table, batch: &RecordBatch) -> WriterProperties {
