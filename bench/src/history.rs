@@ -9,6 +9,7 @@
 //! shape of fleet and history.
 
 mod build;
+mod rows;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! Builds the history data directory through the store's own writers: the agent's simulated
 //! nodes (their jobs, users, accounts, idle holds) stepped an hour at a time over the history,
-//! each hour's readings encoded as the agent encodes them and decoded as the server decodes
-//! them; their `gpu_metrics_1h` rows and the job ledger's rows written a file a day (as the day
+//! each hour's readings made the rows the server's OTLP decoder makes of them ([`rows`]); their `gpu_metrics_1h` rows and the job ledger's rows written a file a day (as the day
 //! merge of maintenance leaves them), and for the last `--minute-days` the `gpu_metrics_1m` rows
 //! a file an hour; then the last `--raw-hours` as raw samples every `--raw-interval` through
 //! the write-ahead log, persisted and compacted (which rolls their closed hours up). The server
@@ -25,7 +24,7 @@ use gpuwatch_store::compact::rollup::rollup;
 use gpuwatch_store::schema::Table;
 use gpuwatch_store::{Store, StoreConfig};
 
-use super::{HistoryArgs, Marker};
+use super::{HistoryArgs, Marker, rows};
 use crate::peers::Result;
 
 const HOUR_NS: i64 = 3_600_000_000_000;
@@ -64,33 +63,16 @@ impl Nodes {
         Self { names, nodes }
     }
 
-    /// Every host's readings at `t`, decoded by the store into `gpu_metrics` rows: the hosts'
-    /// requests as one, as a collector in front of the server would batch them.
+    /// Every host's readings at `t`, as `gpu_metrics` rows ([`rows`]), and the host of each.
     fn round(&mut self, t: i64) -> Result<(Vec<GpuSample>, Vec<usize>, RecordBatch)> {
         let mut all = Vec::new();
         let mut owners = Vec::new();
-        let mut req = gpuwatch_agent::encode(&[], &[]);
-        req.resource_metrics.clear();
         for (h, node) in self.nodes.iter_mut().enumerate() {
             let samples = node.collect(t as u64).unwrap_or_default();
-            let one = gpuwatch_agent::encode(
-                &samples,
-                &[("host.name".to_string(), self.names[h].clone())],
-            );
-            req.resource_metrics.extend(one.resource_metrics);
             owners.extend(std::iter::repeat_n(h, samples.len()));
             all.extend(samples);
         }
-        let (wb, _) = gpuwatch_store::ingest::otlp::to_write_batch(&req, t)
-            .map_err(|e| format!("decoding the fleet's readings: {e}"))?;
-        let batches: Vec<RecordBatch> = wb
-            .batches
-            .into_iter()
-            .filter(|(table, _)| *table == Table::GpuMetrics)
-            .map(|(_, b)| b)
-            .collect();
-        let batch = concat_batches(&Table::GpuMetrics.schema(), &batches)
-            .map_err(|e| format!("gpu_metrics rows: {e}"))?;
+        let batch = rows::gpu_metrics(&all, &owners, &self.names)?;
         Ok((all, owners, batch))
     }
 }
