@@ -8,8 +8,8 @@
 //!
 //! One reading per GPU stands for its hour in the rollups and the ledger: each hour is one
 //! sample of the model, so a ledger row holds 3,600 GPU-seconds and the hour's energy at the
-//! reading's power, and each of the hour's minutes holds that reading. The simulation runs on
-//! one thread and the writing on another ([`build`]).
+//! reading's power, and each of the hour's minutes holds that reading. The simulation, the
+//! days' writing and the minutes' writing run on three threads ([`build`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -273,12 +273,13 @@ fn simulate(
     Ok(old_job)
 }
 
-/// The writer's side: a file a day of hourly rollups and ledger, a file an hour of minutes.
+/// The writer's side: a file a day of hourly rollups and ledger; the minutes go on to
+/// `minutes_out`.
 fn write(
-    args: &HistoryArgs,
-    store: &Store,
+    (args, store): (&HistoryArgs, &Store),
     span: Span,
     hours: std::sync::mpsc::Receiver<Hour>,
+    minutes_out: std::sync::mpsc::SyncSender<(i64, RecordBatch)>,
     spent: &mut Spent,
 ) -> Result<()> {
     let mut day = Day::default();
@@ -297,20 +298,35 @@ fn write(
         day.index = Some(d);
         day.hourly.push(h.hourly);
         day.ledger.push(h.ledger);
-        if let Some(rows) = h.minute {
-            timed(&mut spent.write_minutes, || {
-                let all = minutes(&rows, h.index * HOUR_NS)?;
-                store
-                    .replace_hours(Table::GpuMetrics1m, &[(h.index, all)])
-                    .map_err(|e| format!("writing gpu_metrics_1m: {e}"))
-            })?;
+        if let Some(rows) = h.minute
+            && minutes_out.send((h.index, rows)).is_err()
+        {
+            break; // the minutes' writer stopped: its error is the build's
         }
     }
+    drop(minutes_out);
     timed(&mut spent.write_days, || day.write(store))
 }
 
-/// Builds the data directory; returns what the timings need. The simulation runs on a thread
-/// of its own, the writing on this one.
+/// The minutes' writer: a file an hour, on a thread of its own (the most rows of the build).
+fn write_minutes(
+    store: &Store,
+    hours: std::sync::mpsc::Receiver<(i64, RecordBatch)>,
+    spent: &mut Spent,
+) -> Result<()> {
+    for (index, rows) in hours {
+        timed(&mut spent.write_minutes, || {
+            let all = minutes(&rows, index * HOUR_NS)?;
+            store
+                .replace_hours(Table::GpuMetrics1m, &[(index, all)])
+                .map_err(|e| format!("writing gpu_metrics_1m: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// Builds the data directory; returns what the timings need. The simulation and the minutes'
+/// writer run on threads of their own, the days' writer on this one.
 pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
     gpuwatch_alerts::cost::declare_ledger_table()?;
     let store = Store::open(
@@ -329,20 +345,26 @@ pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
     let mut nodes = Nodes::new(args, span.start);
     let began = Instant::now();
     let (tx, rx) = std::sync::mpsc::sync_channel(4);
+    let (minutes_tx, minutes_rx) = std::sync::mpsc::sync_channel(2);
     let mut spent = Spent::default();
-    let mut writer_spent = Spent::default();
-    let (simulated, written) = std::thread::scope(|scope| {
+    let (mut days_spent, mut minutes_spent) = (Spent::default(), Spent::default());
+    let (simulated, written, minutes_written) = std::thread::scope(|scope| {
         let sim = scope.spawn(|| simulate(&mut nodes, span, tx, &mut spent));
-        let written = write(args, &store, span, rx, &mut writer_spent);
-        let simulated = sim
-            .join()
-            .unwrap_or_else(|_| Err("the simulation thread panicked".into()));
-        (simulated, written)
+        let minutes = scope.spawn(|| write_minutes(&store, minutes_rx, &mut minutes_spent));
+        let written = write((args, &store), span, rx, minutes_tx, &mut days_spent);
+        let panicked = |what: &str| -> Result<()> { Err(format!("the {what} thread panicked")) };
+        let simulated = sim.join().unwrap_or_else(|_| {
+            panicked("simulation")?;
+            Ok(None)
+        });
+        let minutes_written = minutes.join().unwrap_or_else(|_| panicked("minutes"));
+        (simulated, written, minutes_written)
     });
     written?;
+    minutes_written?;
     let old_job = simulated?;
-    spent.write_days = writer_spent.write_days;
-    spent.write_minutes = writer_spent.write_minutes;
+    spent.write_days = days_spent.write_days;
+    spent.write_minutes = minutes_spent.write_minutes;
     println!(
         "history written in {:.0} s; seconds spent in each step: {spent:?}",
         began.elapsed().as_secs_f64()
