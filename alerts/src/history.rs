@@ -67,7 +67,7 @@ pub fn schema() -> SchemaRef {
     Table::Alerts.schema()
 }
 
-fn to_batch(rows: &[HistoryRow]) -> Result<RecordBatch> {
+pub(crate) fn to_batch(rows: &[HistoryRow]) -> Result<RecordBatch> {
     let mut time = TimestampNanosecondBuilder::new().with_timezone("UTC");
     let mut rule = StringBuilder::new();
     let mut state = StringBuilder::new();

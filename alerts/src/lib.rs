@@ -11,6 +11,7 @@
 //! with backoff and honours rate limits and `Retry-After`. [`cost`] defines the `jobs` table, a
 //! SQL view over `gpu_metrics` priced from the config file.
 
+pub mod active;
 pub mod cost;
 pub mod engine;
 mod error;

@@ -137,6 +137,8 @@ pub(crate) async fn start(
         EngineSource::new(engine.clone(), query_timeout).with_promql(config.promql.clone()),
     );
     alerting.set_ledger(ledger);
+    let runs_rules = at.ingest.then(|| Arc::clone(&alerting));
+    gpuwatch_alerts::active::register(engine.context(), runs_rules).await?;
     let mut tasks = alerting.start(source, stop);
     tasks.push(ledger_task);
     tracing::info!(

@@ -35,6 +35,31 @@ async fn wait_for(limit: Duration, what: &str, f: impl Fn() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// The rows of an `alerts_active` table: rule, state, fingerprint, since (ns), sorted.
+async fn active(engine: &QueryEngine, table: &str) -> Vec<(String, String, String, i64)> {
+    let sql = format!(
+        "SELECT rule, state, fingerprint, CAST(time AS BIGINT) AS t FROM {table} ORDER BY 1, 3"
+    );
+    let r = engine.query(&sql).await.expect("alerts_active");
+    let text = |b: &arrow::array::RecordBatch, i: usize| {
+        let c = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Utf8).expect("cast");
+        let c = arrow::array::cast::AsArray::as_string::<i32>(&c).clone();
+        (0..b.num_rows())
+            .map(move |k| c.value(k).to_string())
+            .collect::<Vec<_>>()
+    };
+    let mut out = Vec::new();
+    for b in &r.batches {
+        let t =
+            arrow::array::cast::AsArray::as_primitive::<arrow::datatypes::Int64Type>(b.column(3));
+        let (rule, state, fp) = (text(b, 0), text(b, 1), text(b, 2));
+        for k in 0..b.num_rows() {
+            out.push((rule[k].clone(), state[k].clone(), fp[k].clone(), t.value(k)));
+        }
+    }
+    out
+}
+
 fn bodies(r: &Recv) -> Vec<String> {
     r.got().iter().map(|g| g.body.to_string()).collect()
 }
@@ -90,6 +115,12 @@ async fn idle_notebook_fires_gpu_idle_in_job_and_resolves() {
         )
         .expect("alerting"),
     );
+    crate::active::register(engine.context(), Some(Arc::clone(&alerting)))
+        .await
+        .expect("alerts_active");
+    crate::active::register_as(engine.context(), "active_from_history", None)
+        .await
+        .expect("the query node's alerts_active");
     let (stop, rx) = watch::channel(false);
     let _workers = alerting.outbox().start(rx);
     let source = EngineSource::new(engine.clone(), Duration::from_secs(30));
@@ -118,6 +149,14 @@ async fn idle_notebook_fires_gpu_idle_in_job_and_resolves() {
             if fired_at.is_none() && idle.iter().any(|a| a.state == State::Firing) {
                 fired_at = Some(t);
             }
+            // What fires now, from the engine's state and from the history, agree.
+            let now = active(&engine, "alerts_active").await;
+            assert_eq!(now, active(&engine, "active_from_history").await, "at {t}");
+            let firing = idle.iter().filter(|a| a.state == State::Firing).count();
+            let listed = now
+                .iter()
+                .filter(|r| r.0 == "GpuIdleInJob" && r.1 == "firing");
+            assert_eq!(listed.count(), firing, "at {t}");
             if fired_at.is_some()
                 && resolved_at.is_none()
                 && let Some(a) = idle.iter().find(|a| a.state == State::Resolved)
