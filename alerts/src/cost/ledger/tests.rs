@@ -591,23 +591,34 @@ async fn read_back(store: &Arc<Store>, cost: &CostConfig, clock: &ManualClock, b
     }
 }
 
-/// A month later retention has removed every raw sample: the jobs, their hours and reports
-/// are what they were, read from the ledger's table alone.
+/// A year and a day later retention has removed every raw sample and every 1-minute rollup
+/// (30 days and a year by default): the jobs, their hours and reports are what they were the
+/// day after they ran, read from the ledger's table (and the hourly rollups) alone.
 async fn retention_keeps_every_cost(
     store: &Arc<Store>,
     cost: &CostConfig,
     clock: &ManualClock,
     before: &Answers,
 ) {
-    clock.advance(31 * 24 * H);
+    clock.advance(366 * 24 * H);
     store.maintain().expect("maintain");
     store.maintain().expect("maintain");
     let read: Arc<dyn ReadStore> = store.clone();
     let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    let raw = rows(&e, "SELECT count(*) AS n FROM gpu_metrics").await;
-    assert_eq!(raw[0]["n"], 0, "retention left raw samples");
-    let raw = rows(&e, "SELECT count(*) AS n FROM gpu_processes").await;
-    assert_eq!(raw[0]["n"], 0, "retention left raw processes");
+    for table in [
+        "gpu_metrics",
+        "gpu_processes",
+        "gpu_metrics_1m",
+        "gpu_processes_1m",
+    ] {
+        let left = rows(&e, &format!("SELECT count(*) AS n FROM {table}")).await;
+        assert_eq!(left[0]["n"], 0, "retention left rows in {table}");
+    }
+    let hourly = rows(&e, "SELECT count(*) AS n FROM gpu_processes_1h").await;
+    assert!(
+        hourly[0]["n"].as_i64().unwrap_or(0) > 0,
+        "the hourly rollups outlive a year"
+    );
     assert!(
         before
             .reports
