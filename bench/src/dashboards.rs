@@ -57,15 +57,8 @@ pub(crate) struct DashboardsArgs {
     /// Timed runs per panel query (after one warm-up run); the median is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Python with psycopg 3 (`pip install 'psycopg[binary]'`).
-    #[arg(long, default_value = "python3")]
-    pub python: PathBuf,
-    /// The expander and timer.
-    #[arg(long, default_value = "tests/dashboards/grafana_sql.py")]
-    pub script: PathBuf,
-    /// Folder of the dashboard JSON files.
-    #[arg(long, default_value = "dashboards")]
-    pub dashboards: PathBuf,
+    #[command(flatten)]
+    pub panels: PanelArgs,
     /// Dashboard time ranges to time every panel over (ending at the end of the data).
     #[arg(long = "range", default_values_t = vec!["24h".to_string(), "30d".to_string()])]
     pub ranges: Vec<String>,
@@ -343,11 +336,23 @@ async fn alerted_job(server: &Server, end_ms: i64) -> Result<String> {
         .ok_or_else(|| "no alert names a job: the Job dashboard's alerts would be empty".into())
 }
 
-/// How the panels are timed: the expander script, its Python, the dashboards, the ranges.
+/// Where the panels and their timer are (flags of `dashboards` and `history`).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct PanelArgs {
+    /// Python with psycopg 3 (`pip install 'psycopg[binary]'`).
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
+    /// The panels' expander and timer.
+    #[arg(long, default_value = "tests/dashboards/grafana_sql.py")]
+    pub script: PathBuf,
+    /// Folder of the dashboard JSON files.
+    #[arg(long, default_value = "dashboards")]
+    pub dashboards: PathBuf,
+}
+
+/// How the panels are timed: where they are, how many runs, over which ranges.
 pub(crate) struct Panels<'a> {
-    pub python: &'a Path,
-    pub script: &'a Path,
-    pub dashboards: &'a Path,
+    pub at: &'a PanelArgs,
     pub runs: usize,
     pub ranges: &'a [String],
 }
@@ -355,9 +360,7 @@ pub(crate) struct Panels<'a> {
 impl<'a> Panels<'a> {
     fn of(args: &'a DashboardsArgs) -> Self {
         Self {
-            python: &args.python,
-            script: &args.script,
-            dashboards: &args.dashboards,
+            at: &args.panels,
             runs: args.runs,
             ranges: &args.ranges,
         }
@@ -366,21 +369,21 @@ impl<'a> Panels<'a> {
     /// Runs the script's `bench` over the Postgres wire port and reads its timings, the Job
     /// dashboard on `job`, every range ending at `to`.
     pub(crate) fn time(&self, pg_port: u16, to: &str, job: &str) -> Result<Vec<Timing>> {
-        if !self.script.is_file() {
+        if !self.at.script.is_file() {
             return Err(format!(
                 "{}: not found; run from the repository root or pass --script",
-                self.script.display()
+                self.at.script.display()
             ));
         }
         let dsn =
             format!("host=127.0.0.1 port={pg_port} user=bench dbname=gpuwatch sslmode=disable");
-        let mut cmd = Command::new(self.python);
-        cmd.arg(self.script)
+        let mut cmd = Command::new(&self.at.python);
+        cmd.arg(&self.at.script)
             .arg("bench")
             .arg("--dsn")
             .arg(&dsn)
             .arg("--dashboards")
-            .arg(self.dashboards)
+            .arg(&self.at.dashboards)
             .arg("--to")
             .arg(to)
             .arg("--runs")
@@ -392,11 +395,11 @@ impl<'a> Panels<'a> {
         }
         let out = cmd
             .output()
-            .map_err(|e| format!("cannot run {}: {e}", self.python.display()))?;
+            .map_err(|e| format!("cannot run {}: {e}", self.at.python.display()))?;
         if !out.status.success() {
             return Err(format!(
                 "{} bench failed: {}",
-                self.script.display(),
+                self.at.script.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }

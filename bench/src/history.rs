@@ -53,15 +53,8 @@ pub(crate) struct HistoryArgs {
     /// Timed runs per question (after one warm-up run); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
-    /// Python with psycopg 3, which times the panels (`pip install 'psycopg[binary]'`).
-    #[arg(long, default_value = "python3")]
-    pub python: PathBuf,
-    /// The panels' expander and timer.
-    #[arg(long, default_value = "tests/dashboards/grafana_sql.py")]
-    pub script: PathBuf,
-    /// Folder of the dashboard JSON files.
-    #[arg(long, default_value = "dashboards")]
-    pub dashboards: PathBuf,
+    #[command(flatten)]
+    pub panels: crate::dashboards::PanelArgs,
     /// Dashboard time ranges every panel is timed over, ending now (none: `--range ''`).
     #[arg(long = "range", default_values_t = ["1h", "24h", "30d", "365d"].map(String::from))]
     pub ranges: Vec<String>,
@@ -338,9 +331,7 @@ async fn time_panels(
         ranges.join(", ")
     );
     let panels = crate::dashboards::Panels {
-        python: &args.python,
-        script: &args.script,
-        dashboards: &args.dashboards,
+        at: &args.panels,
         runs: args.runs,
         ranges: &ranges,
     };
