@@ -58,6 +58,10 @@ pub(crate) struct HistoryArgs {
     /// Dashboard time ranges every panel is timed over, ending now (none: `--range ''`).
     #[arg(long = "range", default_values_t = ["1h", "24h", "30d", "365d"].map(String::from))]
     pub ranges: Vec<String>,
+    /// The server's `--query-timeout`: a question or panel slower than this is reported as
+    /// timed out.
+    #[arg(long, default_value = "30s")]
+    pub query_timeout: String,
     /// Longest wait for the server to fold the raw hours into the ledger.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
@@ -355,7 +359,12 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
         ),
     )
     .map_err(|e| format!("{}: {e}", config.display()))?;
-    let cmd = GpuwatchCmd::new(&args.data_dir)?.args(["--config", &config.display().to_string()]);
+    let cmd = GpuwatchCmd::new(&args.data_dir)?.args([
+        "--config",
+        &config.display().to_string(),
+        "--query-timeout",
+        &args.query_timeout,
+    ]);
     let started = Instant::now();
     let mut server = cmd.start(
         "gpuwatch",
