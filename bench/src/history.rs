@@ -295,12 +295,12 @@ fn questions(marker: &Marker, month: &str) -> Result<Vec<(&'static str, Ask)>> {
     ])
 }
 
-/// The job the Job dashboard is timed on: the one with the most GPU time among those seen in
-/// the history's last hour.
+/// The job the Job dashboard is timed on: the one with the most raw samples in the history's
+/// last hour (read from the samples: the `jobs` view is one of the questions timed).
 async fn recent_job(client: &reqwest::Client, server: &Server, end_hour_ns: i64) -> Result<String> {
     let sql = format!(
-        "SELECT job_id, sum(gpu_seconds) AS s FROM jobs WHERE last_seen >= to_timestamp_nanos({}) \
-         GROUP BY job_id ORDER BY s DESC, job_id LIMIT 1",
+        "SELECT job_id, count(*) AS n FROM gpu_metrics WHERE time >= to_timestamp_nanos({}) \
+         AND job_id IS NOT NULL GROUP BY job_id ORDER BY n DESC, job_id LIMIT 1",
         end_hour_ns - 3_600_000_000_000
     );
     let rows = crate::ingest::sql_json(client, &server.url, &sql).await?;
