@@ -33,6 +33,14 @@ fn processes(from: i64, secs: i64) -> WriteBatch {
     wb
 }
 
+fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Store {
+    let config = StoreConfig {
+        wal_sync: false,
+        ..StoreConfig::new(dir)
+    };
+    Store::open(config, clock).expect("open")
+}
+
 fn rows_of(store: &Store, table: Table) -> u64 {
     store.files(table).iter().map(|f| f.rows).sum()
 }
@@ -41,14 +49,7 @@ fn rows_of(store: &Store, table: Table) -> u64 {
 fn a_closed_hour_of_processes_is_rolled_up_and_outlives_its_raw_rows() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0 + 30 * 60 * S));
-    let store = Store::open(
-        StoreConfig {
-            wal_sync: false,
-            ..StoreConfig::new(dir.path())
-        },
-        clock.clone(),
-    )
-    .expect("open");
+    let store = open(dir.path(), clock.clone());
     // The first 30 minutes of an hour, in two persists.
     store.write(&processes(0, 900)).expect("write");
     store.persist().expect("persist");
@@ -96,14 +97,7 @@ fn a_late_hour_of_a_merged_day_replaces_its_rows_and_keeps_the_rest() {
     let dir = tempfile::tempdir().expect("tempdir");
     // T0 is 08:00 UTC: hours 08 and 09 are of one day, which ends at T0 + 16 h.
     let clock = Arc::new(ManualClock::new(T0 + 2 * 3600 * S + 11 * 60 * S));
-    let store = Store::open(
-        StoreConfig {
-            wal_sync: false,
-            ..StoreConfig::new(dir.path())
-        },
-        clock.clone(),
-    )
-    .expect("open");
+    let store = open(dir.path(), clock.clone());
     store.write(&processes(0, 7200)).expect("write");
     store.persist().expect("persist");
     store.maintain().expect("maintain");
