@@ -260,6 +260,10 @@ fn questions(marker: &Marker, month: &str) -> Result<Vec<(&'static str, Ask)>> {
             Ask::Sql("SELECT job_id, sum(cost_usd) AS usd FROM jobs GROUP BY job_id".into()),
         ),
         (
+            "jobs list, last 24 hours",
+            Ask::Get("/api/v1/jobs?since=24h&limit=1000".into()),
+        ),
+        (
             "jobs list, last 30 days",
             Ask::Get("/api/v1/jobs?since=30d&limit=1000".into()),
         ),

@@ -240,6 +240,8 @@ pub struct JobLedger {
     work: WorkConfig,
     snapshot: RwLock<Arc<Snapshot>>,
     state: Mutex<State>,
+    /// Each job's first and last hour in the table ([`spans`]).
+    spans: RwLock<spans::Spans>,
 }
 
 pub(super) fn plain(e: impl std::fmt::Display) -> DataFusionError {
@@ -278,6 +280,7 @@ impl JobLedger {
             work: jobs.work,
             snapshot: RwLock::new(Arc::new(Snapshot::empty())),
             state: Mutex::new(State::default()),
+            spans: RwLock::new(spans::Spans::default()),
         }
     }
 
@@ -296,8 +299,19 @@ impl JobLedger {
         let Some(w) = self.snapshot().watermark else {
             return Ok(None);
         };
+        let from = if self.spans_ready() {
+            let ask = bounds::Ask {
+                jobs: Some(vec![job_id.to_string()]),
+                ..bounds::Ask::default()
+            };
+            self.spans()
+                .range(&ask, &Default::default(), w)
+                .map(|(from, _)| from)
+        } else {
+            None
+        };
         let mut merged: BTreeMap<(String, String, Option<String>), GpuUsage> = BTreeMap::new();
-        for g in table::job_rows(ctx, job_id, w).await? {
+        for g in table::job_rows(ctx, job_id, from, w).await? {
             let key = (g.host.clone(), g.gpu_uuid.clone(), g.gpu_model.clone());
             match merged.get_mut(&key) {
                 Some(m) => m.merge(&g),
@@ -346,6 +360,24 @@ impl JobLedger {
             Err(p) => *p.into_inner() = snap,
         }
         Ok(())
+    }
+
+    fn spans(&self) -> std::sync::RwLockReadGuard<'_, spans::Spans> {
+        self.spans.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn spans_mut(&self) -> std::sync::RwLockWriteGuard<'_, spans::Spans> {
+        self.spans.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the index of the jobs' hours was read whole: questions are bounded from then on.
+    pub fn spans_ready(&self) -> bool {
+        self.spans().ready()
+    }
+
+    /// Jobs the index of the jobs' hours holds.
+    pub fn spans_len(&self) -> usize {
+        self.spans().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -578,6 +610,8 @@ impl Usage {
     }
 }
 
+mod bounds;
+mod spans;
 mod sync;
 pub mod table;
 mod view;

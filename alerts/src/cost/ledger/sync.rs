@@ -95,8 +95,40 @@ impl JobLedger {
                 state.seed = table::seed_between(ctx, oldest, w).await?;
             }
         }
+        let ready = self.spans_ready();
+        if ready {
+            self.index_unread(ctx, store).await?;
+        }
         self.publish(&state)?;
         *self.lock() = state;
+        if !ready {
+            let started = std::time::Instant::now();
+            self.index_unread(ctx, store).await?;
+            self.spans_mut().set_ready();
+            tracing::info!(
+                jobs = self.spans_len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "job ledger: every job's hours read; questions about some jobs read only theirs"
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads each job's hours from the table's files the index has not read ([`spans`]).
+    async fn index_unread(&self, ctx: &SessionContext, store: &Store) -> DfResult<()> {
+        let files = store.files(Table::JobLedger);
+        let Some((from, paths)) = self.spans().unread(&files) else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let rows = spans::read(ctx, from).await?;
+        let mut spans = self.spans_mut();
+        spans.merge(rows, paths);
+        tracing::debug!(
+            jobs = spans.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "job ledger: jobs' hours indexed"
+        );
         Ok(())
     }
 
@@ -132,6 +164,12 @@ impl JobLedger {
             .await
             .map_err(plain)?
             .map_err(plain)?;
+            {
+                let mut spans = self.spans_mut();
+                for (job, ..) in fold.usage.keys() {
+                    spans.add(job, hour);
+                }
+            }
             seed.extend(fold.last);
             hour += HOUR;
             folded += 1;

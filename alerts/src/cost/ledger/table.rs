@@ -416,15 +416,19 @@ pub(super) async fn seed_between(
     Ok(out)
 }
 
-/// The usage rows of `job_id` before `before`, one [`GpuUsage`] each (GPUs without a host or
+/// The usage rows of `job_id` from hour `from` (all when `None`) to before `before`, one [`GpuUsage`] each (GPUs without a host or
 /// UUID left out, as the report does).
 pub(super) async fn job_rows(
     ctx: &SessionContext,
     job_id: &str,
+    from: Option<i64>,
     before: i64,
 ) -> DfResult<Vec<GpuUsage>> {
+    let from = from.map_or(String::new(), |f| {
+        format!(" AND time >= to_timestamp_nanos({f})")
+    });
     let sql = format!(
-        "SELECT * FROM {NAME} WHERE job_id = '{}' AND time < to_timestamp_nanos({before})",
+        "SELECT * FROM {NAME} WHERE job_id = '{}'{from} AND time < to_timestamp_nanos({before})",
         job_id.replace('\'', "''")
     );
     let mut out = Vec::new();

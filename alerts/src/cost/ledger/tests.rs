@@ -162,7 +162,74 @@ async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> u
         }
     }
     hours_add_up(e, what).await;
+    bounded_questions_agree(e, cost, what).await;
     got.len()
+}
+
+/// Questions the views bound by the jobs' hours ([`spans`]: since a time, one job, a range of
+/// hours) give the rows the unbounded answers give.
+async fn bounded_questions_agree(e: &QueryEngine, cost: &CostConfig, what: &str) {
+    let plain = cost.jobs_sql(&crate::cost::JobsConfig::default());
+    let order = " ORDER BY job_id, host";
+    let first_job = rows(e, "SELECT min(job_id) AS j FROM jobs").await[0]["j"].clone();
+    let first_job = first_job.as_str().expect("a job");
+    let mut asks: Vec<String> = (0..7)
+        .map(|k| {
+            format!(
+                "last_seen >= to_timestamp_nanos({})",
+                T0 + k * H + 17 * 60 * S
+            )
+        })
+        .collect();
+    asks.push(format!("job_id = '{first_job}'"));
+    asks.push(format!(
+        "last_seen BETWEEN to_timestamp_nanos({}) AND to_timestamp_nanos({}) AND first_seen <= to_timestamp_nanos({})",
+        T0 + 2 * H,
+        T0 + 4 * H,
+        T0 + 3 * H
+    ));
+    for ask in &asks {
+        let got = rows(e, &format!("SELECT * FROM jobs WHERE {ask}{order}")).await;
+        let want = rows(e, &format!("SELECT * FROM ({plain}) j WHERE {ask}{order}")).await;
+        let pack = |r: Vec<serde_json::Map<String, serde_json::Value>>| {
+            serde_json::Value::Array(r.into_iter().map(serde_json::Value::Object).collect())
+        };
+        if let Err(diff) = agree(&pack(got), &pack(want), ask) {
+            panic!("{what}: jobs WHERE {ask}: {diff}");
+        }
+    }
+    for (from, to) in [(0, 2), (2, 4), (3, 7), (5, 6)] {
+        let (from, to) = (T0 + from * H, T0 + to * H);
+        let cols = "hour, job_id, host, gpu_model, gpu_seconds, cost_usd, work_done";
+        let hour_order = " ORDER BY hour, job_id, host, gpu_model";
+        let got = rows(
+            e,
+            &format!(
+                "SELECT {cols} FROM job_hours WHERE hour >= to_timestamp_nanos({from}) AND hour < to_timestamp_nanos({to}){hour_order}"
+            ),
+        )
+        .await;
+        // A filter the view cannot read bounds from: every hour is read.
+        let want = rows(
+            e,
+            &format!(
+                "SELECT {cols} FROM job_hours WHERE date_part('epoch', hour) >= {} AND date_part('epoch', hour) < {}{hour_order}",
+                from / S,
+                to / S
+            ),
+        )
+        .await;
+        let pack = |r: Vec<serde_json::Map<String, serde_json::Value>>| {
+            serde_json::Value::Array(r.into_iter().map(serde_json::Value::Object).collect())
+        };
+        assert!(
+            !want.is_empty() || to > T0 + 6 * H,
+            "{what}: no hours in {from}..{to}"
+        );
+        if let Err(diff) = agree(&pack(got), &pack(want), "job_hours") {
+            panic!("{what}: job_hours of hours {from}..{to}: {diff}");
+        }
+    }
 }
 
 /// `job_hours` summed over hours and GPU models gives `jobs`, each of its rows lies within its
@@ -414,6 +481,7 @@ max_sample_gap = "60s"
         .expect("step");
     assert_eq!(folded, 5);
     assert_eq!(ledger.snapshot().watermark, Some(T0 + 5 * H));
+    reads_are_bounded(&e, &ledger).await;
     same_as_plain_view(&e, &cost, "five hours folded").await;
     same_reports(&e, &raw, &cost, "five hours folded").await;
     assert_eq!(
@@ -496,9 +564,49 @@ max_sample_gap = "60s"
     retention_keeps_every_cost(&store, &cost, &clock, &before).await;
 }
 
+/// Once the ledger loaded, a question about recent jobs or one job reads only their hours.
+async fn reads_are_bounded(e: &QueryEngine, ledger: &JobLedger) {
+    assert!(ledger.spans_ready(), "the jobs' hours are indexed");
+    assert!(
+        ledger.spans_len() > 10,
+        "{} jobs indexed",
+        ledger.spans_len()
+    );
+    let state = e.context().state();
+    let snap = ledger.snapshot();
+    let w = snap.watermark.expect("folded");
+    let recent = bounds::Ask {
+        low: Some(w - 30 * 60 * S),
+        ..bounds::Ask::default()
+    };
+    let read = ledger.read_for(&state, &snap, recent).await.expect("read");
+    let (from, to) = read.hours.expect("bounded");
+    assert!(from > T0 && to == w, "{from}..{to}: not bounded");
+    let old = rows(
+        e,
+        "SELECT job_id FROM job_hours ORDER BY hour, job_id LIMIT 1",
+    )
+    .await;
+    let id = old[0]["job_id"].as_str().expect("a job").to_string();
+    let one = bounds::Ask {
+        jobs: Some(vec![id]),
+        ..bounds::Ask::default()
+    };
+    let read = ledger.read_for(&state, &snap, one).await.expect("read");
+    let (from, to) = read.hours.expect("bounded");
+    assert!(
+        from == T0 && to <= T0 + 2 * H,
+        "{from}..{to}: the first job's hours"
+    );
+}
+
 /// What is compared across a restart and retention.
 struct Answers {
     jobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Jobs seen in the last hours, and two hours of `job_hours`: answers bounded by the
+    /// jobs' hours.
+    recent: Vec<serde_json::Map<String, serde_json::Value>>,
+    window: Vec<serde_json::Map<String, serde_json::Value>>,
     hours: Vec<serde_json::Map<String, serde_json::Value>>,
     reports: Vec<serde_json::Value>,
 }
@@ -509,6 +617,23 @@ impl Answers {
         let hours = rows(
             e,
             "SELECT * FROM job_hours ORDER BY hour, job_id, host, gpu_model",
+        )
+        .await;
+        let recent = rows(
+            e,
+            &format!(
+                "SELECT * FROM jobs WHERE last_seen >= to_timestamp_nanos({}) ORDER BY job_id, host",
+                T0 + 3 * H + 20 * 60 * S
+            ),
+        )
+        .await;
+        let window = rows(
+            e,
+            &format!(
+                "SELECT * FROM job_hours WHERE hour >= to_timestamp_nanos({}) AND hour < to_timestamp_nanos({}) ORDER BY hour, job_id, host, gpu_model",
+                T0 + 2 * H,
+                T0 + 4 * H
+            ),
         )
         .await;
         let mut reports = Vec::new();
@@ -522,6 +647,8 @@ impl Answers {
         }
         Self {
             jobs,
+            recent,
+            window,
             hours,
             reports,
         }
@@ -538,6 +665,12 @@ impl Answers {
         for (name, got, want) in [
             ("jobs", pack(&other.jobs), pack(&self.jobs)),
             ("job_hours", pack(&other.hours), pack(&self.hours)),
+            ("recent jobs", pack(&other.recent), pack(&self.recent)),
+            (
+                "two hours of job_hours",
+                pack(&other.window),
+                pack(&self.window),
+            ),
             (
                 "reports",
                 serde_json::Value::Array(other.reports.clone()),

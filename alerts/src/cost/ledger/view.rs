@@ -16,11 +16,13 @@ use datafusion::datasource::TableType;
 use datafusion::error::Result as DfResult;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::super::limiter::{self, LIMITERS};
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
+use super::bounds::Ask;
+use super::spans::{self, Range};
 use super::{JobLedger, Snapshot, plain, raw_columns, table};
 
 /// Which view over the ledger.
@@ -36,7 +38,7 @@ impl JobLedger {
     /// The CTEs both views share, over the ledger's table before the watermark, the seed
     /// (`job_seed`) and the raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
     /// sums and `price`.
-    fn usage_ctes(&self, watermark: Option<i64>) -> String {
+    fn usage_ctes(&self, watermark: Option<i64>, read: &LedgerRead) -> String {
         let cost = &self.cost;
         let class_columns: String = LIMITERS
             .iter()
@@ -47,9 +49,7 @@ impl JobLedger {
         let after = watermark.map_or("true".to_string(), |w| {
             format!("time >= to_timestamp_nanos({w})")
         });
-        let before = watermark.map_or("false".to_string(), |w| {
-            format!("time < to_timestamp_nanos({w})")
-        });
+        let before = read.condition(watermark);
         let raw = raw_columns();
         let charge = charge_list_sql();
         let charge_max = charge_max_sql(false);
@@ -90,7 +90,7 @@ impl JobLedger {
     }
 
     /// The view's SQL over the snapshot's tables, before its work columns.
-    fn core_sql(&self, view: View, watermark: Option<i64>) -> String {
+    fn core_sql(&self, view: View, watermark: Option<i64>, read: &LedgerRead) -> String {
         let energy_price = self.cost.energy_price_sql();
         let (key, extra) = match view {
             View::Jobs => (
@@ -114,7 +114,7 @@ SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
 FROM p GROUP BY {key}"#,
-            ctes = self.usage_ctes(watermark),
+            ctes = self.usage_ctes(watermark, read),
             gpu_model = if view == View::Hours {
                 ", gpu_model"
             } else {
@@ -161,21 +161,85 @@ FROM p GROUP BY {key}"#,
             .build())
     }
 
-    /// The view's rows over `snap`, as a data frame.
+    /// The view's rows over `snap` (of the ledger, what `read` names), as a data frame.
     async fn frame(
         &self,
         view: View,
         state: &SessionState,
         snap: &Snapshot,
+        read: &LedgerRead,
     ) -> DfResult<DataFrame> {
         let private = self.private_state(state, snap).await?;
-        let core = self.core_sql(view, snap.watermark);
+        let core = self.core_sql(view, snap.watermark, read);
         let sql = match view {
             View::Jobs => self.work.jobs_with_work(&core),
             View::Hours => self.work.hours_with_work(&core),
         };
         let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
+    }
+}
+
+/// What a view reads of the ledger's table below the watermark.
+#[derive(Debug, Default)]
+pub(super) struct LedgerRead {
+    /// Only these hours (`None`: every hour).
+    pub hours: Option<Range>,
+    /// Only these jobs (`None`: every job).
+    pub jobs: Option<Vec<String>>,
+}
+
+impl LedgerRead {
+    /// The condition on the table's rows: below the watermark `w` (nothing before any
+    /// fold), within the hours and jobs.
+    fn condition(&self, w: Option<i64>) -> String {
+        let Some(w) = w else {
+            return "false".into();
+        };
+        let mut c = match self.hours {
+            Some((from, to)) => format!(
+                "time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({})",
+                to.min(w)
+            ),
+            None => format!("time < to_timestamp_nanos({w})"),
+        };
+        if let Some(ids) = &self.jobs {
+            let list: Vec<String> = ids.iter().map(|j| super::super::sql_str(j)).collect();
+            c = if list.is_empty() {
+                "false".into()
+            } else {
+                format!("{c} AND job_id IN ({})", list.join(", "))
+            };
+        }
+        c
+    }
+}
+
+impl JobLedger {
+    /// What a question `ask` over `snap` reads of the table: the hours of the jobs it may
+    /// return ([`spans`]), once the index is read.
+    pub(super) async fn read_for(
+        &self,
+        state: &SessionState,
+        snap: &Snapshot,
+        ask: Ask,
+    ) -> DfResult<LedgerRead> {
+        let Some(w) = snap
+            .watermark
+            .filter(|_| ask.bounded() && self.spans_ready())
+        else {
+            return Ok(LedgerRead::default());
+        };
+        let live = if ask.jobs.is_none() {
+            let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
+            spans::live(&ctx, w).await?
+        } else {
+            Default::default()
+        };
+        Ok(LedgerRead {
+            hours: self.spans().range(&ask, &live, w),
+            jobs: ask.jobs,
+        })
     }
 }
 
@@ -197,7 +261,7 @@ impl JobsTable {
     pub async fn new(ledger: Arc<JobLedger>, view: View, state: &SessionState) -> DfResult<Self> {
         let snap = Snapshot::empty();
         let schema = ledger
-            .frame(view, state, &snap)
+            .frame(view, state, &snap, &LedgerRead::default())
             .await?
             .schema()
             .as_arrow()
@@ -220,11 +284,20 @@ impl TableProvider for JobsTable {
         TableType::View
     }
 
+    /// Every filter bounds what the view reads of the ledger where it can ([`Ask`]) and is
+    /// applied to the view's rows after.
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
     async fn scan(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let state = state
@@ -232,7 +305,9 @@ impl TableProvider for JobsTable {
             .downcast_ref::<SessionState>()
             .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
         let snap = self.ledger.snapshot();
-        let mut frame = self.ledger.frame(self.view, state, &snap).await?;
+        let ask = Ask::of(self.view, filters, state);
+        let read = self.ledger.read_for(state, &snap, ask).await?;
+        let mut frame = self.ledger.frame(self.view, state, &snap, &read).await?;
         if let Some(p) = projection {
             let names: Vec<&str> = p
                 .iter()

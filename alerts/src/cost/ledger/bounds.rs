@@ -1,0 +1,296 @@
+//! What a question's filters say about the jobs it can return: the bounds the ledger's views
+//! read from the filters DataFusion offers them (`supports_filters_pushdown` answers `Inexact`,
+//! so every filter is still applied to the view's rows: a bound only has to be wide enough).
+//!
+//! | view | filter | bound |
+//! | --- | --- | --- |
+//! | `jobs` | `last_seen >= t`, `> t`, `BETWEEN t AND …` | `low` |
+//! | `jobs` | `first_seen <= t`, `< t` | `high` |
+//! | `job_hours` | `hour >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `high` |
+//! | both | `job_id = 'x'`, `job_id IN ('x', …)` | `jobs` |
+//!
+//! `t` is any expression without columns (`to_timestamp_nanos(…)`, `now() - INTERVAL …`, a
+//! timestamp string), evaluated once. Anything else is left to the view's rows.
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Schema, TimeUnit};
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::error::Result as DfResult;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
+use std::sync::Arc;
+
+use super::HOUR;
+use super::view::View;
+
+/// The bounds of a question on the jobs a view may return (nanoseconds).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Ask {
+    /// The job's rows reach this time (`jobs`: last seen at or after; `job_hours`: an hour at
+    /// or after).
+    pub(super) low: Option<i64>,
+    /// The job's rows start by this time (`jobs`: first seen at or before; `job_hours`: an hour
+    /// at or before).
+    pub(super) high: Option<i64>,
+    /// Only these jobs.
+    pub(super) jobs: Option<Vec<String>>,
+}
+
+impl Ask {
+    /// Whether anything bounds the jobs.
+    pub(super) fn bounded(&self) -> bool {
+        self.low.is_some() || self.high.is_some() || self.jobs.is_some()
+    }
+
+    /// Whether a job whose ledger hours are `first..=last` may be returned (`live`: it has raw
+    /// samples after the ledger, so its rows reach the present).
+    pub(super) fn may_return(&self, (first, last): (i64, i64), live: bool) -> bool {
+        let reaches = live || self.low.is_none_or(|l| last + HOUR > l);
+        let starts = self.high.is_none_or(|h| first <= h);
+        reaches && starts
+    }
+
+    /// The bounds `filters` put on `view`'s jobs, evaluating constant sides in `state`.
+    pub(super) fn of(view: View, filters: &[Expr], state: &SessionState) -> Self {
+        let (low_col, high_col) = match view {
+            View::Jobs => ("last_seen", "first_seen"),
+            View::Hours => ("hour", "hour"),
+        };
+        let mut ask = Ask::default();
+        for f in filters {
+            ask.read(f, low_col, high_col, state);
+        }
+        ask
+    }
+
+    fn read(&mut self, f: &Expr, low_col: &str, high_col: &str, state: &SessionState) {
+        match f {
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::And => {
+                self.read(left, low_col, high_col, state);
+                self.read(right, low_col, high_col, state);
+            }
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let (col, op, value) = match (column(left), column(right)) {
+                    (Some(c), None) => (c, *op, right.as_ref()),
+                    (None, Some(c)) => match op.swap() {
+                        Some(op) => (c, op, left.as_ref()),
+                        None => return,
+                    },
+                    _ => return,
+                };
+                self.compare(col, op, value, low_col, high_col, state);
+            }
+            Expr::Between(Between {
+                expr,
+                negated: false,
+                low,
+                high,
+            }) => {
+                if let Some(c) = column(expr) {
+                    self.compare(c, Operator::GtEq, low, low_col, high_col, state);
+                    self.compare(c, Operator::LtEq, high, low_col, high_col, state);
+                }
+            }
+            Expr::InList(list) if !list.negated && column(&list.expr) == Some("job_id") => {
+                let ids: Option<Vec<String>> = list.list.iter().map(text).collect();
+                if let Some(ids) = ids {
+                    self.only(ids);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn compare(
+        &mut self,
+        col: &str,
+        op: Operator,
+        value: &Expr,
+        low_col: &str,
+        high_col: &str,
+        state: &SessionState,
+    ) {
+        if col == "job_id" && op == Operator::Eq {
+            if let Some(id) = text(value) {
+                self.only(vec![id]);
+            }
+            return;
+        }
+        let is_low = col == low_col && matches!(op, Operator::Gt | Operator::GtEq);
+        let is_high = col == high_col && matches!(op, Operator::Lt | Operator::LtEq);
+        if !(is_low || is_high) {
+            return;
+        }
+        let Some(t) = nanos(value, state) else {
+            return;
+        };
+        if is_low {
+            self.low = Some(self.low.map_or(t, |l| l.max(t)));
+        } else {
+            self.high = Some(self.high.map_or(t, |h| h.min(t)));
+        }
+    }
+
+    fn only(&mut self, ids: Vec<String>) {
+        self.jobs = Some(match self.jobs.take() {
+            Some(have) => have.into_iter().filter(|j| ids.contains(j)).collect(),
+            None => ids,
+        });
+    }
+}
+
+/// The column `e` names, through casts.
+fn column(e: &Expr) -> Option<&str> {
+    match e {
+        Expr::Column(c) => Some(c.name.as_str()),
+        Expr::Cast(c) => column(&c.expr),
+        Expr::TryCast(c) => column(&c.expr),
+        _ => None,
+    }
+}
+
+/// A text literal.
+fn text(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Literal(v, _) => match v {
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::Utf8View(Some(s))
+            | ScalarValue::LargeUtf8(Some(s)) => Some(s.clone()),
+            _ => None,
+        },
+        Expr::Cast(c) => text(&c.expr),
+        _ => None,
+    }
+}
+
+/// The value of an expression without columns, as nanoseconds since the epoch.
+fn nanos(e: &Expr, state: &SessionState) -> Option<i64> {
+    if !e.column_refs().is_empty() {
+        return None;
+    }
+    let value = evaluate(e, state).ok()?;
+    let ts = value
+        .cast_to(&DataType::Timestamp(TimeUnit::Nanosecond, None))
+        .ok()?;
+    match ts {
+        ScalarValue::TimestampNanosecond(Some(t), _) => Some(t),
+        _ => None,
+    }
+}
+
+fn evaluate(e: &Expr, state: &SessionState) -> DfResult<ScalarValue> {
+    let schema = DFSchema::empty();
+    let physical = state.create_physical_expr(e.clone(), &schema)?;
+    let one_row = RecordBatch::try_new_with_options(
+        Arc::new(Schema::empty()),
+        vec![],
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )?;
+    match physical.evaluate(&one_row)? {
+        datafusion::logical_expr::ColumnarValue::Scalar(s) => Ok(s),
+        datafusion::logical_expr::ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::SessionContext;
+
+    /// The bounds of the `WHERE` of `sql` over a table shaped like `view`.
+    async fn ask_of(view: View, cond: &str) -> Ask {
+        let ctx = SessionContext::new();
+        ctx.sql(
+            "CREATE TABLE t (job_id VARCHAR, last_seen TIMESTAMP WITH TIME ZONE, \
+             first_seen TIMESTAMP WITH TIME ZONE, hour TIMESTAMP WITH TIME ZONE, cost_usd DOUBLE)",
+        )
+        .await
+        .expect("create");
+        let plan = ctx
+            .sql(&format!("SELECT * FROM t WHERE {cond}"))
+            .await
+            .expect("plan")
+            .into_optimized_plan()
+            .expect("optimize");
+        let mut filters = Vec::new();
+        plan.apply(|p| {
+            if let datafusion::logical_expr::LogicalPlan::Filter(f) = p {
+                filters.push(f.predicate.clone());
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })
+        .expect("walk");
+        Ask::of(view, &filters, &ctx.state())
+    }
+
+    use datafusion::common::tree_node::TreeNode;
+
+    const T: i64 = 1_800_000_000_000_000_000;
+
+    #[tokio::test]
+    async fn the_filters_of_lists_statements_panels_and_reports_give_their_bounds() {
+        let list = ask_of(
+            View::Jobs,
+            &format!("last_seen >= to_timestamp_nanos({T}) AND cost_usd > 0"),
+        )
+        .await;
+        assert_eq!(
+            list,
+            Ask {
+                low: Some(T),
+                ..Ask::default()
+            }
+        );
+        let panel = ask_of(
+            View::Jobs,
+            "last_seen BETWEEN '2027-01-15T08:00:00Z' AND '2027-01-16T08:00:00Z' AND first_seen <= '2027-01-16T08:00:00Z'",
+        )
+        .await;
+        assert_eq!(panel.low, Some(T));
+        assert_eq!(panel.high, Some(T + 24 * HOUR));
+        let month = ask_of(
+            View::Hours,
+            &format!(
+                "hour >= to_timestamp_nanos({T}) AND hour < to_timestamp_nanos({})",
+                T + 720 * HOUR
+            ),
+        )
+        .await;
+        assert_eq!((month.low, month.high), (Some(T), Some(T + 720 * HOUR)));
+        let one = ask_of(View::Jobs, "job_id = '42' AND (job_id IN ('42', '43'))").await;
+        assert_eq!(one.jobs, Some(vec!["42".to_string()]));
+        // Flipped sides, `now()`, an upper bound on the wrong column, an OR: what can be read.
+        let flipped = ask_of(View::Jobs, &format!("to_timestamp_nanos({T}) < last_seen")).await;
+        assert_eq!(flipped.low, Some(T));
+        let recent = ask_of(View::Jobs, "last_seen >= now() - INTERVAL '1 hour'").await;
+        assert!(
+            recent.low.is_some_and(|t| t > T - 365 * 24 * HOUR),
+            "{recent:?}"
+        );
+        let wrong = ask_of(View::Jobs, &format!("last_seen <= to_timestamp_nanos({T})")).await;
+        assert!(!wrong.bounded(), "{wrong:?}");
+        let either = ask_of(
+            View::Jobs,
+            &format!("last_seen >= to_timestamp_nanos({T}) OR job_id = '1'"),
+        )
+        .await;
+        assert!(!either.bounded(), "{either:?}");
+    }
+
+    #[test]
+    fn a_job_may_be_returned_when_its_hours_meet_the_bounds() {
+        let ask = Ask {
+            low: Some(10 * HOUR + 5),
+            high: Some(20 * HOUR),
+            jobs: None,
+        };
+        assert!(
+            ask.may_return((0, 10 * HOUR), false),
+            "last hour holds the bound"
+        );
+        assert!(!ask.may_return((0, 9 * HOUR), false));
+        assert!(ask.may_return((0, 9 * HOUR), true), "running");
+        assert!(ask.may_return((20 * HOUR, 30 * HOUR), false));
+        assert!(!ask.may_return((21 * HOUR, 30 * HOUR), false));
+    }
+}

@@ -1,0 +1,236 @@
+//! Each job's span in the ledger: its first and last folded hour. A question about some jobs
+//! (`jobs WHERE last_seen >= X`, `job_hours WHERE hour` in a month, one job's report) reads
+//! the ledger's hours from the first hour of the jobs it can be about to the last, not the
+//! whole table: every job it may return is then read whole (the `jobs` sums and the work split
+//! need all of a job's hours), and the other jobs read in part are the ones its filter drops.
+//!
+//! The index is read from the table once, after the ledger first loads (until then the views
+//! read the whole table), then kept current: each folded hour adds its jobs before the
+//! snapshot that covers it is published, and files the index has not seen (another server's
+//! folds, merged days) are read from their first hour on. A span only grows, so a job refolded
+//! out of an hour keeps a span that still covers its rows.
+
+use std::collections::{HashMap, HashSet};
+
+use arrow::array::Array;
+
+use datafusion::prelude::SessionContext;
+
+use super::super::shares::shares_of;
+use super::{DfResult, HOUR, floor_hour, table};
+use crate::cost::ledger::bounds::Ask;
+use gpuwatch_store::persist::FileMeta;
+
+/// The spans, and the files they were read from.
+#[derive(Debug, Default)]
+pub(super) struct Spans {
+    /// Whether the whole table was read (before, no question is bounded).
+    ready: bool,
+    /// Job id → (first hour, last hour), nanoseconds.
+    jobs: HashMap<String, (i64, i64)>,
+    /// The table's files already read.
+    files: HashSet<String>,
+}
+
+/// The hours `[from, to)` of the ledger a question reads.
+pub(super) type Range = (i64, i64);
+
+impl Spans {
+    /// Jobs indexed.
+    pub(super) fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether the whole table was read.
+    pub(super) fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Extends `job`'s span to cover `hour`.
+    pub(super) fn add(&mut self, job: &str, hour: i64) {
+        match self.jobs.get_mut(job) {
+            Some((first, last)) => {
+                *first = (*first).min(hour);
+                *last = (*last).max(hour);
+            }
+            None => {
+                self.jobs.insert(job.to_string(), (hour, hour));
+            }
+        }
+    }
+
+    /// The files of `files` not read yet, and the first hour of the earliest (`None` when
+    /// every file was read).
+    pub(super) fn unread(&self, files: &[FileMeta]) -> Option<(i64, Vec<String>)> {
+        let new: Vec<&FileMeta> = files
+            .iter()
+            .filter(|f| !self.files.contains(&f.path))
+            .collect();
+        if new.is_empty() {
+            return None;
+        }
+        let from = new
+            .iter()
+            .filter(|f| f.has_time_range())
+            .map(|f| floor_hour(f.min_time))
+            .min()
+            .unwrap_or(i64::MIN);
+        Some((from, new.iter().map(|f| f.path.clone()).collect()))
+    }
+
+    /// Adds what `rows` (job, first hour, last hour) say and marks `files` read.
+    pub(super) fn merge(&mut self, rows: Vec<(String, i64, i64)>, files: Vec<String>) {
+        for (job, first, last) in rows {
+            self.add(&job, first);
+            self.add(&job, last);
+        }
+        self.files.extend(files);
+    }
+
+    /// Marks the index whole: every file of the table was read.
+    pub(super) fn set_ready(&mut self) {
+        self.ready = true;
+    }
+
+    /// The hours a question `ask` reads, below the watermark `w`: from the first hour of every
+    /// job it may return to the last. `live` are the jobs with raw samples at or after `w`
+    /// (their rows pass a time filter whatever their ledger hours). `None`: read every hour
+    /// (the index is not read yet, or the question names no bound).
+    pub(super) fn range(&self, ask: &Ask, live: &HashSet<String>, w: i64) -> Option<Range> {
+        if !self.ready || !ask.bounded() {
+            return None;
+        }
+        let mut range: Option<Range> = None;
+        let mut take = |(first, last): (i64, i64)| {
+            let (f, t) = range.unwrap_or((first, last + HOUR));
+            range = Some((f.min(first), t.max(last + HOUR)));
+        };
+        match &ask.jobs {
+            Some(ids) => ids
+                .iter()
+                .filter_map(|j| self.jobs.get(j).map(|s| (j, *s)))
+                .filter(|(j, s)| ask.may_return(*s, live.contains(j.as_str())))
+                .for_each(|(_, s)| take(s)),
+            None => self
+                .jobs
+                .iter()
+                .filter(|(j, s)| ask.may_return(**s, live.contains(j.as_str())))
+                .for_each(|(_, s)| take(*s)),
+        }
+        Some(match range {
+            Some((from, to)) => (from, to.min(w)),
+            None => (w, w),
+        })
+    }
+}
+
+/// Each job's first and last hour in the table from hour `from` on.
+pub(super) async fn read(ctx: &SessionContext, from: i64) -> DfResult<Vec<(String, i64, i64)>> {
+    let from = if from == i64::MIN {
+        String::new()
+    } else {
+        format!(" AND time >= to_timestamp_nanos({from})")
+    };
+    let sql = format!(
+        "SELECT job_id, CAST(min(time) AS BIGINT) AS first, CAST(max(time) AS BIGINT) AS last \
+         FROM {name} WHERE job_id IS NOT NULL{from} GROUP BY job_id",
+        name = table::NAME,
+    );
+    let mut out = Vec::new();
+    for b in ctx.sql(&sql).await?.collect().await? {
+        let (ids, first, last) = (
+            super::strings(&b, 0)?,
+            super::ints(&b, 1)?,
+            super::ints(&b, 2)?,
+        );
+        for i in 0..b.num_rows() {
+            if ids.is_null(i) || first.is_null(i) || last.is_null(i) {
+                continue;
+            }
+            out.push((ids.value(i).to_string(), first.value(i), last.value(i)));
+        }
+    }
+    Ok(out)
+}
+
+/// The jobs of the raw samples at or after `w` (a shared GPU's too).
+pub(super) async fn live(ctx: &SessionContext, w: i64) -> DfResult<HashSet<String>> {
+    let sql = format!(
+        "SELECT DISTINCT job_id, job_shares FROM gpu_metrics \
+         WHERE time >= to_timestamp_nanos({w}) AND job_id IS NOT NULL"
+    );
+    let mut out = HashSet::new();
+    for b in ctx.sql(&sql).await?.collect().await? {
+        let (ids, shares) = (super::strings(&b, 0)?, super::strings(&b, 1)?);
+        for i in 0..b.num_rows() {
+            for (job, _) in shares_of(super::opt(&ids, i), super::opt(&shares, i)) {
+                out.insert(job.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: i64 = HOUR;
+
+    fn spans() -> Spans {
+        let mut s = Spans::default();
+        // a: hours 0..2, b: hours 5..9, c: hour 20, d: hours 1..30 (still running).
+        s.merge(
+            vec![
+                ("a".into(), 0, 2 * H),
+                ("b".into(), 5 * H, 9 * H),
+                ("c".into(), 20 * H, 20 * H),
+                ("d".into(), H, 30 * H),
+            ],
+            vec![],
+        );
+        s
+    }
+
+    #[test]
+    fn a_question_reads_the_whole_life_of_every_job_it_may_return_and_no_more() {
+        let mut s = spans();
+        let w = 31 * H;
+        let none = HashSet::new();
+        let since = |t: i64| Ask {
+            low: Some(t),
+            ..Ask::default()
+        };
+        assert_eq!(s.range(&since(19 * H), &none, w), None, "not ready");
+        s.set_ready();
+        // Jobs seen from hour 19 on: c and d; d started at hour 1.
+        assert_eq!(s.range(&since(19 * H + 30), &none, w), Some((H, 31 * H)));
+        // Without d running that long, only c's hour.
+        s.jobs.insert("d".into(), (H, 3 * H));
+        assert_eq!(s.range(&since(19 * H), &none, w), Some((20 * H, 21 * H)));
+        // A job with raw samples after the watermark is read whole whatever its hours.
+        let live: HashSet<String> = ["b".to_string()].into();
+        assert_eq!(s.range(&since(19 * H), &live, w), Some((5 * H, 21 * H)));
+        // Nothing can match: nothing is read.
+        assert_eq!(s.range(&since(40 * H), &none, w), Some((w, w)));
+        // One job: its span; an unknown job: nothing.
+        let one = |j: &str| Ask {
+            jobs: Some(vec![j.to_string()]),
+            ..Ask::default()
+        };
+        assert_eq!(s.range(&one("b"), &none, w), Some((5 * H, 10 * H)));
+        assert_eq!(s.range(&one("zz"), &none, w), Some((w, w)));
+        // A month: jobs seen in hours 4..=9 (first seen by 9, last seen from 4).
+        let month = Ask {
+            low: Some(4 * H),
+            high: Some(9 * H),
+            jobs: None,
+        };
+        assert_eq!(s.range(&month, &none, w), Some((5 * H, 10 * H)));
+        // No bound at all: everything.
+        assert_eq!(s.range(&Ask::default(), &none, w), None);
+        // The end stops at the watermark.
+        s.add("c", 40 * H);
+        assert_eq!(s.range(&one("c"), &none, w), Some((20 * H, w)));
+    }
+}
