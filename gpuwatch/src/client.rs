@@ -75,8 +75,23 @@ pub(crate) struct Client {
 impl Client {
     /// `GET path_and_query`: the body of a 2xx answer, or the server's error.
     pub(crate) async fn get(&self, path_and_query: &str) -> Result<Vec<u8>> {
+        Ok(self.get_with_header(path_and_query, "").await?.0)
+    }
+
+    /// `GET path_and_query`: the body of a 2xx answer and its header `header`, or the
+    /// server's error.
+    pub(crate) async fn get_with_header(
+        &self,
+        path_and_query: &str,
+        header: &str,
+    ) -> Result<(Vec<u8>, Option<String>)> {
         let http = self.http()?;
-        self.send(http.get(self.url(path_and_query))).await
+        let (body, headers) = self.exchange(http.get(self.url(path_and_query))).await?;
+        let value = headers
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok((body, value))
     }
 
     /// `POST path` with a JSON body: the body of a 2xx answer, or the server's error.
@@ -86,7 +101,7 @@ impl Client {
             .post(self.url(path))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
-        self.send(req).await
+        Ok(self.exchange(req).await?.0)
     }
 
     fn url(&self, path: &str) -> String {
@@ -100,7 +115,10 @@ impl Client {
             .map_err(Error::HttpClient)
     }
 
-    async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Vec<u8>> {
+    async fn exchange(
+        &self,
+        mut req: reqwest::RequestBuilder,
+    ) -> Result<(Vec<u8>, reqwest::header::HeaderMap)> {
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -111,6 +129,7 @@ impl Client {
             source,
         })?;
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         let body = resp.bytes().await.map_err(|source| Error::Unreachable {
             what: "the answer broke off from",
             server: self.server.clone(),
@@ -118,7 +137,7 @@ impl Client {
             source,
         })?;
         if (200..300).contains(&status) {
-            return Ok(body.to_vec());
+            return Ok((body.to_vec(), headers));
         }
         let msg = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()

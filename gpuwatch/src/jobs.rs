@@ -88,6 +88,8 @@ async fn one(State(state): State<JobsState>, Path(job_id): Path<String>) -> Resp
 const DEFAULT_LIST_LIMIT: usize = 500;
 /// Set on a job list that stops at its `limit` while more jobs matched.
 const TRUNCATED_HEADER: &str = "gpuwatch-truncated";
+/// Set with [`TRUNCATED_HEADER`]: the query parameters of the next page (`until=…&after=…`).
+const NEXT_HEADER: &str = "gpuwatch-next";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,6 +98,38 @@ struct ListParams {
     since: Option<String>,
     running: Option<bool>,
     limit: Option<usize>,
+    /// A later page: jobs last seen before this instant (RFC 3339 or nanoseconds since the
+    /// epoch), or at it with an id after `after`.
+    until: Option<String>,
+    after: Option<String>,
+}
+
+/// An instant of a page cursor: nanoseconds since the epoch, or RFC 3339.
+fn parse_instant(text: &str) -> std::result::Result<i64, String> {
+    if let Ok(ns) = text.parse::<i64>() {
+        return Ok(ns);
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .and_then(|t| t.timestamp_nanos_opt())
+        .ok_or_else(|| {
+            format!("until {text:?}: not an instant (write nanoseconds since the epoch or RFC 3339, as the gpuwatch-next header gives)")
+        })
+}
+
+/// The page cursor of `until` and `after`.
+fn cursor(
+    until: Option<&str>,
+    after: Option<&str>,
+) -> std::result::Result<Option<(i64, String)>, String> {
+    match (until, after) {
+        (None, None) => Ok(None),
+        (Some(t), after) => Ok(Some((
+            parse_instant(t)?,
+            after.unwrap_or_default().to_string(),
+        ))),
+        (None, Some(_)) => Err("after needs until (the gpuwatch-next header gives both)".into()),
+    }
 }
 
 /// Parses `7d`, `12h`, `30m` (humantime) into a duration.
@@ -134,9 +168,14 @@ async fn list(
             ),
         );
     }
+    let until = match cursor(p.until.as_deref(), p.after.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return error_response(Status::BadRequest, &e),
+    };
     let filter = ListFilter {
         user: p.user.filter(|u| !u.is_empty()),
         since_ns: since_ns.max(0),
+        until,
         running_only: p.running.unwrap_or(false),
         limit,
     };
@@ -148,6 +187,12 @@ async fn list(
                     TRUNCATED_HEADER,
                     axum::http::HeaderValue::from_static("true"),
                 );
+            }
+            if let Some((t, id)) = &list.next {
+                let next = format!("until={t}&after={}", encode(id));
+                if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+                    resp.headers_mut().insert(NEXT_HEADER, v);
+                }
             }
             resp
         }
@@ -205,6 +250,32 @@ pub(crate) struct ListArgs<'a> {
     pub running: bool,
     /// At most this many.
     pub limit: usize,
+    /// A later page: the `--until` and `--after` the previous page printed.
+    pub until: Option<&'a str>,
+    pub after: Option<&'a str>,
+}
+
+/// The `until` and `after` of a [`NEXT_HEADER`].
+fn next_page(header: &str) -> Option<(String, String)> {
+    let url = reqwest::Url::parse(&format!("http://next/?{header}")).ok()?;
+    let pick = |k: &str| {
+        url.query_pairs()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.into_owned())
+    };
+    Some((pick("until")?, pick("after").unwrap_or_default()))
+}
+
+/// `s` as one shell word.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=+@".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// `gpuwatch jobs`: what to print.
@@ -218,34 +289,32 @@ pub(crate) async fn jobs(
         since,
         running,
         limit,
+        until,
+        after,
     } = *filter;
     parse_since(since).map_err(|e| Error::Config(format!("--{e}")))?;
+    let page = cursor(until, after).map_err(|e| Error::Config(format!("--{e}")))?;
     if !(1..=report::MAX_LIST_LIMIT).contains(&limit) {
         return Err(Error::Config(format!(
             "--limit {limit}: list 1 to {} jobs at a time; page through more with a shorter --since",
             report::MAX_LIST_LIMIT
         )));
     }
-    // One more than asked tells whether more jobs matched.
-    let mut q = format!(
-        "/api/v1/jobs?since={}&limit={}",
-        encode(since),
-        (limit + 1).min(report::MAX_LIST_LIMIT)
-    );
+    let mut q = format!("/api/v1/jobs?since={}&limit={limit}", encode(since));
     if let Some(u) = user {
         q.push_str(&format!("&user={}", encode(u)));
     }
     if running {
         q.push_str("&running=true");
     }
-    let body = client.get(&q).await?;
-    let mut list: Vec<JobSummary> =
-        serde_json::from_slice(&body).map_err(|e| Error::Malformed {
-            what: "job list",
-            source: Box::new(e),
-        })?;
-    let more = list.len() > limit;
-    list.truncate(limit);
+    if let Some((t, id)) = &page {
+        q.push_str(&format!("&until={t}&after={}", encode(id)));
+    }
+    let (body, next) = client.get_with_header(&q, NEXT_HEADER).await?;
+    let list: Vec<JobSummary> = serde_json::from_slice(&body).map_err(|e| Error::Malformed {
+        what: "job list",
+        source: Box::new(e),
+    })?;
     match format {
         ReportFormat::Json => serde_json::to_string(&list)
             .map(|s| format!("{s}\n"))
@@ -255,9 +324,10 @@ pub(crate) async fn jobs(
             }),
         ReportFormat::Table => {
             let mut out = report::render_list(&list);
-            if more {
+            if let Some((t, id)) = next.as_deref().and_then(next_page) {
                 out.push_str(&format!(
-                    "(the {limit} most recent jobs; more match: narrow --since or --user, or raise --limit)\n"
+                    "(the {limit} most recent jobs; more match: narrow --since or --user, raise --limit, or list the next page with --until {t} --after {})\n",
+                    shell_word(&id)
                 ));
             }
             Ok(out)

@@ -83,6 +83,13 @@ struct JobsArgs {
     /// At most this many jobs.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// The next page: jobs last seen before this instant (RFC 3339 or nanoseconds), as the
+    /// page before printed.
+    #[arg(long)]
+    until: Option<String>,
+    /// The next page: with --until, jobs last seen at that instant list after this job id.
+    #[arg(long, requires = "until")]
+    after: Option<String>,
     /// Output format.
     #[arg(long, env = "GPUWATCH_FORMAT", value_enum, default_value = "table")]
     format: jobs::ReportFormat,
@@ -300,6 +307,8 @@ async fn run() -> Result<()> {
                 since: &args.since,
                 running: args.running,
                 limit: args.limit,
+                until: args.until.as_deref(),
+                after: args.after.as_deref(),
             };
             jobs::jobs(&args.client.client()?, &filter, args.format)
                 .await?

@@ -28,14 +28,15 @@ fn point(k: usize, t: i64) -> serde_json::Value {
     })
 }
 
-/// Jobs `from..to`, each one sample at `t - k` ms (distinct times, the later k the earlier).
+/// Jobs `from..to`, each one sample at `t - k/2` ms (two jobs at each time, the later k the
+/// earlier).
 async fn send(server: &TestServer, from: usize, to: usize, t: i64) {
     let url = server.otlp_url();
     let mut k = from;
     while k < to {
         let end = (k + PER_REQUEST).min(to);
         let points: Vec<_> = (k..end)
-            .map(|j| point(j, t - j as i64 * 1_000_000))
+            .map(|j| point(j, t - (j / 2) as i64 * 1_000_000))
             .collect();
         let body = serde_json::json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
             {"name": "hw.gpu.utilization", "gauge": {"dataPoints": points}}
@@ -53,6 +54,15 @@ async fn send(server: &TestServer, from: usize, to: usize, t: i64) {
 }
 
 async fn list(server: &TestServer, query: &str) -> (u16, Option<String>, serde_json::Value) {
+    let (status, truncated, _, body) = list_page(server, query).await;
+    (status, truncated, body)
+}
+
+/// A list's status, `gpuwatch-truncated` and `gpuwatch-next` headers, and body.
+async fn list_page(
+    server: &TestServer,
+    query: &str,
+) -> (u16, Option<String>, Option<String>, serde_json::Value) {
     let resp = reqwest::Client::new()
         .get(format!("{}/api/v1/jobs?{query}", server.url()))
         .send()
@@ -64,9 +74,40 @@ async fn list(server: &TestServer, query: &str) -> (u16, Option<String>, serde_j
         .get("gpuwatch-truncated")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let next = resp
+        .headers()
+        .get("gpuwatch-next")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let bytes = resp.bytes().await.expect("body");
     let body = serde_json::from_slice(&bytes).expect("json");
-    (status, truncated, body)
+    (status, truncated, next, body)
+}
+
+/// Following `gpuwatch-next` from the first page lists every job of the window once, in the
+/// list's order (the same last-seen instant shared by jobs across a page's end included).
+async fn pages_list_every_job_once(server: &TestServer) {
+    let mut seen: Vec<String> = Vec::new();
+    let mut query = "since=1h&limit=6999".to_string();
+    for _ in 0..20 {
+        let (status, _, next, body) = list_page(server, &query).await;
+        assert_eq!(status, 200, "{body}");
+        seen.extend(
+            body.as_array()
+                .expect("array")
+                .iter()
+                .filter_map(|j| j["job_id"].as_str().map(str::to_owned)),
+        );
+        match next {
+            Some(n) => query = format!("since=1h&limit=6999&{n}"),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (JOBS / 2..JOBS).map(|j| format!("job-{j:06}")).collect();
+    assert_eq!(seen.len(), want.len(), "jobs listed over the pages");
+    assert_eq!(seen, want, "every job once, most recent first");
+    let (status, _, _, body) = list_page(server, "since=1h&until=yesterday").await;
+    assert_eq!(status, 400, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -141,4 +182,45 @@ async fn job_lists_stay_bounded_on_a_hundred_thousand_jobs() {
         text.contains("the 5 most recent jobs; more match"),
         "{text}"
     );
+    // The note names the next page; asking for it lists the next five.
+    let flags: Vec<String> = text
+        .split("the next page with ")
+        .nth(1)
+        .and_then(|rest| rest.strip_suffix(")\n"))
+        .expect("the next page's flags")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(flags[0], "--until", "{text}");
+    let out = Command::new(bin_dir().join("gpuwatch"))
+        .args([
+            "jobs",
+            "--since",
+            "1h",
+            "--limit",
+            "5",
+            "--server",
+            &server.url(),
+        ])
+        .args(&flags)
+        .output()
+        .expect("gpuwatch jobs, next page");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ids: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("job-"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "job-050005",
+            "job-050006",
+            "job-050007",
+            "job-050008",
+            "job-050009"
+        ],
+        "{text}"
+    );
+    pages_list_every_job_once(&server).await;
 }

@@ -401,6 +401,9 @@ pub struct JobList {
     pub jobs: Vec<JobSummary>,
     /// More jobs matched the filter than `limit`.
     pub truncated: bool,
+    /// Where the next page starts when `truncated`: the last job's last-seen instant (ns) and
+    /// id, for [`ListFilter::until`].
+    pub next: Option<(i64, String)>,
 }
 
 /// A running job was seen at most this long ago (two sample intervals of an agent sampling every
@@ -414,6 +417,9 @@ pub struct ListFilter {
     pub user: Option<String>,
     /// Jobs last seen after this instant (ns since the epoch).
     pub since_ns: i64,
+    /// A page after the first: jobs listed after this one, last seen before this instant (ns)
+    /// or at it with a larger id — the list's order, most recent first ([`JobList::next`]).
+    pub until: Option<(i64, String)>,
     /// Only running jobs.
     pub running_only: bool,
     /// At most this many (the most recent first), 1 to [`MAX_LIST_LIMIT`].
@@ -679,13 +685,23 @@ pub async fn list_jobs(
     };
     // `jobs` has one row per job and host, so `count(host)` counts the hosts (a DISTINCT beside
     // the ordered `first_value` doubles the aggregate's time).
+    // A later page: jobs after the cursor in the list's order (on the job's sums: a filter on
+    // its rows would change a job's last-seen instant, and with it its place in the order).
+    let page = match &filter.until {
+        Some((t, id)) => format!(
+            " HAVING max(last_seen) < to_timestamp_nanos({t}) \
+             OR (max(last_seen) = to_timestamp_nanos({t}) AND job_id > {})",
+            sql_str(id)
+        ),
+        None => String::new(),
+    };
     let sql = format!(
         "WITH j AS (SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
            count(host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
            CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
            sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
            sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
-         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id \
+         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id{page} \
          ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}), \
          {m} \
          SELECT j.*, m.mean_utilization, m.mean_sm_active, m.samples, m.gpu_count, m.span_ns \
@@ -696,14 +712,19 @@ pub async fn list_jobs(
     for r in rows(engine, &sql).await? {
         let job = summary_from_row(&r, now_ns);
         if !filter.running_only || job.state == "running" {
-            out.push(job);
+            out.push((i(&r, "last_seen_ns").unwrap_or_default(), job));
         }
     }
     let truncated = out.len() > limit;
     out.truncate(limit);
+    let next = match out.last() {
+        Some((t, job)) if truncated => Some((*t, job.job_id.clone())),
+        _ => None,
+    };
     Ok(JobList {
-        jobs: out,
+        jobs: out.into_iter().map(|(_, j)| j).collect(),
         truncated,
+        next,
     })
 }
 

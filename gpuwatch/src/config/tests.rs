@@ -297,7 +297,7 @@ const ADDED: &[(&str, &[&str])] = &[
     ("demo", &[]),
     ("sql", &["--token", "--token-file"]),
     ("job", &["--token-file"]),
-    ("jobs", &["--token-file"]),
+    ("jobs", &["--token-file", "--until", "--after"]),
     (
         "check",
         &["--data-dir", "--object-store", "--quick", "--format"],

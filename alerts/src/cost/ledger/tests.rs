@@ -398,6 +398,7 @@ async fn same_lists(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what:
     let filter = ListFilter {
         user: None,
         since_ns: 0,
+        until: None,
         running_only: false,
         limit: 1000,
     };
@@ -418,6 +419,39 @@ async fn same_lists(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what:
         if let Err(diff) = agree(&g, &w, "list") {
             panic!("{what}: {diff}");
         }
+    }
+    // Pages of four, each from the cursor of the one before, list the same jobs.
+    let mut paged = Vec::new();
+    let mut until = None;
+    loop {
+        let page = ListFilter {
+            until: until.clone(),
+            limit: 4,
+            ..filter.clone()
+        };
+        let list = list_jobs(e, &page, T0 + 7 * H).await.expect("page");
+        assert!(list.jobs.len() <= 4, "{what}: page of {}", list.jobs.len());
+        paged.extend(
+            list.jobs
+                .into_iter()
+                .map(|j| serde_json::to_value(j).expect("json")),
+        );
+        match list.next {
+            Some(next) => until = Some(next),
+            None => break,
+        }
+    }
+    let whole: Vec<serde_json::Value> = got
+        .jobs
+        .iter()
+        .map(|j| serde_json::to_value(j).expect("json"))
+        .collect();
+    if let Err(diff) = agree(
+        &serde_json::Value::Array(paged),
+        &serde_json::Value::Array(whole),
+        "pages",
+    ) {
+        panic!("{what}: the list by pages: {diff}");
     }
 }
 

@@ -289,6 +289,7 @@ async fn unknown_and_hostile_job_ids_are_values() {
         &ListFilter {
             user: Some("alice' OR 'a'='a".into()),
             since_ns: 0,
+            until: None,
             running_only: false,
             limit: 10,
         },
@@ -303,6 +304,7 @@ async fn unknown_and_hostile_job_ids_are_values() {
         &ListFilter {
             user: Some("alice".into()),
             since_ns: 0,
+            until: None,
             running_only: false,
             limit: 10,
         },
