@@ -155,6 +155,13 @@ async fn job_lists_stay_bounded_on_a_hundred_thousand_jobs() {
         "{body}"
     );
 
+    cli_lists_a_page_and_names_the_next(&server);
+    pages_list_every_job_once(&server).await;
+}
+
+/// `gpuwatch jobs --limit 5` lists five jobs and the flags of the next page, which list the
+/// next five.
+fn cli_lists_a_page_and_names_the_next(server: &TestServer) {
     let out = Command::new(bin_dir().join("gpuwatch"))
         .args([
             "jobs",
@@ -222,5 +229,4 @@ async fn job_lists_stay_bounded_on_a_hundred_thousand_jobs() {
         ],
         "{text}"
     );
-    pages_list_every_job_once(&server).await;
 }
