@@ -299,19 +299,16 @@ impl JobLedger {
         let Some(w) = self.snapshot().watermark else {
             return Ok(None);
         };
-        let from = if self.spans_ready() {
-            let ask = bounds::Ask {
-                jobs: Some(vec![job_id.to_string()]),
-                ..bounds::Ask::default()
-            };
-            self.spans()
-                .range(&ask, &Default::default(), w)
-                .map(|(from, _)| from)
-        } else {
-            None
+        // The job's hours, once the index is read.
+        let ask = bounds::Ask {
+            jobs: Some(vec![job_id.to_string()]),
+            ..bounds::Ask::default()
         };
+        let range = self
+            .spans_ready()
+            .then(|| self.spans().range(&ask, &Default::default(), w));
         let mut merged: BTreeMap<(String, String, Option<String>), GpuUsage> = BTreeMap::new();
-        for g in table::job_rows(ctx, job_id, from, w).await? {
+        for g in table::job_rows(ctx, job_id, range.flatten(), w).await? {
             let key = (g.host.clone(), g.gpu_uuid.clone(), g.gpu_model.clone());
             match merged.get_mut(&key) {
                 Some(m) => m.merge(&g),

@@ -740,8 +740,10 @@ fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
                 "SELECT job_id, part_utilization_sum AS u_sum, part_utilization_n AS u_n, \
                    part_sm_active_sum AS s_sum, part_sm_active_n AS s_n, samples AS n, \
                    host || ' ' || gpu_uuid AS g, CAST(first_seen AS BIGINT) AS t0, CAST(last_seen AS BIGINT) AS t1 \
-                 FROM job_ledger WHERE time < to_timestamp_nanos({w}) \
-                   AND last_seen >= to_timestamp_nanos({since}){user} UNION ALL "
+                 FROM job_ledger WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({w}) \
+                   AND last_seen >= to_timestamp_nanos({since}){user} UNION ALL ",
+                // A row's `time` is its hour's start: rows seen since `since` are from its hour on.
+                hour = since.div_euclid(3_600_000_000_000) * 3_600_000_000_000,
             ),
             since.max(w),
         ),

@@ -416,17 +416,21 @@ pub(super) async fn seed_between(
     Ok(out)
 }
 
-/// The usage rows of `job_id` from hour `from` (all when `None`) to before `before`, one [`GpuUsage`] each (GPUs without a host or
+/// The usage rows of `job_id` in the hours `hours` (all when `None`) before `before`, one [`GpuUsage`] each (GPUs without a host or
 /// UUID left out, as the report does).
 pub(super) async fn job_rows(
     ctx: &SessionContext,
     job_id: &str,
-    from: Option<i64>,
+    hours: Option<(i64, i64)>,
     before: i64,
 ) -> DfResult<Vec<GpuUsage>> {
-    let from = from.map_or(String::new(), |f| {
-        format!(" AND time >= to_timestamp_nanos({f})")
-    });
+    let (from, before) = match hours {
+        Some((from, to)) => (
+            format!(" AND time >= to_timestamp_nanos({from})"),
+            to.min(before),
+        ),
+        None => (String::new(), before),
+    };
     let sql = format!(
         "SELECT * FROM {NAME} WHERE job_id = '{}'{from} AND time < to_timestamp_nanos({before})",
         job_id.replace('\'', "''")
