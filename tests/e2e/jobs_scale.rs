@@ -162,24 +162,29 @@ async fn job_lists_stay_bounded_on_a_hundred_thousand_jobs() {
 /// `gpuwatch jobs --limit 5` lists five jobs and the flags of the next page, which list the
 /// next five.
 fn cli_lists_a_page_and_names_the_next(server: &TestServer) {
-    let out = Command::new(bin_dir().join("gpuwatch"))
-        .args([
-            "jobs",
-            "--since",
-            "1h",
-            "--limit",
-            "5",
-            "--server",
-            &server.url(),
-        ])
-        .output()
-        .expect("gpuwatch jobs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // `gpuwatch jobs --since 1h --limit 5` with `more` flags: what it printed.
+    let jobs = |more: &[String]| {
+        let out = Command::new(bin_dir().join("gpuwatch"))
+            .args([
+                "jobs",
+                "--since",
+                "1h",
+                "--limit",
+                "5",
+                "--server",
+                &server.url(),
+            ])
+            .args(more)
+            .output()
+            .expect("gpuwatch jobs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = jobs(&[]);
     assert_eq!(
         text.lines().filter(|l| l.starts_with("job-")).count(),
         5,
@@ -199,20 +204,7 @@ fn cli_lists_a_page_and_names_the_next(server: &TestServer) {
         .map(str::to_owned)
         .collect();
     assert_eq!(flags[0], "--until", "{text}");
-    let out = Command::new(bin_dir().join("gpuwatch"))
-        .args([
-            "jobs",
-            "--since",
-            "1h",
-            "--limit",
-            "5",
-            "--server",
-            &server.url(),
-        ])
-        .args(&flags)
-        .output()
-        .expect("gpuwatch jobs, next page");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = jobs(&flags);
     let ids: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("job-"))
