@@ -297,7 +297,11 @@ FROM d GROUP BY job_id, host"#,
             .await
             .map_err(|e| Error::Other(format!("cannot register the job ledger's table: {e}")))?;
         let ledger = Arc::new(JobLedger::new(self.clone(), jobs.clone()));
-        for (name, view) in [("jobs", View::Jobs), ("job_hours", View::Hours)] {
+        for (name, view) in [
+            ("jobs", View::Jobs),
+            ("job_hours", View::Hours),
+            ("job_days", View::Days),
+        ] {
             let table = JobsTable::new(Arc::clone(&ledger), view, &ctx.state())
                 .await
                 .map_err(|e| Error::Other(format!("cannot plan the {name} view: {e}")))?;

@@ -419,11 +419,14 @@ pub enum Table {
     /// The `jobs` view's sums per job, GPU and closed hour, written by the cost accounting
     /// when an hour closes ([`declare_job_ledger`]).
     JobLedger,
+    /// `job_ledger`'s usage rows summed per job, GPU and UTC day (with the same columns),
+    /// written by the cost accounting once a day's hours are all folded.
+    JobLedger1d,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 10] = [
+    pub const ALL: [Table; 11] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
@@ -434,6 +437,7 @@ impl Table {
         Table::GpuEvents,
         Table::Alerts,
         Table::JobLedger,
+        Table::JobLedger1d,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -472,13 +476,14 @@ impl Table {
             Table::GpuEvents => "gpu_events",
             Table::Alerts => "alerts",
             Table::JobLedger => "job_ledger",
+            Table::JobLedger1d => "job_ledger_1d",
         }
     }
 
     /// True for the tables that ingest writes (the others are built by compaction, or by the
     /// job ledger one file per hour: [`crate::Store::replace_hour`]).
     pub fn is_ingested(self) -> bool {
-        self.rollup_nanos().is_none() && self != Table::JobLedger
+        self.rollup_nanos().is_none() && !matches!(self, Table::JobLedger | Table::JobLedger1d)
     }
 
     /// Table by SQL name.
@@ -499,6 +504,7 @@ impl Table {
             Table::JobLedger => 8,
             Table::GpuProcesses1m => 9,
             Table::GpuProcesses1h => 10,
+            Table::JobLedger1d => 11,
         }
     }
 
@@ -517,7 +523,7 @@ impl Table {
             Table::GpuProcesses1m | Table::GpuProcesses1h => GPU_PROCESSES_ROLLUP.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
             Table::Alerts => ALERTS.clone(),
-            Table::JobLedger => ledger::job_ledger_schema(),
+            Table::JobLedger | Table::JobLedger1d => ledger::job_ledger_schema(),
         }
     }
 
@@ -533,7 +539,7 @@ impl Table {
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
             Table::Alerts => &["rule", "time"],
-            Table::JobLedger => &["job_id", "host", "gpu_uuid", "time"],
+            Table::JobLedger | Table::JobLedger1d => &["job_id", "host", "gpu_uuid", "time"],
         }
     }
 }

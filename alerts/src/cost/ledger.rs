@@ -141,6 +141,9 @@ pub struct Snapshot {
     /// End of the folded hours; `None` before anything is folded (the view reads every sample).
     pub watermark: Option<i64>,
     seed: RecordBatch,
+    /// The days before the watermark whose sums `job_ledger_1d` holds ([`days`]), as runs
+    /// `[from, to)`.
+    days: Vec<(i64, i64)>,
 }
 
 /// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
@@ -188,6 +191,7 @@ impl Snapshot {
         Self {
             watermark: None,
             seed: RecordBatch::new_empty(seed_schema()),
+            days: Vec::new(),
         }
     }
 }
@@ -230,6 +234,8 @@ struct State {
     watermark: Option<i64>,
     /// Each GPU's last sample before the watermark (from the oldest raw sample's hour on).
     seed: HashMap<GpuKey, Last>,
+    /// The days rolled into `job_ledger_1d` and those to roll.
+    days: days::Days,
 }
 
 /// The ledger of one server.
@@ -351,6 +357,9 @@ impl JobLedger {
         let snap = Arc::new(Snapshot {
             watermark: state.watermark,
             seed: seed_batch(&seed)?,
+            days: state
+                .watermark
+                .map_or_else(Vec::new, |w| days::runs(&state.days.current, w)),
         });
         match self.snapshot.write() {
             Ok(mut s) => *s = snap,
@@ -608,6 +617,7 @@ impl Usage {
 }
 
 mod bounds;
+mod days;
 mod spans;
 mod sync;
 pub mod table;
@@ -616,3 +626,5 @@ pub use view::{JobsTable, View};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_days;

@@ -1,6 +1,6 @@
 //! Monthly statements: GPU-hours, idle GPU-hours, energy, cost, idle cost and work done per
 //! account, user, namespace, partition or pod label, and GPU model, summed from the
-//! `job_hours` view over the hours of one calendar month (UTC). `GET /api/v1/cost` and
+//! `job_days` view over the days of one calendar month (UTC). `GET /api/v1/cost` and
 //! `gpuwatch cost` answer with [`Statement::sql`] (docs/cost.md "Statements").
 
 use std::fmt;
@@ -38,7 +38,7 @@ impl GroupBy {
         }
     }
 
-    /// The SQL of the group over a `job_hours` row.
+    /// The SQL of the group over a `job_days` row.
     fn expr(&self) -> String {
         match self {
             GroupBy::Account => "job_account".into(),
@@ -157,7 +157,7 @@ pub struct Statement {
 }
 
 impl Statement {
-    /// The statement's SQL over `job_hours`: one row per group and GPU model with `month`,
+    /// The statement's SQL over `job_days`: one row per group and GPU model with `month`,
     /// the group's column ([`GroupBy::column`], null for jobs without it), `gpu_model`, `jobs`,
     /// `gpu_hours`, `idle_gpu_hours`, `energy_kwh`, `cost_usd`, `idle_cost_usd`, `work_unit`
     /// and `work_done` (both null unless every job of the row that reports work uses one
@@ -170,8 +170,8 @@ impl Statement {
   sum(energy_joules) / 3.6e6 AS energy_kwh, sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd,
   CASE WHEN count(DISTINCT work_unit) = 1 THEN max(work_unit) END AS work_unit,
   CASE WHEN count(DISTINCT work_unit) = 1 THEN sum(work_done) END AS work_done
-FROM (SELECT {group} AS g, * FROM job_hours
-      WHERE hour >= to_timestamp_nanos({start}) AND hour < to_timestamp_nanos({end})) h
+FROM (SELECT {group} AS g, * FROM job_days
+      WHERE day >= to_timestamp_nanos({start}) AND day < to_timestamp_nanos({end})) h
 GROUP BY g, gpu_model ORDER BY cost_usd DESC, g, gpu_model"#,
             month = sql_str(&self.month.to_string()),
             column = self.by.column().replace('"', ""),

@@ -145,13 +145,13 @@ FROM jw"#,
         )
     }
 
-    /// The `job_hours` view's statement: `core` (one row per job, host, GPU model and hour)
-    /// with `work_unit` and `work_done` (the job's work split by GPU-seconds, so that a job's
-    /// hours add up to its rows of `jobs`).
-    pub(crate) fn hours_with_work(&self, core: &str) -> String {
+    /// The `job_hours` and `job_days` views' statement: `core` (one row per job, host, GPU
+    /// model and `period`, `hour` or `day`) with `work_unit` and `work_done` (the job's work
+    /// split by GPU-seconds, so that a job's hours or days add up to its rows of `jobs`).
+    pub(crate) fn rows_with_work(&self, core: &str, period: &str) -> String {
         format!(
             r#"{split}
-SELECT hour, job_id, scheduler, job_user, job_name, host, gpu_model, gpus, first_seen, last_seen, gpu_seconds,
+SELECT {period}, job_id, scheduler, job_user, job_name, host, gpu_model, gpus, first_seen, last_seen, gpu_seconds,
   share, idle_gpu_seconds, energy_joules, cost_usd, idle_cost_usd, work_unit, work_done{charge}
 FROM jw"#,
             split = self.work_split(core),

@@ -103,7 +103,7 @@ pub(crate) struct RetentionFile {
     pub gpu_events: Option<String>,
     /// Alert history (default 365d).
     pub alerts: Option<String>,
-    /// The job ledger (default 1825d).
+    /// The job ledger and its daily sums (default 1825d).
     pub job_ledger: Option<String>,
 }
 

@@ -1,7 +1,7 @@
 //! SQL over HTTP: `POST /api/v1/sql` with `{"sql": "...", "format": "json"}`, or
 //! `GET /api/v1/sql?q=...&format=...`. An answer that leaves damaged data out says so in a
 //! `Gpuwatch-Warning` header per warning ([`WARNING_HEADER`]). Monthly cost statements,
-//! `GET /api/v1/cost?by=account&month=2026-11&format=csv`, are SQL over the `job_hours` view
+//! `GET /api/v1/cost?by=account&month=2026-11&format=csv`, are SQL over the `job_days` view
 //! ([`gpuwatch_alerts::cost::statement`]) answered the same way.
 
 use std::sync::{Arc, OnceLock};

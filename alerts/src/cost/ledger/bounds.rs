@@ -7,6 +7,7 @@
 //! | `jobs` | `last_seen >= t`, `> t`, `BETWEEN t AND …` | `low` |
 //! | `jobs` | `first_seen <= t`, `< t` | `high` |
 //! | `job_hours` | `hour >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `high` |
+//! | `job_days` | `day >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `high` (the end of `t`'s day) |
 //! | both | `job_id = 'x'`, `job_id IN ('x', …)` | `jobs` |
 //!
 //! `t` is any expression without columns (`to_timestamp_nanos(…)`, `now() - INTERVAL …`, a
@@ -55,10 +56,15 @@ impl Ask {
         let (low_col, high_col) = match view {
             View::Jobs => ("last_seen", "first_seen"),
             View::Hours => ("hour", "hour"),
+            View::Days => ("day", "day"),
         };
         let mut ask = Ask::default();
         for f in filters {
             ask.read(f, low_col, high_col, state);
+        }
+        if view == View::Days {
+            // A day at or before `t` holds hours up to the end of `t`'s day.
+            ask.high = ask.high.map(|h| super::days::floor_day(h).saturating_add(super::days::DAY - 1));
         }
         ask
     }

@@ -19,12 +19,11 @@ use tokio::sync::watch;
 
 use super::*;
 
-/// The table's files, by path.
+/// The files of the table and of its daily sums, by path.
 fn table_files(store: &Store) -> Vec<String> {
-    store
-        .files(Table::JobLedger)
+    [Table::JobLedger, Table::JobLedger1d]
         .iter()
-        .map(|f| f.path.clone())
+        .flat_map(|t| store.files(*t).iter().map(|f| f.path.clone()).collect::<Vec<_>>())
         .collect()
 }
 
@@ -42,7 +41,8 @@ impl JobLedger {
     /// One pass. Reads the table when needed (first pass, a moved oldest raw hour, or — on a
     /// server that does not `fold` — changed files); then, when `fold`, refolds hours that
     /// received late samples and folds the hours closed since the last pass, writing each to
-    /// the table through `store`. Returns the hours folded.
+    /// the table through `store`, and writes the sums of the days whose hours are all folded
+    /// ([`days`]). Returns the hours folded.
     pub async fn step(
         &self,
         ctx: &SessionContext,
@@ -61,10 +61,14 @@ impl JobLedger {
         if reload {
             self.load(ctx, store, oldest, files).await?;
         }
-        match oldest {
-            Some(oldest) if fold => self.fold_closed(ctx, store, oldest, now_nanos).await,
-            _ => Ok(0),
+        let folded = match oldest {
+            Some(oldest) if fold => self.fold_closed(ctx, store, oldest, now_nanos).await?,
+            _ => 0,
+        };
+        if fold {
+            self.roll_due(ctx, store).await?;
         }
+        Ok(folded)
     }
 
     /// Reads the folded hours, the watermark and the seed from the table.
@@ -94,6 +98,9 @@ impl JobLedger {
                 state.watermark = Some(w);
                 state.seed = table::seed_between(ctx, oldest, w).await?;
             }
+        }
+        if let Some(w) = state.watermark {
+            state.days = days::read(ctx, w).await?;
         }
         let ready = self.spans_ready();
         if ready {
@@ -178,12 +185,43 @@ impl JobLedger {
             s.hours.retain(|&h, _| h < hour - HOUR);
             s.hours.insert(hour - HOUR, fold.samples);
             s.watermark = Some(hour);
+            // The day's sums no longer match its hours until it is rolled again.
+            let day = days::floor_day(hour - HOUR);
+            s.days.current.remove(&day);
+            s.days.due.insert(day);
             if folded % PUBLISH_EVERY == 0 || hour >= closed_end {
                 s.seed = seed.clone();
                 self.publish(&s)?;
             }
         }
         Ok(folded)
+    }
+
+    /// Writes the sums of every due day whose hours are all folded ([`days`]), publishing
+    /// as they are written.
+    async fn roll_due(&self, ctx: &SessionContext, store: &Arc<Store>) -> DfResult<()> {
+        let (due, w) = {
+            let s = self.lock();
+            (s.days.due.clone(), s.watermark)
+        };
+        let Some(w) = w else { return Ok(()) };
+        let mut rolled = 0;
+        for day in due.into_iter().filter(|d| d + days::DAY <= w) {
+            let samples = days::roll(ctx, store, day).await?;
+            let mut s = self.lock();
+            s.days.due.remove(&day);
+            if let Some(n) = samples {
+                s.days.current.insert(day, n);
+                rolled += 1;
+                if rolled % PUBLISH_EVERY == 0 {
+                    self.publish(&s)?;
+                }
+            }
+        }
+        if rolled > 0 {
+            self.publish(&self.lock())?;
+        }
+        Ok(())
     }
 
     /// The earliest folded hour (from the oldest raw sample's on) whose `gpu_metrics_1h`

@@ -82,18 +82,22 @@ pub fn declare() -> Result<(), String> {
     gpuwatch_store::schema::declare_job_ledger(columns())
 }
 
-/// Registers `ctx`'s `job_ledger` provider again with the declared columns (an engine built
-/// before [`declare`] ran read the table's schema as the store's key columns alone).
+/// Registers `ctx`'s `job_ledger` and `job_ledger_1d` providers again with the declared
+/// columns (an engine built before [`declare`] ran read their schema as the store's key
+/// columns alone).
 pub(crate) async fn refresh_provider(ctx: &SessionContext) -> DfResult<()> {
-    let Some(current) = ctx.table_provider(NAME).await.ok() else {
-        return Ok(());
-    };
-    let Some(t) = (current.as_ref() as &dyn std::any::Any).downcast_ref::<StoreTable>() else {
-        return Ok(());
-    };
-    if t.schema().fields().len() != Table::JobLedger.schema().fields().len() {
-        ctx.deregister_table(NAME)?;
-        ctx.register_table(NAME, Arc::new(t.with_current_schema()))?;
+    for table in [Table::JobLedger, Table::JobLedger1d] {
+        let name = table.name();
+        let Some(current) = ctx.table_provider(name).await.ok() else {
+            continue;
+        };
+        let Some(t) = (current.as_ref() as &dyn std::any::Any).downcast_ref::<StoreTable>() else {
+            continue;
+        };
+        if t.schema().fields().len() != table.schema().fields().len() {
+            ctx.deregister_table(name)?;
+            ctx.register_table(name, Arc::new(t.with_current_schema()))?;
+        }
     }
     Ok(())
 }

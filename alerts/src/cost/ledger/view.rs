@@ -1,7 +1,8 @@
-//! The views over the ledger: `jobs` (one row per job and host) and `job_hours` (one row per
-//! job, host, GPU model and hour, what monthly statements sum). Both are the ledger's folded
-//! hours plus the same formulas over the raw samples at or after the watermark, planned in a
-//! catalog of their own so that the two parts always agree.
+//! The views over the ledger: `jobs` (one row per job and host), `job_hours` (one row per
+//! job, host, GPU model and hour) and `job_days` (the same per day, what monthly statements
+//! sum). Each is the ledger's folded hours (`jobs` and `job_days` read whole days from its
+//! daily sums, [`days`]) plus the same formulas over the raw samples at or after the
+//! watermark, planned in a catalog of their own so that the two parts always agree.
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use super::super::limiter::{self, LIMITERS};
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
 use super::bounds::Ask;
 use super::spans::{self, Range};
-use super::{JobLedger, Snapshot, plain, raw_columns, table};
+use super::{JobLedger, Snapshot, days, plain, raw_columns, table};
 
 /// Which view over the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,13 +33,22 @@ pub enum View {
     Jobs,
     /// `job_hours`: one row per job, host, GPU model and hour (UTC).
     Hours,
+    /// `job_days`: one row per job, host, GPU model and day (UTC).
+    Days,
+}
+
+impl View {
+    /// Whether the view may read the ledger's daily sums (`job_hours` needs every hour).
+    fn reads_days(self) -> bool {
+        self != View::Hours
+    }
 }
 
 impl JobLedger {
     /// The CTEs both views share, over the ledger's table before the watermark, the seed
     /// (`job_seed`) and the raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
     /// sums and `price`.
-    fn usage_ctes(&self, watermark: Option<i64>, read: &LedgerRead) -> String {
+    fn usage_ctes(&self, watermark: Option<i64>, read: &LedgerRead, days: &[(i64, i64)]) -> String {
         let cost = &self.cost;
         let class_columns: String = LIMITERS
             .iter()
@@ -49,9 +59,19 @@ impl JobLedger {
         let after = watermark.map_or("true".to_string(), |w| {
             format!("time >= to_timestamp_nanos({w})")
         });
-        let before = read.condition(watermark);
-        let raw = raw_columns();
         let charge = charge_list_sql();
+        let (before, in_days) = read.condition(watermark, days);
+        let sums = format!(
+            "job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
+    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, time AS hour"
+        );
+        let day_rows = in_days.map_or(String::new(), |c| {
+            format!(
+                "\n  UNION ALL\n  SELECT {sums}\n  FROM {} WHERE job_id IS NOT NULL AND {c}",
+                days::NAME
+            )
+        });
+        let raw = raw_columns();
         let charge_max = charge_max_sql(false);
         let mut present = vec!["job_user", "job_name"];
         present.extend(CHARGE_COLUMNS);
@@ -70,16 +90,15 @@ impl JobLedger {
     COALESCE(gpu_utilization < {idle}, false) AS idle
   FROM s WHERE job_id IS NOT NULL AND {after}
 ), {split}, u AS (
-  SELECT job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, time AS hour
-  FROM {ledger} WHERE job_id IS NOT NULL AND {before}
+  SELECT {sums}
+  FROM {ledger} WHERE job_id IS NOT NULL AND {before}{day_rows}
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
     {class_sums}{charge_max}, hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
-  SELECT u.*, {price} AS price FROM u
+  SELECT u.*, {price} AS price, date_trunc('day', hour) AS day FROM u
 )"#,
             class = self.class_sql(),
             price = cost.price_sql(),
@@ -90,7 +109,13 @@ impl JobLedger {
     }
 
     /// The view's SQL over the snapshot's tables, before its work columns.
-    fn core_sql(&self, view: View, watermark: Option<i64>, read: &LedgerRead) -> String {
+    fn core_sql(
+        &self,
+        view: View,
+        watermark: Option<i64>,
+        read: &LedgerRead,
+        days: &[(i64, i64)],
+    ) -> String {
         let energy_price = self.cost.energy_price_sql();
         let (key, extra) = match view {
             View::Jobs => (
@@ -101,8 +126,14 @@ impl JobLedger {
                 ),
             ),
             View::Hours => ("hour, job_id, host, gpu_model", String::new()),
+            View::Days => ("day, job_id, host, gpu_model", String::new()),
         };
-        let lead = if view == View::Hours { "hour, " } else { "" };
+        let lead = match view {
+            View::Jobs => "",
+            View::Hours => "hour, ",
+            View::Days => "day, ",
+        };
+        let days = if view.reads_days() { days } else { &[] };
         format!(
             r#"{ctes}
 SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
@@ -114,12 +145,8 @@ SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
 FROM p GROUP BY {key}"#,
-            ctes = self.usage_ctes(watermark, read),
-            gpu_model = if view == View::Hours {
-                ", gpu_model"
-            } else {
-                ""
-            },
+            ctes = self.usage_ctes(watermark, read, days),
+            gpu_model = if view == View::Jobs { "" } else { ", gpu_model" },
             charge_named = charge_max_sql(true),
         )
     }
@@ -138,7 +165,7 @@ FROM p GROUP BY {key}"#,
             .and_then(|c| c.schema(&schema_name))
             .ok_or_else(|| plain("the jobs view: no default schema"))?;
         let schema = MemorySchemaProvider::new();
-        for name in ["gpu_metrics", "metrics", table::NAME] {
+        for name in ["gpu_metrics", "metrics", table::NAME, days::NAME] {
             let table = shared
                 .table(name)
                 .await?
@@ -170,10 +197,11 @@ FROM p GROUP BY {key}"#,
         read: &LedgerRead,
     ) -> DfResult<DataFrame> {
         let private = self.private_state(state, snap).await?;
-        let core = self.core_sql(view, snap.watermark, read);
+        let core = self.core_sql(view, snap.watermark, read, &snap.days);
         let sql = match view {
             View::Jobs => self.work.jobs_with_work(&core),
-            View::Hours => self.work.hours_with_work(&core),
+            View::Hours => self.work.rows_with_work(&core, "hour"),
+            View::Days => self.work.rows_with_work(&core, "day"),
         };
         let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
@@ -190,12 +218,44 @@ pub(super) struct LedgerRead {
 }
 
 impl LedgerRead {
-    /// The condition on the table's rows: below the watermark `w` (nothing before any
-    /// fold), within the hours and jobs.
-    fn condition(&self, w: Option<i64>) -> String {
-        let Some(w) = w else {
-            return "false".into();
+    /// The conditions on the rows of the ledger's table and of its daily sums (`None`: none
+    /// read): below the watermark `w` (nothing before any fold), within the hours and jobs;
+    /// the days in `days` (runs `[from, to)`) are read from the daily sums, their hours not.
+    pub(super) fn condition(&self, w: Option<i64>, days: &[(i64, i64)]) -> (String, Option<String>) {
+        let Some(w) = w.filter(|_| self.jobs.as_ref().is_none_or(|j| !j.is_empty())) else {
+            return ("false".into(), None);
         };
+        // The days overlapping the hours read, clipped to them: their hours are read from the
+        // daily sums (whole days: a wider read, which a bound may always be).
+        let (from, to) = self.hours.unwrap_or((i64::MIN, w));
+        let first = days::floor_day(from.max(i64::MIN / 2));
+        let end = days::floor_day(to.min(w).min(i64::MAX / 2) + days::DAY - 1);
+        let days: Vec<(i64, i64)> = days
+            .iter()
+            .map(|&(a, b)| (a.max(first), b.min(end)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        let hours = self.hour_condition(w);
+        if days.is_empty() {
+            return (hours, None);
+        }
+        let in_days = days::in_runs_sql(&days);
+        let mut on_days = in_days.clone();
+        if let Some(ids) = self.job_list() {
+            on_days = format!("{on_days} AND job_id IN ({ids})");
+        }
+        (format!("{hours} AND NOT {in_days}"), Some(on_days))
+    }
+
+    /// The jobs as an SQL list, when the read names them (and at least one).
+    fn job_list(&self) -> Option<String> {
+        let ids = self.jobs.as_ref()?;
+        let list: Vec<String> = ids.iter().map(|j| super::super::sql_str(j)).collect();
+        (!list.is_empty()).then(|| list.join(", "))
+    }
+
+    /// The condition on the ledger's hour rows.
+    fn hour_condition(&self, w: i64) -> String {
         let mut c = match self.hours {
             Some((from, to)) => format!(
                 "time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({})",
@@ -203,13 +263,8 @@ impl LedgerRead {
             ),
             None => format!("time < to_timestamp_nanos({w})"),
         };
-        if let Some(ids) = &self.jobs {
-            let list: Vec<String> = ids.iter().map(|j| super::super::sql_str(j)).collect();
-            c = if list.is_empty() {
-                "false".into()
-            } else {
-                format!("{c} AND job_id IN ({})", list.join(", "))
-            };
+        if let Some(ids) = self.job_list() {
+            c = format!("{c} AND job_id IN ({ids})");
         }
         c
     }

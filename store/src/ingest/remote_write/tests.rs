@@ -463,7 +463,8 @@ proptest! {
                 | Table::GpuMetrics1h
                 | Table::GpuProcesses1m
                 | Table::GpuProcesses1h
-                | Table::JobLedger => {
+                | Table::JobLedger
+                | Table::JobLedger1d => {
                     prop_assert!(false, "ingest never writes rollup or ledger tables");
                 }
                 Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {

@@ -1,0 +1,250 @@
+//! The ledger's daily sums: the `job_ledger_1d` table, one row per job, GPU (and model) and UTC
+//! day with the `job_ledger` columns the views read (labels, first and last sample, the `jobs`
+//! sums, the limiter's seconds, samples), written once every hour of the day is folded.
+//! Questions over many days (`jobs` over a month or a year, `job_days` and the statements over
+//! it) then read one row per job and GPU a day instead of one an hour.
+//!
+//! Each day file also holds a marker row (no job, no last sample) with the day's raw samples as
+//! the ledger's hour rows count them. A day's sums are read only while the marker equals the
+//! sum of its 24 hour rows: a refolded hour (late samples) changes that count, so until the day
+//! is written again (by the server that folds, right after the refold) every server reads the
+//! day's hours instead. A day with fewer than 24 folded hours (the ledger's first day, a gap)
+//! is never rolled and is always read by the hour.
+//!
+//! The sums are exact: every column is a sum, a min or a max of the hours' rows, and the views
+//! sum, min and max them again per job.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, new_null_array};
+use arrow::compute::cast;
+use arrow::datatypes::DataType;
+use datafusion::prelude::SessionContext;
+use gpuwatch_store::Store;
+use gpuwatch_store::schema::Table;
+
+use super::super::limiter::{self, LIMITERS};
+use super::super::charge_max_sql;
+use super::{DfResult, HOUR, plain, table};
+
+/// The table's SQL name.
+pub(super) const NAME: &str = "job_ledger_1d";
+/// A UTC day, ns.
+pub(super) const DAY: i64 = 24 * HOUR;
+
+/// The start of `t`'s UTC day.
+pub(super) fn floor_day(t: i64) -> i64 {
+    t.div_euclid(DAY) * DAY
+}
+
+/// The columns summed from the hours' usage rows.
+const SUMMED: [&str; 6] = [
+    "gpu_seconds",
+    "held_gpu_seconds",
+    "idle_gpu_seconds",
+    "energy_joules",
+    "idle_energy_joules",
+    "samples",
+];
+
+/// What the table holds that still matches the ledger, and the days to roll.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Days {
+    /// Rolled days whose marker equals their hours' samples: day start → samples.
+    pub current: BTreeMap<i64, u64>,
+    /// Days with all 24 hours folded whose sums are missing or stale.
+    pub due: BTreeSet<i64>,
+}
+
+async fn int_pairs(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
+    let mut out = Vec::new();
+    for b in ctx.sql(sql).await?.collect().await? {
+        let cols: Vec<ArrayRef> = (0..b.num_columns())
+            .map(|i| cast(b.column(i), &DataType::Int64))
+            .collect::<Result<_, _>>()?;
+        let ints: Vec<&Int64Array> = cols
+            .iter()
+            .map(|c| c.as_any().downcast_ref::<Int64Array>())
+            .collect::<Option<_>>()
+            .ok_or_else(|| plain("the ledger's days: not integers"))?;
+        for i in 0..b.num_rows() {
+            let v = |k: usize| ints.get(k).map_or(0, |a| if a.is_null(i) { 0 } else { a.value(i) });
+            if !ints[0].is_null(i) {
+                out.push((v(0), v(1), v(2)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Each day of the ledger's hour rows in `[from, to)`: day start → (hours, samples).
+async fn ledger_days(ctx: &SessionContext, from: i64, to: i64) -> DfResult<BTreeMap<i64, (i64, i64)>> {
+    let sql = format!(
+        "SELECT CAST(date_trunc('day', time) AS BIGINT), count(*), sum(samples) FROM {} \
+         WHERE job_id IS NULL AND last_sample_time IS NULL \
+         AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({to}) GROUP BY 1",
+        table::NAME
+    );
+    Ok(int_pairs(ctx, &sql)
+        .await?
+        .into_iter()
+        .map(|(d, n, s)| (d, (n, s)))
+        .collect())
+}
+
+/// Reads which days are rolled and current, and which are due, among the days that end by
+/// `end` (the watermark).
+pub(super) async fn read(ctx: &SessionContext, end: i64) -> DfResult<Days> {
+    let hours = ledger_days(ctx, i64::MIN / 2, end).await?;
+    let sql = format!(
+        "SELECT CAST(time AS BIGINT), samples FROM {NAME} WHERE job_id IS NULL AND last_sample_time IS NULL"
+    );
+    let markers: BTreeMap<i64, i64> = int_pairs(ctx, &sql)
+        .await?
+        .into_iter()
+        .map(|(d, s, _)| (d, s))
+        .collect();
+    let mut days = Days::default();
+    for (d, (n, s)) in hours {
+        if n != 24 || d + DAY > end {
+            continue;
+        }
+        if markers.get(&d) == Some(&s) {
+            days.current.insert(d, s.max(0) as u64);
+        } else {
+            days.due.insert(d);
+        }
+    }
+    Ok(days)
+}
+
+/// The SQL of a day's rows: the usage rows summed per job, GPU and model.
+fn usage_sql(day: i64) -> String {
+    let sums: String = SUMMED
+        .iter()
+        .map(|c| c.to_string())
+        .chain(LIMITERS.iter().map(|c| limiter::seconds_column(c)))
+        .map(|c| format!(", sum({c}) AS {c}"))
+        .collect();
+    format!(
+        "SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler) AS scheduler, \
+           max(job_user) AS job_user, max(job_name) AS job_name{charge}, \
+           min(first_seen) AS first_seen, max(last_seen) AS last_seen{sums} \
+         FROM {ledger} WHERE job_id IS NOT NULL AND time >= to_timestamp_nanos({day}) \
+           AND time < to_timestamp_nanos({end}) \
+         GROUP BY job_id, host, gpu_uuid, gpu_model",
+        charge = charge_max_sql(true),
+        ledger = table::NAME,
+        end = day + DAY,
+    )
+}
+
+/// `batches` (columns by name) as rows of the table at `day`, plus the marker row.
+fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
+    let schema = Table::JobLedger1d.schema();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum::<usize>() + 1;
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        let name = f.name().as_str();
+        let column: ArrayRef = if name == "time" {
+            cast(
+                &(Arc::new(Int64Array::from(vec![day; rows])) as ArrayRef),
+                f.data_type(),
+            )?
+        } else if batches.first().is_some_and(|b| b.schema().index_of(name).is_ok()) {
+            let mut parts: Vec<ArrayRef> = Vec::with_capacity(batches.len() + 1);
+            for b in batches {
+                let i = b.schema().index_of(name)?;
+                parts.push(cast(b.column(i), f.data_type())?);
+            }
+            let marker = if name == "samples" {
+                cast(
+                    &(Arc::new(Int64Array::from(vec![samples])) as ArrayRef),
+                    f.data_type(),
+                )?
+            } else {
+                new_null_array(f.data_type(), 1)
+            };
+            parts.push(marker);
+            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            arrow::compute::concat(&refs)?
+        } else if name == "samples" {
+            let mut v = vec![None; rows - 1];
+            v.push(Some(samples));
+            cast(&(Arc::new(Int64Array::from(v)) as ArrayRef), f.data_type())?
+        } else {
+            new_null_array(f.data_type(), rows)
+        };
+        columns.push(column);
+    }
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Writes day `day`'s sums from the ledger's hours; `None` (nothing written) when fewer than
+/// 24 of its hours are folded. Returns the day's samples.
+pub(super) async fn roll(ctx: &SessionContext, store: &Arc<Store>, day: i64) -> DfResult<Option<u64>> {
+    let Some(&(hours, samples)) = ledger_days(ctx, day, day + DAY).await?.get(&day) else {
+        return Ok(None);
+    };
+    if hours != 24 {
+        return Ok(None);
+    }
+    let batches = ctx.sql(&usage_sql(day)).await?.collect().await?;
+    let batch = day_batch(day, &batches, samples)?;
+    let writer = Arc::clone(store);
+    tokio::task::spawn_blocking(move || {
+        writer.replace_days(Table::JobLedger1d, &[(day.div_euclid(DAY), batch)])
+    })
+    .await
+    .map_err(plain)?
+    .map_err(plain)?;
+    Ok(Some(samples.max(0) as u64))
+}
+
+/// The current days that end by `end`, as runs of consecutive days `[from, to)`.
+pub(super) fn runs(current: &BTreeMap<i64, u64>, end: i64) -> Vec<(i64, i64)> {
+    let mut out: Vec<(i64, i64)> = Vec::new();
+    for &d in current.keys().filter(|&&d| d + DAY <= end) {
+        match out.last_mut() {
+            Some((_, to)) if *to == d => *to = d + DAY,
+            _ => out.push((d, d + DAY)),
+        }
+    }
+    out
+}
+
+/// The SQL condition on `time` of being in one of `runs`.
+pub(super) fn in_runs_sql(runs: &[(i64, i64)]) -> String {
+    if runs.is_empty() {
+        return "false".into();
+    }
+    let any: Vec<String> = runs
+        .iter()
+        .map(|(a, b)| {
+            format!("(time >= to_timestamp_nanos({a}) AND time < to_timestamp_nanos({b}))")
+        })
+        .collect();
+    format!("({})", any.join(" OR "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_days_make_one_run_and_days_past_the_end_are_left_to_the_hours() {
+        let d = |n: i64| n * DAY;
+        let current: BTreeMap<i64, u64> = [0, 1, 2, 4, 5, 7].iter().map(|&n| (d(n), 1)).collect();
+        assert_eq!(
+            runs(&current, d(7)),
+            vec![(d(0), d(3)), (d(4), d(6))],
+            "day 7 ends after the watermark"
+        );
+        assert_eq!(runs(&current, d(8)).len(), 3);
+        assert_eq!(in_runs_sql(&[]), "false");
+        assert!(in_runs_sql(&runs(&current, d(3))).contains(&format!("{}", d(3))));
+        assert_eq!(floor_day(d(3) + 5 * HOUR), d(3));
+        assert_eq!(floor_day(-1), -DAY);
+    }
+}

@@ -1,0 +1,222 @@
+//! The ledger's daily sums ([`days`]) against its hours: `jobs` and `job_days` answer the
+//! same before and after days are rolled, `job_days` equals `job_hours` summed per day, and a
+//! day whose hours change is read by the hour until it is rolled again.
+
+use gpuwatch_query::{EngineConfig, QueryEngine};
+use gpuwatch_store::clock::ManualClock;
+use gpuwatch_store::schema::Table;
+use gpuwatch_store::{ReadStore, Store, StoreConfig};
+
+use super::table::{UsageRow, hour_rows};
+use super::*;
+use super::view;
+use crate::cost::tests::json_rows as rows;
+
+const S: i64 = 1_000_000_000;
+/// A day boundary (2027-01-16T00:00:00Z).
+const D0: i64 = 1_800_057_600 * S;
+
+/// Hour `h` (from six hours before `D0`) of three kinds of job: one on two GPUs through all
+/// 60 hours, one crossing the first day's end, and one an hour long each hour; `scale`
+/// changes the hour's sums (a refold).
+fn hour(h: i64, scale: f64) -> RecordBatch {
+    let start = D0 - 6 * HOUR + h * HOUR;
+    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| UsageRow {
+        job_id: job.into(),
+        host: host.into(),
+        gpu_uuid: gpu.into(),
+        gpu_model: Some(model.into()),
+        scheduler: Some("slurm".into()),
+        job_user: Some(format!("user-{}", job.len())),
+        job_name: Some(format!("name-{job}")),
+        labels: vec![("job_account".into(), format!("acct-{host}"))],
+        first_seen: start + 30 * S,
+        last_seen: start + HOUR - 30 * S,
+        gpu_seconds: secs * scale,
+        idle_gpu_seconds: secs * scale / 7.0,
+        energy_joules: secs * scale * 350.5,
+        idle_energy_joules: secs * scale * 20.25,
+        limiter: Some(LIMITERS[(h % 3) as usize].into()),
+        samples: 60,
+        interval_seconds: 60.0,
+        parts: Vec::new(),
+    };
+    let mut rows = vec![
+        usage("long", "a", "g0", "NVIDIA H100 80GB HBM3", 3_590.0),
+        usage("long", "a", "g1", "NVIDIA H100 80GB HBM3", 3_580.0 + h as f64),
+        usage(&format!("short-{h}"), "c", "g3", "NVIDIA A100", 1_800.0),
+    ];
+    if (10..40).contains(&h) {
+        rows.push(usage("cross", "b", "g2", "NVIDIA A100", 3_000.0 + 3.0 * h as f64));
+    }
+    let samples = rows.len() as u64 * 60 + (scale != 1.0) as u64;
+    hour_rows(start, &rows, &[], samples).expect("hour rows")
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Arc<Store> {
+    Arc::new(
+        Store::open(
+            StoreConfig {
+                wal_sync: false,
+                ..StoreConfig::new(dir.to_path_buf())
+            },
+            clock.clone(),
+        )
+        .expect("store"),
+    )
+}
+
+/// A server's engine and ledger on `store`, after one pass (`fold`: the server that writes).
+async fn server(
+    store: &Arc<Store>,
+    cost: &CostConfig,
+    fold: bool,
+) -> (QueryEngine, Arc<JobLedger>) {
+    let read: Arc<dyn ReadStore> = store.clone();
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let ledger = cost
+        .register(e.context(), &crate::cost::JobsConfig::default())
+        .await
+        .expect("register");
+    ledger
+        .step(e.context(), store, fold, D0 + 3 * days::DAY)
+        .await
+        .expect("step");
+    (e, ledger)
+}
+
+type Rows = Vec<serde_json::Map<String, serde_json::Value>>;
+
+/// Equal rows, numbers to a relative 1e-9 (sums in another order).
+fn same(got: &Rows, want: &Rows, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: rows");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len(), "{what}: columns");
+        for (k, a) in w {
+            let b = &g[k];
+            match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => assert!(
+                    (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+                    "{what}: {k}: {y} where {x} was wanted in {w:?}"
+                ),
+                _ => assert_eq!(b, a, "{what}: {k} in {w:?}"),
+            }
+        }
+    }
+}
+
+/// The answers compared: every job, the jobs seen since the second day's noon, `job_days`,
+/// and `job_hours` summed per day (which never reads the daily sums).
+async fn answers(e: &QueryEngine) -> [Rows; 5] {
+    let sums = "sum(gpu_seconds) AS gpu_seconds, sum(idle_gpu_seconds) AS idle_gpu_seconds, \
+        sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd, \
+        min(first_seen) AS first_seen, max(last_seen) AS last_seen, max(gpus) AS gpus, max(job_account) AS job_account";
+    let key = "job_id, host, gpu_model";
+    [
+        rows(e, "SELECT * FROM jobs ORDER BY job_id, host").await,
+        rows(
+            e,
+            &format!(
+                "SELECT * FROM jobs WHERE last_seen >= to_timestamp_nanos({}) ORDER BY job_id, host",
+                D0 + days::DAY + 12 * HOUR
+            ),
+        )
+        .await,
+        rows(
+            e,
+            &format!("SELECT day, {key}, {sums} FROM job_days GROUP BY day, {key} ORDER BY day, {key}"),
+        )
+        .await,
+        rows(
+            e,
+            &format!(
+                "SELECT date_trunc('day', hour) AS day, {key}, {sums} FROM job_hours \
+                 GROUP BY 1, {key} ORDER BY day, {key}"
+            ),
+        )
+        .await,
+        rows(
+            e,
+            "SELECT * FROM jobs WHERE job_id IN ('short-40', 'cross', 'short-8') ORDER BY job_id, host",
+        )
+        .await,
+    ]
+}
+
+async fn day_rows(e: &QueryEngine) -> i64 {
+    rows(e, &format!("SELECT count(*) AS n FROM {}", days::NAME)).await[0]["n"]
+        .as_i64()
+        .unwrap_or(-1)
+}
+
+#[tokio::test]
+async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(D0 + 3 * days::DAY));
+    table::declare().expect("declare");
+    let store = open(dir.path(), &clock);
+    let hours: Vec<(i64, RecordBatch)> = (0..60)
+        .map(|h| ((D0 - 6 * HOUR) / HOUR + h, hour(h, 1.0)))
+        .collect();
+    store
+        .replace_hours(Table::JobLedger, &hours)
+        .expect("ledger hours");
+    let cost: CostConfig =
+        toml::from_str("gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}]\nkwh_usd = 0.2\n")
+            .expect("cost");
+
+    // A query node reads the hours: no day is rolled yet.
+    let (e, ledger) = server(&store, &cost, false).await;
+    assert!(ledger.snapshot().days.is_empty());
+    let want = answers(&e).await;
+    assert_eq!(want[0].len(), 62, "two jobs over days, sixty of an hour");
+    same(&want[2], &want[3], "job_days against job_hours, by the hour");
+
+    // The server that folds rolls the two whole days (not the partial first and last).
+    let (e, ledger) = server(&store, &cost, true).await;
+    assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
+    assert!(day_rows(&e).await > 0);
+    let got = answers(&e).await;
+    let names = ["jobs", "jobs since", "job_days", "job_hours by day", "three jobs"];
+    for (i, what) in names.iter().enumerate() {
+        same(&got[i], &want[i], &format!("{what}, from the daily sums"));
+    }
+
+    // An hour of the first whole day changes (a refold): every server reads that day by the
+    // hour until the folding server rolls it again.
+    store
+        .replace_hour(Table::JobLedger, (D0 + 5 * HOUR) / HOUR, &hour(11, 0.5))
+        .expect("refold");
+    let (e, ledger) = server(&store, &cost, false).await;
+    assert_eq!(
+        ledger.snapshot().days,
+        vec![(D0 + days::DAY, D0 + 2 * days::DAY)],
+        "the changed day is not read from its old sums"
+    );
+    let changed = answers(&e).await;
+    same(&changed[2], &changed[3], "job_days against job_hours, a day stale");
+    assert!(changed[0] != want[0], "the refold changed the jobs");
+    let (e, ledger) = server(&store, &cost, true).await;
+    assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
+    let again = answers(&e).await;
+    for i in 0..names.len() {
+        same(&again[i], &changed[i], &format!("{}, rolled again", names[i]));
+    }
+}
+
+#[test]
+fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
+    let w = D0 + 3 * days::DAY;
+    let runs = [(D0 - days::DAY, D0 + 2 * days::DAY)];
+    let read = |hours| view::LedgerRead { hours, jobs: None };
+    let (hours, on_days) = read(Some((D0 + 30 * HOUR, D0 + 35 * HOUR))).condition(Some(w), &runs);
+    let on_days = on_days.expect("a day is read from the sums");
+    let day = |d: i64| format!("to_timestamp_nanos({})", D0 + d * days::DAY);
+    assert!(on_days.contains(&format!("time >= {}", day(1))), "{on_days}");
+    assert!(on_days.contains(&format!("time < {}", day(2))), "{on_days}");
+    assert!(hours.contains(&format!("NOT {}", on_days)), "{hours}");
+    let (_, none) = read(Some((D0 + 50 * HOUR, D0 + 60 * HOUR))).condition(Some(w), &runs);
+    assert_eq!(none, None, "hours after the rolled days");
+    let all = view::LedgerRead { hours: None, jobs: Some(Vec::new()) };
+    assert_eq!(all.condition(Some(w), &runs), ("false".into(), None), "no job");
+}
