@@ -22,7 +22,7 @@ mod render;
 pub mod roofline;
 pub mod sql;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use arrow::array::RecordBatch;
 use gpuwatch_query::{Error as QueryError, QueryEngine, Result as QueryResult};
@@ -696,20 +696,18 @@ pub async fn list_jobs(
         None => String::new(),
     };
     let sql = format!(
-        "WITH j AS (SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
+        "SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
            count(host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
            CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
            sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
            sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
          FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id{page} \
-         ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}), \
-         {m} \
-         SELECT j.*, m.mean_utilization, m.mean_sm_active, m.samples, m.gpu_count, m.span_ns \
-         FROM j LEFT JOIN m ON j.job_id = m.job_id ORDER BY j.last_seen_ns DESC, j.job_id",
-        m = list_means_sql(since, &user, watermark),
+         ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}"
     );
+    let mut listed = rows(engine, &sql).await?;
+    with_means(engine, &mut listed, since, &user, watermark).await?;
     let mut out = Vec::new();
-    for r in rows(engine, &sql).await? {
+    for r in listed {
         let job = summary_from_row(&r, now_ns);
         if !filter.running_only || job.state == "running" {
             out.push((i(&r, "last_seen_ns").unwrap_or_default(), job));
@@ -728,12 +726,49 @@ pub async fn list_jobs(
     })
 }
 
-/// The `m` CTE of [`list_jobs`]: each job's mean utilisation and SM activity, samples, GPUs
-/// and span since `since`, from the job ledger's rows before `watermark` (the report's parts:
-/// sums and counts) and the raw samples after it, so that a list over a month reads a month of
-/// ledger rows, not a month of raw samples. Every job in the range, joined to the listed ones
-/// after: filtering by the list (`IN (SELECT … FROM j)`) would plan the `jobs` view twice.
-fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
+/// Adds to each listed job (`listed`, rows of [`list_jobs`]) its mean utilisation and SM
+/// activity, samples, GPUs and span since `since`: from the job ledger's rows before
+/// `watermark` (the report's parts: sums and counts) and the raw samples after it, so that a
+/// list over a month reads ledger rows, not a month of raw samples; only the listed jobs' rows,
+/// from the hour of the earliest first sample among them.
+async fn with_means(
+    engine: &QueryEngine,
+    listed: &mut [Row],
+    since: i64,
+    user: &str,
+    watermark: Option<i64>,
+) -> QueryResult<()> {
+    let ids: Vec<String> = listed
+        .iter()
+        .filter_map(|r| s(r, "job_id").map(|j| sql_str(&j)))
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let first = listed
+        .iter()
+        .filter_map(|r| i(r, "first_seen_ns"))
+        .min()
+        .unwrap_or(since)
+        .max(since);
+    let sql = list_means_sql(first, &format!("{user} AND job_id IN ({})", ids.join(", ")), watermark);
+    let mut means: HashMap<String, Row> = HashMap::new();
+    for m in rows(engine, &sql).await? {
+        if let Some(id) = s(&m, "job_id") {
+            means.insert(id, m);
+        }
+    }
+    for r in listed.iter_mut() {
+        if let Some(m) = s(r, "job_id").and_then(|id| means.remove(&id)) {
+            r.extend(m.into_iter().filter(|(k, _)| k != "job_id"));
+        }
+    }
+    Ok(())
+}
+
+/// The means [`with_means`] adds, per job, of the rows seen since `since` that match `filter`
+/// (` AND …`).
+fn list_means_sql(since: i64, filter: &str, watermark: Option<i64>) -> String {
     let (ledger, raw_from) = match watermark {
         Some(w) => (
             format!(
@@ -741,7 +776,7 @@ fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
                    part_sm_active_sum AS s_sum, part_sm_active_n AS s_n, samples AS n, \
                    host || ' ' || gpu_uuid AS g, CAST(first_seen AS BIGINT) AS t0, CAST(last_seen AS BIGINT) AS t1 \
                  FROM job_ledger WHERE time >= to_timestamp_nanos({hour}) AND time < to_timestamp_nanos({w}) \
-                   AND last_seen >= to_timestamp_nanos({since}){user} UNION ALL ",
+                   AND last_seen >= to_timestamp_nanos({since}){filter} UNION ALL ",
                 // A row's `time` is its hour's start: rows seen since `since` are from its hour on.
                 hour = since.div_euclid(3_600_000_000_000) * 3_600_000_000_000,
             ),
@@ -750,14 +785,14 @@ fn list_means_sql(since: i64, user: &str, watermark: Option<i64>) -> String {
         None => (String::new(), since),
     };
     format!(
-        "m AS (SELECT job_id, sum(u_sum) / CASE WHEN sum(u_n) > 0 THEN sum(u_n) END AS mean_utilization, \
+        "SELECT job_id, sum(u_sum) / CASE WHEN sum(u_n) > 0 THEN sum(u_n) END AS mean_utilization, \
            sum(s_sum) / CASE WHEN sum(s_n) > 0 THEN sum(s_n) END AS mean_sm_active, \
            CAST(sum(n) AS BIGINT) AS samples, count(DISTINCT g) AS gpu_count, max(t1) - min(t0) AS span_ns FROM ( \
          {ledger}SELECT job_id, gpu_utilization AS u_sum, CASE WHEN gpu_utilization IS NULL THEN 0.0 ELSE 1.0 END AS u_n, \
            sm_active AS s_sum, CASE WHEN sm_active IS NULL THEN 0.0 ELSE 1.0 END AS s_n, 1 AS n, \
            host || ' ' || gpu_uuid AS g, CAST(time AS BIGINT) AS t0, CAST(time AS BIGINT) AS t1 \
-         FROM gpu_metrics WHERE job_id IS NOT NULL AND time >= to_timestamp_nanos({raw_from}){user}) x \
-         GROUP BY job_id)"
+         FROM gpu_metrics WHERE job_id IS NOT NULL AND time >= to_timestamp_nanos({raw_from}){filter}) x \
+         GROUP BY job_id"
     )
 }
 

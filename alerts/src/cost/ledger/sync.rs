@@ -205,6 +205,7 @@ impl JobLedger {
             (s.days.due.clone(), s.watermark)
         };
         let Some(w) = w else { return Ok(()) };
+        let started = std::time::Instant::now();
         let mut rolled = 0;
         for day in due.into_iter().filter(|d| d + days::DAY <= w) {
             let samples = days::roll(ctx, store, day).await?;
@@ -220,6 +221,11 @@ impl JobLedger {
         }
         if rolled > 0 {
             self.publish(&self.lock())?;
+            tracing::info!(
+                days = rolled,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "job ledger: days summed"
+            );
         }
         Ok(())
     }
