@@ -459,16 +459,7 @@ async fn same_lists(e: &QueryEngine, raw: &QueryEngine, cost: &CostConfig, what:
 async fn folded_hours_plus_live_samples_equal_the_plain_view() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0 + 5 * H + 20 * 60 * S));
-    let store = Arc::new(
-        Store::open(
-            StoreConfig {
-                wal_sync: false,
-                ..StoreConfig::new(dir.path().to_path_buf())
-            },
-            clock.clone(),
-        )
-        .expect("store"),
-    );
+    let store = open_store(dir.path(), &clock);
     let write = |rows: &[GpuRow]| {
         let mut wb = WriteBatch::from_rows(rows, &[]).expect("batch");
         wb.add_processes_and_events(&processes_of(rows), &[])
@@ -725,6 +716,11 @@ fn restarted(store: Arc<Store>, dir: &std::path::Path, clock: &Arc<ManualClock>)
             .map_err(|_| ())
             .expect("the store's last user"),
     );
+    open_store(dir, clock)
+}
+
+/// A store on `dir` read at `clock`'s time, without syncing its write-ahead log.
+pub(super) fn open_store(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Arc<Store> {
     Arc::new(
         Store::open(
             StoreConfig {
@@ -812,16 +808,7 @@ async fn written_history_is_read_by_the_view_and_bad_names_are_refused() {
     table::declare().expect("declare");
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0 + 3 * H));
-    let store = Arc::new(
-        Store::open(
-            StoreConfig {
-                wal_sync: false,
-                ..StoreConfig::new(dir.path().to_path_buf())
-            },
-            clock.clone(),
-        )
-        .expect("store"),
-    );
+    let store = open_store(dir.path(), &clock);
     let row = |hour: i64, idle: f64| table::UsageRow {
         job_id: "h-1".into(),
         host: "n1".into(),

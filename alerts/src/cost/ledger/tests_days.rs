@@ -5,7 +5,7 @@
 use gpuwatch_query::{EngineConfig, QueryEngine};
 use gpuwatch_store::clock::ManualClock;
 use gpuwatch_store::schema::Table;
-use gpuwatch_store::{ReadStore, Store, StoreConfig};
+use gpuwatch_store::{ReadStore, Store};
 
 use super::table::{UsageRow, hour_rows};
 use super::*;
@@ -51,19 +51,6 @@ fn hour(h: i64, scale: f64) -> RecordBatch {
     }
     let samples = rows.len() as u64 * 60 + (scale != 1.0) as u64;
     hour_rows(start, &rows, &[], samples).expect("hour rows")
-}
-
-fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Arc<Store> {
-    Arc::new(
-        Store::open(
-            StoreConfig {
-                wal_sync: false,
-                ..StoreConfig::new(dir.to_path_buf())
-            },
-            clock.clone(),
-        )
-        .expect("store"),
-    )
 }
 
 /// A server's engine and ledger on `store`, after one pass (`fold`: the server that writes).
@@ -154,7 +141,7 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(D0 + 3 * days::DAY));
     table::declare().expect("declare");
-    let store = open(dir.path(), &clock);
+    let store = super::tests::open_store(dir.path(), &clock);
     let hours: Vec<(i64, RecordBatch)> = (0..60)
         .map(|h| ((D0 - 6 * HOUR) / HOUR + h, hour(h, 1.0)))
         .collect();
