@@ -733,20 +733,32 @@ pub(super) fn open_store(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Arc
     )
 }
 
+/// A server's engine and ledger on `store` after one pass at `now` (`fold`: the server that
+/// writes), and the hours that pass folded.
+pub(super) async fn server_on(
+    store: &Arc<Store>,
+    cost: &CostConfig,
+    fold: bool,
+    now: i64,
+) -> (QueryEngine, Arc<JobLedger>, usize) {
+    let read: Arc<dyn ReadStore> = store.clone();
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let ledger = cost
+        .register(e.context(), &crate::cost::JobsConfig::default())
+        .await
+        .expect("register");
+    let folded = ledger
+        .step(e.context(), store, fold, now)
+        .await
+        .expect("step");
+    (e, ledger, folded)
+}
+
 /// A restarted server folds nothing again, and a query node (which never folds) reads the
 /// same table: both answer as before.
 async fn read_back(store: &Arc<Store>, cost: &CostConfig, clock: &ManualClock, before: &Answers) {
     for (fold, what) in [(true, "restarted"), (false, "query node")] {
-        let read: Arc<dyn ReadStore> = store.clone();
-        let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-        let ledger = cost
-            .register(e.context(), &crate::cost::JobsConfig::default())
-            .await
-            .expect("register");
-        let folded = ledger
-            .step(e.context(), store, fold, clock.now_nanos())
-            .await
-            .expect("step");
+        let (e, ledger, folded) = server_on(store, cost, fold, clock.now_nanos()).await;
         assert_eq!(folded, 0, "{what}: hours folded again");
         assert_eq!(ledger.snapshot().watermark, Some(T0 + 6 * H), "{what}");
         before.assert_same(&Answers::of(&e, cost).await, what);

@@ -2,10 +2,10 @@
 //! same before and after days are rolled, `job_days` equals `job_hours` summed per day, and a
 //! day whose hours change is read by the hour until it is rolled again.
 
-use gpuwatch_query::{EngineConfig, QueryEngine};
+use gpuwatch_query::QueryEngine;
 use gpuwatch_store::clock::ManualClock;
 use gpuwatch_store::schema::Table;
-use gpuwatch_store::{ReadStore, Store};
+use gpuwatch_store::Store;
 
 use super::table::{UsageRow, hour_rows};
 use super::*;
@@ -59,16 +59,7 @@ async fn server(
     cost: &CostConfig,
     fold: bool,
 ) -> (QueryEngine, Arc<JobLedger>) {
-    let read: Arc<dyn ReadStore> = store.clone();
-    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
-    let ledger = cost
-        .register(e.context(), &crate::cost::JobsConfig::default())
-        .await
-        .expect("register");
-    ledger
-        .step(e.context(), store, fold, D0 + 3 * days::DAY)
-        .await
-        .expect("step");
+    let (e, ledger, _) = super::tests::server_on(store, cost, fold, D0 + 3 * days::DAY).await;
     (e, ledger)
 }
 
