@@ -45,9 +45,10 @@ impl View {
 }
 
 impl JobLedger {
-    /// The CTEs both views share, over the ledger's table before the watermark, the seed
-    /// (`job_seed`) and the raw samples at or after the watermark: `p` has one row per job, GPU and hour with its
-    /// sums and `price`.
+    /// The CTEs the views share, over the ledger's table before the watermark (and its daily
+    /// sums for the days in `days`), the seed (`job_seed`) and the raw samples at or after the
+    /// watermark: `p` has one row per job, GPU and hour (or day) with its sums, `price` and
+    /// `day`.
     fn usage_ctes(&self, watermark: Option<i64>, read: &LedgerRead, days: &[(i64, i64)]) -> String {
         let cost = &self.cost;
         let class_columns: String = LIMITERS
