@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, new_null_array};
-use arrow::compute::cast;
+use arrow::datatypes::SchemaRef;
+use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::DataType;
 use datafusion::prelude::SessionContext;
 use gpuwatch_store::Store;
@@ -57,7 +58,9 @@ pub(super) struct Days {
     pub due: BTreeSet<i64>,
 }
 
-async fn int_pairs(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
+/// The rows of `sql`'s first three columns as integers (nulls as 0), rows with a null first
+/// column left out.
+async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
     let mut out = Vec::new();
     for b in ctx.sql(sql).await?.collect().await? {
         let cols: Vec<ArrayRef> = (0..b.num_columns())
@@ -86,7 +89,7 @@ async fn ledger_days(ctx: &SessionContext, from: i64, to: i64) -> DfResult<BTree
          AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({to}) GROUP BY 1",
         table::NAME
     );
-    Ok(int_pairs(ctx, &sql)
+    Ok(int_rows(ctx, &sql)
         .await?
         .into_iter()
         .map(|(d, n, s)| (d, (n, s)))
@@ -100,7 +103,7 @@ pub(super) async fn read(ctx: &SessionContext, end: i64) -> DfResult<Days> {
     let sql = format!(
         "SELECT CAST(time AS BIGINT), samples FROM {NAME} WHERE job_id IS NULL AND last_sample_time IS NULL"
     );
-    let markers: BTreeMap<i64, i64> = int_pairs(ctx, &sql)
+    let markers: BTreeMap<i64, i64> = int_rows(ctx, &sql)
         .await?
         .into_iter()
         .map(|(d, s, _)| (d, s))
@@ -143,42 +146,34 @@ fn usage_sql(day: i64) -> String {
 /// `batches` (columns by name) as rows of the table at `day`, plus the marker row.
 fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
     let schema = Table::JobLedger1d.schema();
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum::<usize>() + 1;
+    let marker = RecordBatch::try_from_iter([(
+        "samples",
+        Arc::new(Int64Array::from(vec![samples])) as ArrayRef,
+    )])?;
+    let rows = batches
+        .iter()
+        .chain([&marker])
+        .map(|b| conformed(&schema, day, b))
+        .collect::<DfResult<Vec<_>>>()?;
+    Ok(concat_batches(&schema, &rows)?)
+}
+
+/// `b`'s rows with the table's columns: `time` is `day`, the columns `b` has are cast to the
+/// table's types, the others null.
+fn conformed(schema: &SchemaRef, day: i64, b: &RecordBatch) -> DfResult<RecordBatch> {
+    let n = b.num_rows();
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
-        let name = f.name().as_str();
-        let column: ArrayRef = if name == "time" {
-            cast(
-                &(Arc::new(Int64Array::from(vec![day; rows])) as ArrayRef),
-                f.data_type(),
-            )?
-        } else if batches.first().is_some_and(|b| b.schema().index_of(name).is_ok()) {
-            let mut parts: Vec<ArrayRef> = Vec::with_capacity(batches.len() + 1);
-            for b in batches {
-                let i = b.schema().index_of(name)?;
-                parts.push(cast(b.column(i), f.data_type())?);
-            }
-            let marker = if name == "samples" {
-                cast(
-                    &(Arc::new(Int64Array::from(vec![samples])) as ArrayRef),
-                    f.data_type(),
-                )?
-            } else {
-                new_null_array(f.data_type(), 1)
-            };
-            parts.push(marker);
-            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-            arrow::compute::concat(&refs)?
-        } else if name == "samples" {
-            let mut v = vec![None; rows - 1];
-            v.push(Some(samples));
-            cast(&(Arc::new(Int64Array::from(v)) as ArrayRef), f.data_type())?
+        columns.push(if f.name() == "time" {
+            cast(&(Arc::new(Int64Array::from(vec![day; n])) as ArrayRef), f.data_type())?
         } else {
-            new_null_array(f.data_type(), rows)
-        };
-        columns.push(column);
+            match b.column_by_name(f.name()) {
+                Some(c) => cast(c, f.data_type())?,
+                None => new_null_array(f.data_type(), n),
+            }
+        });
     }
-    Ok(RecordBatch::try_new(schema, columns)?)
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Writes day `day`'s sums from the ledger's hours; `None` (nothing written) when fewer than
