@@ -243,12 +243,9 @@ struct NewSilence {
 }
 
 fn parse_time(field: &str, s: &str) -> std::result::Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .and_then(|t| t.timestamp_nanos_opt())
-        .ok_or_else(|| {
-            format!("{field}: not an RFC 3339 time ({s:?}): use e.g. 2026-01-02T15:04:05Z")
-        })
+    crate::jobs::rfc3339_nanos(s).ok_or_else(|| {
+        format!("{field}: not an RFC 3339 time ({s:?}): use e.g. 2026-01-02T15:04:05Z")
+    })
 }
 
 async fn add_silence(State(slot): State<AlertingSlot>, body: axum::body::Bytes) -> Response {

@@ -109,12 +109,16 @@ fn parse_instant(text: &str) -> std::result::Result<i64, String> {
     if let Ok(ns) = text.parse::<i64>() {
         return Ok(ns);
     }
+    rfc3339_nanos(text).ok_or_else(|| {
+        format!("until {text:?}: not an instant (write nanoseconds since the epoch or RFC 3339, as the gpuwatch-next header gives)")
+    })
+}
+
+/// An RFC 3339 time as nanoseconds since the epoch (`None`: not one, or out of range).
+pub(crate) fn rfc3339_nanos(text: &str) -> Option<i64> {
     chrono::DateTime::parse_from_rfc3339(text)
         .ok()
         .and_then(|t| t.timestamp_nanos_opt())
-        .ok_or_else(|| {
-            format!("until {text:?}: not an instant (write nanoseconds since the epoch or RFC 3339, as the gpuwatch-next header gives)")
-        })
 }
 
 /// The page cursor of `until` and `after`.
