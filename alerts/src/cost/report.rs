@@ -751,7 +751,11 @@ async fn with_means(
         .min()
         .unwrap_or(since)
         .max(since);
-    let sql = list_means_sql(first, &format!("{user} AND job_id IN ({})", ids.join(", ")), watermark);
+    let sql = list_means_sql(
+        first,
+        &format!("{user} AND job_id IN ({})", ids.join(", ")),
+        watermark,
+    );
     let mut means: HashMap<String, Row> = HashMap::new();
     for m in rows(engine, &sql).await? {
         if let Some(id) = s(&m, "job_id") {

@@ -64,7 +64,9 @@ impl Ask {
         }
         if view == View::Days {
             // A day at or before `t` holds hours up to the end of `t`'s day.
-            ask.high = ask.high.map(|h| super::days::floor_day(h).saturating_add(super::days::DAY - 1));
+            ask.high = ask
+                .high
+                .map(|h| super::days::floor_day(h).saturating_add(super::days::DAY - 1));
         }
         ask
     }

@@ -18,15 +18,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, new_null_array};
-use arrow::datatypes::SchemaRef;
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::DataType;
+use arrow::datatypes::SchemaRef;
 use datafusion::prelude::SessionContext;
 use gpuwatch_store::Store;
 use gpuwatch_store::schema::Table;
 
-use super::super::limiter::{self, LIMITERS};
 use super::super::charge_max_sql;
+use super::super::limiter::{self, LIMITERS};
 use super::{DfResult, HOUR, plain, table};
 
 /// The table's SQL name.
@@ -72,7 +72,10 @@ async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i6
             .collect::<Option<_>>()
             .ok_or_else(|| plain("the ledger's days: not integers"))?;
         for i in 0..b.num_rows() {
-            let v = |k: usize| ints.get(k).map_or(0, |a| if a.is_null(i) { 0 } else { a.value(i) });
+            let v = |k: usize| {
+                ints.get(k)
+                    .map_or(0, |a| if a.is_null(i) { 0 } else { a.value(i) })
+            };
             if !ints[0].is_null(i) {
                 out.push((v(0), v(1), v(2)));
             }
@@ -82,7 +85,11 @@ async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i6
 }
 
 /// Each day of the ledger's hour rows in `[from, to)`: day start → (hours, samples).
-async fn ledger_days(ctx: &SessionContext, from: i64, to: i64) -> DfResult<BTreeMap<i64, (i64, i64)>> {
+async fn ledger_days(
+    ctx: &SessionContext,
+    from: i64,
+    to: i64,
+) -> DfResult<BTreeMap<i64, (i64, i64)>> {
     let sql = format!(
         "SELECT CAST(date_trunc('day', time) AS BIGINT), count(*), sum(samples) FROM {} \
          WHERE job_id IS NULL AND last_sample_time IS NULL \
@@ -165,7 +172,10 @@ fn conformed(schema: &SchemaRef, day: i64, b: &RecordBatch) -> DfResult<RecordBa
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
         columns.push(if f.name() == "time" {
-            cast(&(Arc::new(Int64Array::from(vec![day; n])) as ArrayRef), f.data_type())?
+            cast(
+                &(Arc::new(Int64Array::from(vec![day; n])) as ArrayRef),
+                f.data_type(),
+            )?
         } else {
             match b.column_by_name(f.name()) {
                 Some(c) => cast(c, f.data_type())?,
@@ -178,7 +188,11 @@ fn conformed(schema: &SchemaRef, day: i64, b: &RecordBatch) -> DfResult<RecordBa
 
 /// Writes day `day`'s sums from the ledger's hours; `None` (nothing written) when fewer than
 /// 24 of its hours are folded. Returns the day's samples.
-pub(super) async fn roll(ctx: &SessionContext, store: &Arc<Store>, day: i64) -> DfResult<Option<u64>> {
+pub(super) async fn roll(
+    ctx: &SessionContext,
+    store: &Arc<Store>,
+    day: i64,
+) -> DfResult<Option<u64>> {
     let Some(&(hours, samples)) = ledger_days(ctx, day, day + DAY).await?.get(&day) else {
         return Ok(None);
     };

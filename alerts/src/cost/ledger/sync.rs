@@ -23,7 +23,13 @@ use super::*;
 fn table_files(store: &Store) -> Vec<String> {
     [Table::JobLedger, Table::JobLedger1d]
         .iter()
-        .flat_map(|t| store.files(*t).iter().map(|f| f.path.clone()).collect::<Vec<_>>())
+        .flat_map(|t| {
+            store
+                .files(*t)
+                .iter()
+                .map(|f| f.path.clone())
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 

@@ -3,13 +3,13 @@
 //! day whose hours change is read by the hour until it is rolled again.
 
 use gpuwatch_query::QueryEngine;
+use gpuwatch_store::Store;
 use gpuwatch_store::clock::ManualClock;
 use gpuwatch_store::schema::Table;
-use gpuwatch_store::Store;
 
 use super::table::{UsageRow, hour_rows};
-use super::*;
 use super::view;
+use super::*;
 use crate::cost::tests::json_rows as rows;
 
 const S: i64 = 1_000_000_000;
@@ -43,11 +43,23 @@ fn hour(h: i64, scale: f64) -> RecordBatch {
     };
     let mut rows = vec![
         usage("long", "a", "g0", "NVIDIA H100 80GB HBM3", 3_590.0),
-        usage("long", "a", "g1", "NVIDIA H100 80GB HBM3", 3_580.0 + h as f64),
+        usage(
+            "long",
+            "a",
+            "g1",
+            "NVIDIA H100 80GB HBM3",
+            3_580.0 + h as f64,
+        ),
         usage(&format!("short-{h}"), "c", "g3", "NVIDIA A100", 1_800.0),
     ];
     if (10..40).contains(&h) {
-        rows.push(usage("cross", "b", "g2", "NVIDIA A100", 3_000.0 + 3.0 * h as f64));
+        rows.push(usage(
+            "cross",
+            "b",
+            "g2",
+            "NVIDIA A100",
+            3_000.0 + 3.0 * h as f64,
+        ));
     }
     let samples = rows.len() as u64 * 60 + (scale != 1.0) as u64;
     hour_rows(start, &rows, &[], samples).expect("hour rows")
@@ -148,14 +160,24 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
     assert!(ledger.snapshot().days.is_empty());
     let want = answers(&e).await;
     assert_eq!(want[0].len(), 62, "two jobs over days, sixty of an hour");
-    same(&want[2], &want[3], "job_days against job_hours, by the hour");
+    same(
+        &want[2],
+        &want[3],
+        "job_days against job_hours, by the hour",
+    );
 
     // The server that folds rolls the two whole days (not the partial first and last).
     let (e, ledger) = server(&store, &cost, true).await;
     assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
     assert!(day_rows(&e).await > 0);
     let got = answers(&e).await;
-    let names = ["jobs", "jobs since", "job_days", "job_hours by day", "three jobs"];
+    let names = [
+        "jobs",
+        "jobs since",
+        "job_days",
+        "job_hours by day",
+        "three jobs",
+    ];
     for (i, what) in names.iter().enumerate() {
         same(&got[i], &want[i], &format!("{what}, from the daily sums"));
     }
@@ -172,13 +194,21 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
         "the changed day is not read from its old sums"
     );
     let changed = answers(&e).await;
-    same(&changed[2], &changed[3], "job_days against job_hours, a day stale");
+    same(
+        &changed[2],
+        &changed[3],
+        "job_days against job_hours, a day stale",
+    );
     assert!(changed[0] != want[0], "the refold changed the jobs");
     let (e, ledger) = server(&store, &cost, true).await;
     assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
     let again = answers(&e).await;
     for i in 0..names.len() {
-        same(&again[i], &changed[i], &format!("{}, rolled again", names[i]));
+        same(
+            &again[i],
+            &changed[i],
+            &format!("{}, rolled again", names[i]),
+        );
     }
 }
 
@@ -190,11 +220,21 @@ fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
     let (hours, on_days) = read(Some((D0 + 30 * HOUR, D0 + 35 * HOUR))).condition(Some(w), &runs);
     let on_days = on_days.expect("a day is read from the sums");
     let day = |d: i64| format!("to_timestamp_nanos({})", D0 + d * days::DAY);
-    assert!(on_days.contains(&format!("time >= {}", day(1))), "{on_days}");
+    assert!(
+        on_days.contains(&format!("time >= {}", day(1))),
+        "{on_days}"
+    );
     assert!(on_days.contains(&format!("time < {}", day(2))), "{on_days}");
     assert!(hours.contains(&format!("NOT {}", on_days)), "{hours}");
     let (_, none) = read(Some((D0 + 50 * HOUR, D0 + 60 * HOUR))).condition(Some(w), &runs);
     assert_eq!(none, None, "hours after the rolled days");
-    let all = view::LedgerRead { hours: None, jobs: Some(Vec::new()) };
-    assert_eq!(all.condition(Some(w), &runs), ("false".into(), None), "no job");
+    let all = view::LedgerRead {
+        hours: None,
+        jobs: Some(Vec::new()),
+    };
+    assert_eq!(
+        all.condition(Some(w), &runs),
+        ("false".into(), None),
+        "no job"
+    );
 }

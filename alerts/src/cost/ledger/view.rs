@@ -147,7 +147,11 @@ SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
 FROM p GROUP BY {key}"#,
             ctes = self.usage_ctes(watermark, read, days),
-            gpu_model = if view == View::Jobs { "" } else { ", gpu_model" },
+            gpu_model = if view == View::Jobs {
+                ""
+            } else {
+                ", gpu_model"
+            },
             charge_named = charge_max_sql(true),
         )
     }
@@ -222,7 +226,11 @@ impl LedgerRead {
     /// The conditions on the rows of the ledger's table and of its daily sums (`None`: none
     /// read): below the watermark `w` (nothing before any fold), within the hours and jobs;
     /// the days in `days` (runs `[from, to)`) are read from the daily sums, their hours not.
-    pub(super) fn condition(&self, w: Option<i64>, days: &[(i64, i64)]) -> (String, Option<String>) {
+    pub(super) fn condition(
+        &self,
+        w: Option<i64>,
+        days: &[(i64, i64)],
+    ) -> (String, Option<String>) {
         let Some(w) = w.filter(|_| self.jobs.as_ref().is_none_or(|j| !j.is_empty())) else {
             return ("false".into(), None);
         };
