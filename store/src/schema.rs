@@ -406,6 +406,8 @@ pub enum Table {
     GpuMetrics1m,
     /// `gpu_metrics` rolled up per hour (built when an hour is compacted).
     GpuMetrics1h,
+    /// `gpu_metrics_1h` rolled up per UTC day (built once a day's hours are rolled up).
+    GpuMetrics1d,
     /// One row per GPU process per sample.
     GpuProcesses,
     /// `gpu_processes` rolled up per minute (built when an hour is compacted).
@@ -426,7 +428,7 @@ pub enum Table {
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 11] = [
+    pub const ALL: [Table; 12] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
@@ -438,6 +440,7 @@ impl Table {
         Table::Alerts,
         Table::JobLedger,
         Table::JobLedger1d,
+        Table::GpuMetrics1d,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -445,8 +448,25 @@ impl Table {
         match self {
             Table::GpuMetrics1m | Table::GpuProcesses1m => Some(60_000_000_000),
             Table::GpuMetrics1h | Table::GpuProcesses1h => Some(3_600_000_000_000),
+            Table::GpuMetrics1d => Some(86_400_000_000_000),
             _ => None,
         }
+    }
+
+    /// The daily rollup maintenance builds of this hourly rollup, a closed UTC day at a time.
+    pub fn daily(self) -> Option<Table> {
+        match self {
+            Table::GpuMetrics1h => Some(Table::GpuMetrics1d),
+            _ => None,
+        }
+    }
+
+    /// The table whose rows a rollup summarises: the raw table of a rollup the compactor
+    /// builds, the hourly rollup of a daily one.
+    pub fn summarises(self) -> Option<Table> {
+        Table::ALL
+            .into_iter()
+            .find(|t| t.rollups().contains(&self) || t.daily() == Some(self))
     }
 
     /// The rollups the compactor builds of a closed hour of this table.
@@ -470,6 +490,7 @@ impl Table {
             Table::Metrics => "metrics",
             Table::GpuMetrics1m => "gpu_metrics_1m",
             Table::GpuMetrics1h => "gpu_metrics_1h",
+            Table::GpuMetrics1d => "gpu_metrics_1d",
             Table::GpuProcesses => "gpu_processes",
             Table::GpuProcesses1m => "gpu_processes_1m",
             Table::GpuProcesses1h => "gpu_processes_1h",
@@ -505,6 +526,7 @@ impl Table {
             Table::GpuProcesses1m => 9,
             Table::GpuProcesses1h => 10,
             Table::JobLedger1d => 11,
+            Table::GpuMetrics1d => 12,
         }
     }
 
@@ -518,7 +540,9 @@ impl Table {
         match self {
             Table::GpuMetrics => GPU_METRICS.clone(),
             Table::Metrics => METRICS.clone(),
-            Table::GpuMetrics1m | Table::GpuMetrics1h => GPU_METRICS_ROLLUP.clone(),
+            Table::GpuMetrics1m | Table::GpuMetrics1h | Table::GpuMetrics1d => {
+                GPU_METRICS_ROLLUP.clone()
+            }
             Table::GpuProcesses => GPU_PROCESSES.clone(),
             Table::GpuProcesses1m | Table::GpuProcesses1h => GPU_PROCESSES_ROLLUP.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
@@ -533,6 +557,7 @@ impl Table {
             Table::GpuMetrics
             | Table::GpuMetrics1m
             | Table::GpuMetrics1h
+            | Table::GpuMetrics1d
             | Table::GpuProcesses
             | Table::GpuProcesses1m
             | Table::GpuProcesses1h

@@ -23,6 +23,7 @@
 //! takes no writes; [`Store::refresh`] brings its view of the tables up to date.
 
 mod damage;
+mod days;
 mod maintain;
 mod replace;
 mod replay;
@@ -863,6 +864,8 @@ impl ReadStore for Store {
 mod tests;
 #[cfg(test)]
 mod tests_damage;
+#[cfg(test)]
+mod tests_days;
 #[cfg(test)]
 mod tests_processes;
 #[cfg(test)]

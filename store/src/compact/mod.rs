@@ -65,7 +65,7 @@ pub struct RetentionConfig {
     pub metrics: Option<Duration>,
     /// `gpu_metrics_1m`.
     pub gpu_metrics_1m: Option<Duration>,
-    /// `gpu_metrics_1h`.
+    /// `gpu_metrics_1h` and its daily rollups, `gpu_metrics_1d`.
     pub gpu_metrics_1h: Option<Duration>,
     /// `gpu_processes`.
     pub gpu_processes: Option<Duration>,
@@ -113,7 +113,7 @@ impl RetentionConfig {
             Table::GpuMetrics => self.gpu_metrics,
             Table::Metrics => self.metrics,
             Table::GpuMetrics1m => self.gpu_metrics_1m,
-            Table::GpuMetrics1h => self.gpu_metrics_1h,
+            Table::GpuMetrics1h | Table::GpuMetrics1d => self.gpu_metrics_1h,
             Table::GpuProcesses => self.gpu_processes,
             Table::GpuProcesses1m => self.gpu_processes_1m,
             Table::GpuProcesses1h => self.gpu_processes_1h,

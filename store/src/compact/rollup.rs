@@ -17,7 +17,7 @@ use arrow::row::{RowConverter, SortField};
 
 use crate::Result;
 use crate::persist::sort_batch;
-use crate::schema::{RollupSpec, Table, ValueType};
+use crate::schema::{ROLLUP_SUFFIXES, RollupSpec, Table, ValueType};
 
 fn aggregate<T: ArrowPrimitiveType>(
     column: &ArrayRef,
@@ -126,6 +126,122 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     }
     let out = RecordBatch::try_new(schema, columns)?;
     sort_batch(table, &out)
+}
+
+/// Rolls rows of an hourly rollup (`gpu_metrics_1h`) up into its daily one (`table`,
+/// `gpu_metrics_1d`, the same columns): per day and distinct set of labels, the sum of
+/// `samples`, the min of the minima, the max of the maxima, the mean weighted by each row's
+/// samples, and the last value of the latest row that has one. A weighted mean over the daily
+/// rows equals the one over the hourly rows unless a value is null in some of a day's hours
+/// only (the rows count samples, not values). Only for rollups without value counts (not
+/// `gpu_processes`').
+pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
+    let (width, spec) = table
+        .rollup_nanos()
+        .zip(
+            table
+                .summarises()
+                .and_then(Table::summarises)
+                .and_then(RollupSpec::of)
+                .filter(|spec| !spec.seen),
+        )
+        .ok_or_else(|| crate::Error::BadRows(format!("{} is not a daily rollup", table.name())))?;
+    let times = batch
+        .column(0)
+        .as_primitive::<TimestampNanosecondType>()
+        .values();
+    let labels: Vec<ArrayRef> = (1..=spec.labels)
+        .map(|i| Arc::clone(batch.column(i)))
+        .collect();
+    let groups = Groups::of(&labels, times, width)?;
+    let n = groups.firsts.len();
+    let firsts = UInt32Array::from(groups.firsts.clone());
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(
+        TimestampNanosecondArray::from(groups.buckets.clone()).with_timezone("UTC"),
+    )];
+    for l in &labels {
+        columns.push(take(l.as_ref(), &firsts, None)?);
+    }
+    let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
+    let samples = column(spec.labels + 1);
+    columns.push(Arc::new(sums(samples, &groups.of, n)));
+    let mut at = spec.labels + 2;
+    for (_, ty) in &spec.values {
+        let parts: [&ArrayRef; 4] = std::array::from_fn(|k| batch.column(at + k));
+        let [min, max, avg, last] = match ty {
+            ValueType::Float => regroup::<Float64Type>(parts, samples, times, &groups.of, n),
+            ValueType::Int => regroup::<Int64Type>(parts, samples, times, &groups.of, n),
+        };
+        columns.extend([min, max, avg, last]);
+        at += ROLLUP_SUFFIXES.len();
+    }
+    let out = RecordBatch::try_new(table.schema(), columns)?;
+    sort_batch(table, &out)
+}
+
+/// Per group, the sum of `values`.
+fn sums(values: &Int64Array, of: &[usize], groups: usize) -> Int64Array {
+    let mut sum = vec![0i64; groups];
+    for (i, &g) in of.iter().enumerate() {
+        sum[g] = sum[g].saturating_add(values.value(i));
+    }
+    Int64Array::from(sum)
+}
+
+/// One value column's rollup parts (`min`, `max`, `avg`, `last`) of several rows regrouped:
+/// the min, max, mean weighted by `weights`, and the latest last.
+fn regroup<T: ArrowPrimitiveType>(
+    [min, max, avg, last]: [&ArrayRef; 4],
+    weights: &Int64Array,
+    times: &[i64],
+    of: &[usize],
+    groups: usize,
+) -> [ArrayRef; 4]
+where
+    T::Native: PartialOrd,
+{
+    let (min, max, last) = (
+        min.as_primitive::<T>(),
+        max.as_primitive::<T>(),
+        last.as_primitive::<T>(),
+    );
+    let avg = avg.as_primitive::<Float64Type>();
+    let mut lo: Vec<Option<T::Native>> = vec![None; groups];
+    let mut hi: Vec<Option<T::Native>> = vec![None; groups];
+    let mut latest: Vec<Option<(i64, T::Native)>> = vec![None; groups];
+    let mut sum = vec![0f64; groups];
+    let mut weight = vec![0i64; groups];
+    for (i, &g) in of.iter().enumerate() {
+        if min.is_valid(i) && lo[g].is_none_or(|m| min.value(i) < m) {
+            lo[g] = Some(min.value(i));
+        }
+        if max.is_valid(i) && hi[g].is_none_or(|m| max.value(i) > m) {
+            hi[g] = Some(max.value(i));
+        }
+        if last.is_valid(i) && latest[g].is_none_or(|(t, _)| times[i] >= t) {
+            latest[g] = Some((times[i], last.value(i)));
+        }
+        if avg.is_valid(i) {
+            sum[g] += avg.value(i) * weights.value(i) as f64;
+            weight[g] = weight[g].saturating_add(weights.value(i));
+        }
+    }
+    let mean: Float64Array = sum
+        .iter()
+        .zip(&weight)
+        .map(|(s, w)| (*w > 0).then(|| s / *w as f64))
+        .collect();
+    [
+        Arc::new(lo.into_iter().collect::<PrimitiveArray<T>>()),
+        Arc::new(hi.into_iter().collect::<PrimitiveArray<T>>()),
+        Arc::new(mean),
+        Arc::new(
+            latest
+                .into_iter()
+                .map(|l| l.map(|(_, v)| v))
+                .collect::<PrimitiveArray<T>>(),
+        ),
+    ]
 }
 
 /// The groups of a batch: one per time bucket and distinct set of label values.
@@ -257,6 +373,78 @@ mod tests {
                 .value(g),
             50.0
         );
+    }
+
+    /// Raw samples of two GPUs over 30 hours (crossing a UTC midnight), one value missing in a
+    /// whole hour: the daily rows rolled from the hourly ones hold each day's count, min, max,
+    /// last and mean of the raw samples.
+    #[test]
+    fn a_day_rolled_from_hours_has_the_days_raw_figures() {
+        let power = value_index("hw.power").expect("power");
+        let mem = value_index("hw.gpu.memory.usage").expect("mem");
+        let day = 86_400_000_000_000i64;
+        let t0 = 20_833 * day + 18 * 3_600_000_000_000; // 18:00 UTC
+        let step = 600_000_000_000i64; // 10 minutes
+        let mut rows = Vec::new();
+        for k in 0..180i64 {
+            for gpu in ["GPU-a", "GPU-b"] {
+                let t = t0 + k * step;
+                let mut r = GpuRow::new(t);
+                r.labels[0] = Some("h".into());
+                r.labels[1] = Some(gpu.into());
+                // The hour from 20:00 has no power reading (the mean skips it, as the hours do).
+                let hour = (t - t0) / 3_600_000_000_000;
+                let p = (k * 37 % 101) as f64 + if gpu == "GPU-b" { 1000.0 } else { 0.0 };
+                r.values[power] = (hour != 2).then_some(Cell::F(p));
+                r.values[mem] = Some(Cell::I(k * 3 % 17));
+                rows.push((gpu, t, r));
+            }
+        }
+        let raw: Vec<GpuRow> = rows.iter().map(|(_, _, r)| r.clone()).collect();
+        let batch = WriteBatch::from_rows(&raw, &[]).expect("batch").batches[0]
+            .1
+            .clone();
+        let hourly = rollup(&batch, Table::GpuMetrics1h).expect("hourly");
+        let daily = rollup_rollups(&hourly, Table::GpuMetrics1d).expect("daily");
+        assert_eq!(daily.schema(), Table::GpuMetrics1d.schema());
+        assert_eq!(daily.num_rows(), 4, "two GPUs, two days");
+        let times = daily.column(0).as_primitive::<TimestampNanosecondType>();
+        let gpus = col(&daily, "gpu_uuid").as_string::<i32>();
+        let f = |name: &str, g: usize| col(&daily, name).as_primitive::<Float64Type>().value(g);
+        let i = |name: &str, g: usize| col(&daily, name).as_primitive::<Int64Type>().value(g);
+        for g in 0..daily.num_rows() {
+            let start = times.value(g);
+            assert_eq!(start.rem_euclid(day), 0, "a row a UTC day");
+            let of: Vec<&GpuRow> = rows
+                .iter()
+                .filter(|(gpu, t, _)| *gpu == gpus.value(g) && (start..start + day).contains(t))
+                .map(|(_, _, r)| r)
+                .collect();
+            let powers: Vec<f64> = of
+                .iter()
+                .filter_map(|r| match r.values[power] {
+                    Some(Cell::F(v)) => Some(v),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(i("samples", g), of.len() as i64);
+            let min = powers.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = powers.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(f("power_watts_min", g), min);
+            assert_eq!(f("power_watts_max", g), max);
+            assert_eq!(f("power_watts_last", g), *powers.last().expect("some"));
+            let mean = powers.iter().sum::<f64>() / powers.len() as f64;
+            assert!(
+                (f("power_watts_avg", g) - mean).abs() < 1e-9,
+                "mean of the values"
+            );
+            let last_mem = match of.last().expect("rows").values[mem] {
+                Some(Cell::I(v)) => v,
+                _ => unreachable!(),
+            };
+            assert_eq!(i("memory_used_bytes_last", g), last_mem);
+        }
+        assert!(rollup_rollups(&hourly, Table::GpuMetrics1h).is_err());
     }
 
     #[test]

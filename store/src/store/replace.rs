@@ -26,7 +26,7 @@ use crate::persist::{self, FileMeta, Written, storage::random_hex};
 use crate::schema::Table;
 use crate::{Error, Result};
 
-const DAY_NANOS: i64 = 24 * HOUR_NANOS;
+pub(super) const DAY_NANOS: i64 = 24 * HOUR_NANOS;
 
 /// Tables whose closed days maintenance merges into one file each: those with few rows an
 /// hour. The 1-minute rollups stay a file an hour (60 rows a GPU an hour).
@@ -70,7 +70,7 @@ impl Store {
     pub fn replace_hours(&self, table: Table, hours: &[(i64, RecordBatch)]) -> Result<()> {
         let spans: Vec<(Range<i64>, &RecordBatch)> =
             hours.iter().map(|(h, b)| (*h..*h + 1, b)).collect();
-        self.replace_spans(table, &spans)
+        self.replace_spans(table, &spans, "")
     }
 
     /// Replaces every row of `table` in each of the `days` (UTC days since the epoch, with the
@@ -86,11 +86,17 @@ impl Store {
                 )
             })
             .collect();
-        self.replace_spans(table, &spans)
+        self.replace_spans(table, &spans, "")
     }
 
-    /// Replaces every row of `table` in the hours of each span with its rows, one file a span.
-    fn replace_spans(&self, table: Table, spans: &[(Range<i64>, &RecordBatch)]) -> Result<()> {
+    /// Replaces every row of `table` in the hours of each span with its rows, one file a span
+    /// (its name ends with `tag`).
+    pub(super) fn replace_spans(
+        &self,
+        table: Table,
+        spans: &[(Range<i64>, &RecordBatch)],
+        tag: &str,
+    ) -> Result<()> {
         if table.is_ingested() {
             return Err(Error::BadRows(format!(
                 "{} is written by ingest, not replaced an hour at a time",
@@ -114,7 +120,7 @@ impl Store {
                     } else {
                         'r'
                     };
-                    let name = format!("{prefix}{}", random_hex());
+                    let name = format!("{prefix}{}{tag}", random_hex());
                     written.push(persist::write_file(
                         &self.storage,
                         table,
@@ -238,20 +244,8 @@ impl Store {
     /// the next pass.
     pub(super) fn merge_days(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
         for table in DAY_FILES {
-            let mut days: BTreeMap<i64, Vec<FileMeta>> = BTreeMap::new();
-            for f in self
-                .readable_files(table)
-                .into_iter()
-                .filter(|f| f.has_time_range())
-            {
-                days.entry(f.min_time.div_euclid(DAY_NANOS))
-                    .or_default()
-                    .push(f);
-            }
-            for (day, files) in days {
-                let end = (day + 1).saturating_mul(DAY_NANOS);
-                let within = files.iter().all(|f| f.max_time < end);
-                if files.len() < 2 || !within || end.saturating_add(HOUR_NANOS) > now {
+            for (day, files) in self.closed_days(table, now) {
+                if files.len() < 2 {
                     continue;
                 }
                 match self.merge_day(table, day, &files) {
@@ -265,6 +259,26 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The files of `table` by UTC day, for each day that ended an hour ago or more and whose
+    /// files all lie within it.
+    pub(super) fn closed_days(&self, table: Table, now: i64) -> BTreeMap<i64, Vec<FileMeta>> {
+        let mut days: BTreeMap<i64, Vec<FileMeta>> = BTreeMap::new();
+        for f in self
+            .readable_files(table)
+            .into_iter()
+            .filter(|f| f.has_time_range())
+        {
+            days.entry(f.min_time.div_euclid(DAY_NANOS))
+                .or_default()
+                .push(f);
+        }
+        days.retain(|day, files| {
+            let end = (day + 1).saturating_mul(DAY_NANOS);
+            files.iter().all(|f| f.max_time < end) && end.saturating_add(HOUR_NANOS) <= now
+        });
+        days
     }
 
     fn merge_day(&self, table: Table, day: i64, inputs: &[FileMeta]) -> Result<()> {

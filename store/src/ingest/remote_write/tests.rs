@@ -461,6 +461,7 @@ proptest! {
                 }
                 Table::GpuMetrics1m
                 | Table::GpuMetrics1h
+                | Table::GpuMetrics1d
                 | Table::GpuProcesses1m
                 | Table::GpuProcesses1h
                 | Table::JobLedger
