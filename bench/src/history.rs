@@ -65,6 +65,9 @@ pub(crate) struct HistoryArgs {
     /// Longest wait for the server to fold the raw hours into the ledger.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
+    /// Build (or bring up to date) the data directory and stop: no server, no timings.
+    #[arg(long)]
+    pub build_only: bool,
 }
 
 impl HistoryArgs {
@@ -117,6 +120,7 @@ fn data(args: &HistoryArgs) -> Result<Marker> {
             args.data_dir.display(),
             m.built_s
         );
+        build::daily_rollups(args)?;
         return Ok(m);
     }
     if args.data_dir.exists() {
@@ -353,6 +357,9 @@ async fn time_panels(
 
 pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
     let marker = tokio::task::block_in_place(|| data(&args))?;
+    if args.build_only {
+        return Ok(());
+    }
     let parent = peers::parent_dir(&args.data_dir)?;
     let config = parent.join("history-gpuwatch.toml");
     std::fs::write(

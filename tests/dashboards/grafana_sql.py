@@ -33,6 +33,8 @@ server-side prepared statements (the extended protocol, as Grafana's pgx driver)
 Subcommands:
   selftest FIXTURE      expand every `-- grafana:` query of tests/fixtures/grafana_postgres_macros.sql
                         and compare with the SQL the fixture holds (Grafana's own expansion)
+  paths --dsn DSN ...   every panel target with a `gpu_metrics_1d` branch answers over each --range
+                        as it does with that branch off (from the hourly rollups alone)
   check --dsn DSN ...   run every variable query and panel target over each --range and check
                         the answers (exit 1 with a list of failures); --first-value RANGE and
                         --empty-each RANGE add runs with each multi-value variable at one value
@@ -574,6 +576,102 @@ def cmd_bench(args):
     return 0
 
 
+# The range length (seconds) above which a panel reads whole days from `gpu_metrics_1d`, as
+# the dashboards write it.
+DAILY_FROM = "2764800"
+
+
+def hours_only(sql):
+    """`sql` with the daily branch off and the hourly one reading every hour (the buckets
+    stay as they are)."""
+    out = sql.replace(f"> {DAILY_FROM} AND time >= date_trunc('day'",
+                      "> 99999999999 AND time >= date_trunc('day'")
+    out = out.replace(f"<= {DAILY_FROM} OR", "<= 99999999999 OR")
+    if out == sql:
+        raise ValueError("no daily or hourly branch condition written as expected")
+    return out
+
+
+def same_rows(a, b, tol=1e-9, at_least=False):
+    """Two answers equal row by row; numbers within `tol`, relative (with `at_least`, each
+    number of `a` at least its number in `b`)."""
+    if len(a) != len(b):
+        return f"{len(a)} rows vs {len(b)}"
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        for x, y in zip(ra, rb):
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) \
+                    and not isinstance(x, bool):
+                slack = tol * max(1.0, abs(x), abs(y))
+                if (x < y - slack) if at_least else abs(x - y) > slack:
+                    return f"row {i}: {ra} vs {rb}"
+            elif x != y:
+                return f"row {i}: {ra} vs {rb}"
+    return None
+
+
+def branch_where(sql, table):
+    """The WHERE clause of the branch of `sql` that reads `table` (the rest of its line)."""
+    m = re.search(rf"FROM {table} WHERE (.*)", sql)
+    if not m:
+        raise ValueError(f"no {table} branch")
+    return m.group(1)
+
+
+def same_samples(conn, sql):
+    """The daily and hourly branches of `sql` together cover the samples its hourly branch
+    covers alone: none missed, none counted twice (a mean would hide either)."""
+    hourly, daily = branch_where(sql, "gpu_metrics_1h"), branch_where(sql, "gpu_metrics_1d")
+    count = "SELECT coalesce(sum(samples), 0) FROM {} WHERE {}"
+    _, split = run_sql(conn, f"SELECT ({count.format('gpu_metrics_1h', hourly)}) + "
+                             f"({count.format('gpu_metrics_1d', daily)})")
+    _, alone = run_sql(conn, count.format("gpu_metrics_1h", hours_only(hourly)))
+    if split[0][0] != alone[0][0] or not alone[0][0]:
+        return f"daily and hourly branches cover {split[0][0]} samples, hours alone {alone[0][0]}"
+    return None
+
+
+def cmd_paths(args):
+    """Every panel target that reads the daily rollups answers as it does from the hourly ones
+    alone (to 1e-9), over each --range; each must answer with rows."""
+    to_s = parse_time(args.to) if args.to else time.time()
+    pinned = dict(v.split("=", 1) for v in (args.var or []))
+    conn = connect(args.dsn)
+    errors = []
+    compared = 0
+    for fname, dash in load_dashboards(args.dashboards):
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname, pinned)
+            for p in panels_of(dash):
+                for t in targets_of(p):
+                    if "gpu_metrics_1d" not in t.get("rawSql", ""):
+                        continue
+                    where = f"{fname} / {p.get('title')} [{rng}]"
+                    sql = expand(t["rawSql"], from_s, to_s, values,
+                                 p.get("maxDataPoints") or 1000, p.get("interval"))
+                    try:
+                        _, daily = run_sql(conn, sql)
+                        _, hourly = run_sql(conn, hours_only(sql))
+                    except Exception as e:  # noqa: reported
+                        errors.append(f"{where}: {type(e).__name__}: {e}")
+                        continue
+                    compared += 1
+                    why = same_samples(conn, sql)
+                    if why:
+                        errors.append(f"{where}: {why}")
+                    # A counter's growth per day (energy) also counts what it grew between
+                    # an hour's last sample and the next hour's first, which hourly rows miss:
+                    # there the daily answer is at least the hourly one.
+                    at_least = "max(energy_joules_max) - min(energy_joules_min)" in sql
+                    why = "no rows" if not daily else same_rows(daily, hourly, at_least=at_least)
+                    if why:
+                        errors.append(f"{where}: daily and hourly answers differ: {why}")
+    print(f"{compared} panel queries compared, {len(errors)} failures")
+    for e in errors:
+        print(f"FAIL {e}")
+    return 1 if errors or compared == 0 else 0
+
+
 def cmd_list(args):
     for fname, dash in load_dashboards(args.dashboards):
         for v in query_variables(dash):
@@ -672,7 +770,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("selftest")
     s.add_argument("fixture")
-    for name in ("check", "bench"):
+    for name in ("check", "bench", "paths"):
         s = sub.add_parser(name)
         s.add_argument("--dsn", required=True)
         s.add_argument("--dashboards", default="dashboards")
@@ -688,15 +786,15 @@ def main():
                            help="range to run again once per query variable, that variable's query empty")
             s.add_argument("--no-data", action="store_true",
                            help="the range holds no data: answers may be empty, variables without options")
-        else:
+        elif name == "bench":
             s.add_argument("--runs", type=int, default=3)
     s = sub.add_parser("list")
     s.add_argument("--dashboards", default="dashboards")
     args = ap.parse_args()
-    if getattr(args, "range", None) is None and args.cmd in ("check", "bench"):
+    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths"):
         args.range = ["6h"]
     return {"selftest": cmd_selftest, "check": cmd_check, "bench": cmd_bench,
-            "list": cmd_list}[args.cmd](args)
+            "paths": cmd_paths, "list": cmd_list}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpuwatch_e2e::{bin_dir, free_addr, http_get};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("repository root")
         .to_path_buf()
 }
 
-fn script() -> PathBuf {
+pub(crate) fn script() -> PathBuf {
     repo().join("tests/dashboards/grafana_sql.py")
 }
 

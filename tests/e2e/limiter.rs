@@ -54,7 +54,7 @@ fn traces() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-traces")
 }
 
-fn bench() -> PathBuf {
+pub(crate) fn bench() -> PathBuf {
     let b = bin_dir().join("gpuwatch-bench");
     assert!(
         b.exists(),

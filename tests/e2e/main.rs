@@ -18,6 +18,7 @@ mod console;
 mod cost;
 mod crash_stress;
 mod dashboards;
+mod dashboards_daily;
 mod delta;
 mod durability;
 mod faults;

@@ -370,12 +370,39 @@ pub(super) fn build(args: &HistoryArgs, end_hour_ns: i64) -> Result<Marker> {
         began.elapsed().as_secs_f64()
     );
     let first_raw_job = raw_hours(args, &store, &mut nodes, span.raw_start)?;
+    drop(store);
+    daily_rollups(args)?;
     Ok(Marker {
         shape: args.shape(),
         end_hour_ns,
         old_job: old_job.or(first_raw_job).ok_or("the history has no job")?,
         built_s: began.elapsed().as_secs_f64(),
     })
+}
+
+/// Brings the daily rollups up to date as the server's maintenance does (a few days a pass):
+/// passes until one writes none.
+pub(super) fn daily_rollups(args: &HistoryArgs) -> Result<()> {
+    gpuwatch_alerts::cost::declare_ledger_table()?;
+    let store = Store::open(
+        StoreConfig::new(args.data_dir.clone()),
+        Arc::new(SystemClock),
+    )
+    .map_err(|e| format!("opening {}: {e}", args.data_dir.display()))?;
+    let began = Instant::now();
+    let mut days = 0;
+    loop {
+        let r = store.maintain().map_err(|e| format!("maintain: {e}"))?;
+        if r.rollup_files == 0 {
+            break;
+        }
+        days += r.rollup_files;
+    }
+    println!(
+        "maintenance until idle: {days} rollup files written ({:.0} s)",
+        began.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The raw samples from `from` to now, through the write-ahead log; persisted and compacted.
