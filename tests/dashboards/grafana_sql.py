@@ -582,11 +582,11 @@ DAILY_FROM = "2764800"
 
 
 def hours_only(sql):
-    """`sql` with the daily branch off and the hourly one reading every hour (the buckets
-    stay as they are)."""
-    out = sql.replace(f"> {DAILY_FROM} AND time >= date_trunc('day'",
-                      "> 99999999999 AND time >= date_trunc('day'")
-    out = out.replace(f"<= {DAILY_FROM} OR", "<= 99999999999 OR")
+    """`sql` with the daily branches off (the daily rows and the hourly rows of the range's
+    first and last days) and the hourly branch of shorter ranges reading every hour instead;
+    the buckets stay as they are."""
+    out = sql.replace(f"> {DAILY_FROM} AND time", "> 99999999999 AND time")
+    out = out.replace(f"<= {DAILY_FROM} AND", "<= 99999999999 AND")
     if out == sql:
         raise ValueError("no daily or hourly branch condition written as expected")
     return out
@@ -609,24 +609,23 @@ def same_rows(a, b, tol=1e-9, at_least=False):
     return None
 
 
-def branch_where(sql, table):
-    """The WHERE clause of the branch of `sql` that reads `table` (the rest of its line)."""
-    m = re.search(rf"FROM {table} WHERE (.*)", sql)
-    if not m:
-        raise ValueError(f"no {table} branch")
-    return m.group(1)
+def samples_covered(conn, sql):
+    """The samples the rollup branches of `sql` read: `samples` summed over each branch's
+    WHERE clause (the rest of its FROM line)."""
+    parts = [f"(SELECT coalesce(sum(samples), 0) FROM {t} WHERE {w})"
+             for t, w in re.findall(r"FROM (gpu_metrics_1[hd]) WHERE (.*)", sql)]
+    if not parts:
+        raise ValueError("no rollup branch")
+    _, rows = run_sql(conn, "SELECT " + " + ".join(parts))
+    return rows[0][0]
 
 
 def same_samples(conn, sql):
-    """The daily and hourly branches of `sql` together cover the samples its hourly branch
-    covers alone: none missed, none counted twice (a mean would hide either)."""
-    hourly, daily = branch_where(sql, "gpu_metrics_1h"), branch_where(sql, "gpu_metrics_1d")
-    count = "SELECT coalesce(sum(samples), 0) FROM {} WHERE {}"
-    _, split = run_sql(conn, f"SELECT ({count.format('gpu_metrics_1h', hourly)}) + "
-                             f"({count.format('gpu_metrics_1d', daily)})")
-    _, alone = run_sql(conn, count.format("gpu_metrics_1h", hours_only(hourly)))
-    if split[0][0] != alone[0][0] or not alone[0][0]:
-        return f"daily and hourly branches cover {split[0][0]} samples, hours alone {alone[0][0]}"
+    """The daily and hourly branches of `sql` together cover the samples its hourly branches
+    cover alone with the daily ones off: none missed, none counted twice (a mean hides either)."""
+    split, alone = samples_covered(conn, sql), samples_covered(conn, hours_only(sql))
+    if split != alone or not alone:
+        return f"daily and hourly branches cover {split} samples, hours alone {alone}"
     return None
 
 

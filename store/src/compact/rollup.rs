@@ -17,7 +17,7 @@ use arrow::row::{RowConverter, SortField};
 
 use crate::Result;
 use crate::persist::sort_batch;
-use crate::schema::{ROLLUP_SUFFIXES, RollupSpec, Table, ValueType};
+use crate::schema::{LABEL_COLUMNS, ROLLUP_SUFFIXES, RollupSpec, Table, ValueType};
 
 fn aggregate<T: ArrowPrimitiveType>(
     column: &ArrayRef,
@@ -129,12 +129,15 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
 }
 
 /// Rolls rows of an hourly rollup (`gpu_metrics_1h`) up into its daily one (`table`,
-/// `gpu_metrics_1d`, the same columns): per day and distinct set of labels, the sum of
-/// `samples`, the min of the minima, the max of the maxima, the mean weighted by each row's
-/// samples, and the last value of the latest row that has one. A weighted mean over the daily
-/// rows equals the one over the hourly rows unless a value is null in some of a day's hours
-/// only (the rows count samples, not values). Only for rollups without value counts (not
-/// `gpu_processes`').
+/// `gpu_metrics_1d`, the same columns): one row per day and GPU (the label columns before
+/// `job_id`: host, UUID, index, model, MIG instance), whatever jobs held it. Its job labels are
+/// those of the latest hourly row with a job (null when no job held the GPU that day), so
+/// `job_id IS NULL` still tells a day without a job; per-job questions read the hourly rows.
+/// Values: the sum of `samples`, the min of the minima, the max of the maxima, the mean
+/// weighted by each row's samples, and the last value of the latest row that has one. A
+/// weighted mean over the daily rows equals the one over the hourly rows unless a value is null
+/// in some of a day's hours only (the rows count samples, not values). Only for rollups without
+/// value counts (not `gpu_processes`').
 pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     let (width, spec) = table
         .rollup_nanos()
@@ -153,14 +156,19 @@ pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> 
     let labels: Vec<ArrayRef> = (1..=spec.labels)
         .map(|i| Arc::clone(batch.column(i)))
         .collect();
-    let groups = Groups::of(&labels, times, width)?;
+    let job = LABEL_COLUMNS
+        .iter()
+        .position(|(name, _)| *name == "job_id")
+        .filter(|&j| j < labels.len())
+        .ok_or_else(|| crate::Error::BadRows("rollup rows without job_id".into()))?;
+    let groups = Groups::of(&labels[..job], times, width)?;
     let n = groups.firsts.len();
-    let firsts = UInt32Array::from(groups.firsts.clone());
+    let picks = UInt32Array::from(latest_with_job(&labels[job], times, &groups.of, n));
     let mut columns: Vec<ArrayRef> = vec![Arc::new(
         TimestampNanosecondArray::from(groups.buckets.clone()).with_timezone("UTC"),
     )];
     for l in &labels {
-        columns.push(take(l.as_ref(), &firsts, None)?);
+        columns.push(take(l.as_ref(), &picks, None)?);
     }
     let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
     let samples = column(spec.labels + 1);
@@ -177,6 +185,20 @@ pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> 
     }
     let out = RecordBatch::try_new(table.schema(), columns)?;
     sort_batch(table, &out)
+}
+
+/// Per group, its latest row with a job (non-null `jobs`), or its latest row when none has one.
+fn latest_with_job(jobs: &ArrayRef, times: &[i64], of: &[usize], groups: usize) -> Vec<u32> {
+    let mut pick: Vec<Option<(bool, i64, u32)>> = vec![None; groups];
+    for (i, &g) in of.iter().enumerate() {
+        let key = (jobs.is_valid(i), times[i], i as u32);
+        if pick[g].is_none_or(|p| key > p) {
+            pick[g] = Some(key);
+        }
+    }
+    pick.into_iter()
+        .map(|p| p.map_or(0, |(_, _, i)| i))
+        .collect()
 }
 
 /// Per group, the sum of `values`.
@@ -397,6 +419,10 @@ mod tests {
                 let p = (k * 37 % 101) as f64 + if gpu == "GPU-b" { 1000.0 } else { 0.0 };
                 r.values[power] = (hour != 2).then_some(Cell::F(p));
                 r.values[mem] = Some(Cell::I(k * 3 % 17));
+                // GPU-a: job j1 until 05:40 (mid-hour), j2 until 14:00, then none; GPU-b never.
+                if gpu == "GPU-a" && k < 120 {
+                    r.labels[5] = Some(if k < 70 { "j1" } else { "j2" }.into());
+                }
                 rows.push((gpu, t, r));
             }
         }
@@ -407,7 +433,9 @@ mod tests {
         let hourly = rollup(&batch, Table::GpuMetrics1h).expect("hourly");
         let daily = rollup_rollups(&hourly, Table::GpuMetrics1d).expect("daily");
         assert_eq!(daily.schema(), Table::GpuMetrics1d.schema());
-        assert_eq!(daily.num_rows(), 4, "two GPUs, two days");
+        assert_eq!(daily.num_rows(), 4, "a row a GPU and day, whatever its jobs");
+        assert_eq!(hourly.num_rows(), 61, "an hourly row a GPU, hour and job");
+        let jobs = col(&daily, "job_id").as_string::<i32>();
         let times = daily.column(0).as_primitive::<TimestampNanosecondType>();
         let gpus = col(&daily, "gpu_uuid").as_string::<i32>();
         let f = |name: &str, g: usize| col(&daily, name).as_primitive::<Float64Type>().value(g);
@@ -415,6 +443,9 @@ mod tests {
         for g in 0..daily.num_rows() {
             let start = times.value(g);
             assert_eq!(start.rem_euclid(day), 0, "a row a UTC day");
+            // The job labels of the day's latest hour with a job.
+            let job = (gpus.value(g) == "GPU-a").then_some(if start < t0 { "j1" } else { "j2" });
+            assert_eq!(jobs.is_valid(g).then(|| jobs.value(g)), job);
             let of: Vec<&GpuRow> = rows
                 .iter()
                 .filter(|(gpu, t, _)| *gpu == gpus.value(g) && (start..start + day).contains(t))

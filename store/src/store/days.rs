@@ -18,7 +18,7 @@ use crate::schema::Table;
 use crate::{Error, Result};
 
 /// The most days rolled in one maintenance pass.
-pub(super) const DAYS_PER_PASS: usize = 32;
+pub(super) const DAYS_PER_PASS: usize = 8;
 
 /// The digest of a day's hourly files, as it ends the daily file's name: FNV-1a of the sorted
 /// paths, stable across releases.
