@@ -35,6 +35,7 @@ Subcommands:
                         and compare with the SQL the fixture holds (Grafana's own expansion)
   paths --dsn DSN ...   every panel target with a `gpu_metrics_1d` branch answers over each --range
                         as it does with that branch off (from the hourly rollups alone)
+  series --dsn DSN ...  every panel target that draws at most N series draws min(N, all) of them
   check --dsn DSN ...   run every variable query and panel target over each --range and check
                         the answers (exit 1 with a list of failures); --first-value RANGE and
                         --empty-each RANGE add runs with each multi-value variable at one value
@@ -671,6 +672,43 @@ def cmd_paths(args):
     return 1 if errors or compared == 0 else 0
 
 
+def cmd_series(args):
+    """Every panel target that draws at most N series (`series_rank <= N`) draws
+    min(N, all) of them over each --range: the same query without the limit counts all."""
+    to_s = parse_time(args.to) if args.to else time.time()
+    conn = connect(args.dsn)
+    errors = []
+    checked = 0
+    for fname, dash in load_dashboards(args.dashboards):
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname)
+            for p in panels_of(dash):
+                for t in targets_of(p):
+                    m = re.search(r"series_rank <= (\d+)", t.get("rawSql", ""))
+                    if not m:
+                        continue
+                    where = f"{fname} / {p.get('title')} [{rng}]"
+                    sql = expand(t["rawSql"], from_s, to_s, values,
+                                 p.get("maxDataPoints") or 1000, p.get("interval"))
+                    unlimited = sql.replace(m.group(0), "series_rank <= 1000000000")
+                    try:
+                        shown = {r[1] for r in run_sql(conn, sql)[1]}
+                        every = {r[1] for r in run_sql(conn, unlimited)[1]}
+                    except Exception as e:  # noqa: reported
+                        errors.append(f"{where}: {type(e).__name__}: {e}")
+                        continue
+                    checked += 1
+                    want = min(int(m.group(1)), len(every))
+                    print(f"{where}: {len(shown)} of {len(every)} series")
+                    if len(shown) != want or not shown <= every:
+                        errors.append(f"{where}: {len(shown)} series drawn, want {want}")
+    print(f"{checked} panel queries checked, {len(errors)} failures")
+    for e in errors:
+        print(f"FAIL {e}")
+    return 1 if errors or checked == 0 else 0
+
+
 def cmd_list(args):
     for fname, dash in load_dashboards(args.dashboards):
         for v in query_variables(dash):
@@ -769,7 +807,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("selftest")
     s.add_argument("fixture")
-    for name in ("check", "bench", "paths"):
+    for name in ("check", "bench", "paths", "series"):
         s = sub.add_parser(name)
         s.add_argument("--dsn", required=True)
         s.add_argument("--dashboards", default="dashboards")
@@ -790,10 +828,10 @@ def main():
     s = sub.add_parser("list")
     s.add_argument("--dashboards", default="dashboards")
     args = ap.parse_args()
-    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths"):
+    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths", "series"):
         args.range = ["6h"]
     return {"selftest": cmd_selftest, "check": cmd_check, "bench": cmd_bench,
-            "paths": cmd_paths, "list": cmd_list}[args.cmd](args)
+            "paths": cmd_paths, "series": cmd_series, "list": cmd_list}[args.cmd](args)
 
 
 if __name__ == "__main__":

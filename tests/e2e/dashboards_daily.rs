@@ -1,8 +1,9 @@
-//! The dashboards' daily rollups: on a 40-day history of four GPUs built by `gpuwatch-bench
-//! history` (hourly rollups and the job ledger written through the store, the daily rollups
-//! rolled by the store's own maintenance), every panel target that reads `gpu_metrics_1d`
-//! answers over 35 and 39 days exactly as it does from the hourly rollups alone
-//! (`grafana_sql.py paths`: the same SQL with the daily branch off).
+//! Dashboards over histories built by `gpuwatch-bench history` (hourly rollups and the job
+//! ledger written through the store, the daily rollups rolled by the store's own maintenance):
+//! on 40 days of four GPUs, every panel target that reads `gpu_metrics_1d` answers over 35 and
+//! 39 days as it does from the hourly rollups alone (`grafana_sql.py paths`: the same SQL with
+//! the daily branches off); on 60 hosts, the Fleet panels draw at most 50 hosts or 100 GPUs
+//! (`grafana_sql.py series`).
 
 use std::process::Command;
 
@@ -11,13 +12,21 @@ use gpuwatch_e2e::TestServer;
 use crate::dashboards::{repo, script};
 use crate::limiter::bench;
 
-#[test]
-fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
+/// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host and
+/// `days`, and a server on it.
+fn history(dir: &std::path::Path, hosts: &str, gpus: &str, days: &str) -> TestServer {
+    let data = dir.join("data");
     let out = Command::new(bench())
         .current_dir(repo())
-        .args(["history", "--hosts", "2", "--gpus-per-host", "2", "--days", "40"])
+        .args([
+            "history",
+            "--hosts",
+            hosts,
+            "--gpus-per-host",
+            gpus,
+            "--days",
+            days,
+        ])
         .args(["--minute-days", "1", "--raw-hours", "2", "--build-only"])
         .arg("--data-dir")
         .arg(&data)
@@ -29,11 +38,45 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let server = TestServer::builder().data_dir(&data).start();
+    TestServer::builder().data_dir(&data).start()
+}
+
+/// `grafana_sql.py SUBCOMMAND` against `server` with `args`; its output, failing on a
+/// non-zero exit.
+fn grafana_sql(server: &TestServer, subcommand: &str, args: &[&str]) -> String {
+    let dsn = format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        server.pg.ip(),
+        server.pg.port()
+    );
+    let out = Command::new("python3")
+        .arg(script())
+        .args([subcommand, "--dsn", &dsn])
+        .args(args)
+        .arg("--dashboards")
+        .arg(repo().join("dashboards"))
+        .output()
+        .expect("python3 (bash .ci/run installs psycopg)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = history(dir.path(), "2", "2", "40");
     let days = server.psql(
         None,
         "disable",
-        &["-c", "SELECT count(DISTINCT time), count(DISTINCT gpu_uuid) FROM gpu_metrics_1d"],
+        &[
+            "-c",
+            "SELECT count(DISTINCT time), count(DISTINCT gpu_uuid) FROM gpu_metrics_1d",
+        ],
     );
     // 40 days back from the hour the history was built: 39 or 40 closed UTC days.
     let counts: Vec<i64> = days
@@ -46,24 +89,7 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
         counts.len() == 2 && counts[0] >= 39 && counts[1] == 4,
         "daily rollups: {days:?}"
     );
-    let dsn = format!(
-        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-        server.pg.ip(),
-        server.pg.port()
-    );
-    let out = Command::new("python3")
-        .arg(script())
-        .args(["paths", "--dsn", &dsn, "--range", "35d", "--range", "39d"])
-        .arg("--dashboards")
-        .arg(repo().join("dashboards"))
-        .output()
-        .expect("python3 (bash .ci/run installs psycopg)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = grafana_sql(&server, "paths", &["--range", "35d", "--range", "39d"]);
     // Every target with a daily branch, over both ranges.
     let targets = std::fs::read_dir(repo().join("dashboards"))
         .expect("dashboards/")
@@ -72,7 +98,31 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
         .sum::<usize>();
     assert!(targets >= 10, "{targets} targets read gpu_metrics_1d");
     assert!(
-        text.contains(&format!("{} panel queries compared, 0 failures", 2 * targets)),
+        text.contains(&format!(
+            "{} panel queries compared, 0 failures",
+            2 * targets
+        )),
+        "{text}"
+    );
+}
+
+/// On 60 hosts of two GPUs, the per-host panels draw 50 hosts and the per-GPU heatmap 100
+/// GPUs, the ones their ranking picks from every series the range has.
+#[test]
+fn fleet_panels_draw_at_most_fifty_hosts_or_a_hundred_gpus() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = history(dir.path(), "60", "2", "2");
+    let text = grafana_sql(&server, "series", &["--range", "24h"]);
+    assert!(
+        text.contains("7 panel queries checked, 0 failures"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Utilisation per GPU [24h]: 100 of 120 series"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GPU utilisation by host [24h]: 50 of 60 series"),
         "{text}"
     );
 }

@@ -433,7 +433,11 @@ mod tests {
         let hourly = rollup(&batch, Table::GpuMetrics1h).expect("hourly");
         let daily = rollup_rollups(&hourly, Table::GpuMetrics1d).expect("daily");
         assert_eq!(daily.schema(), Table::GpuMetrics1d.schema());
-        assert_eq!(daily.num_rows(), 4, "a row a GPU and day, whatever its jobs");
+        assert_eq!(
+            daily.num_rows(),
+            4,
+            "a row a GPU and day, whatever its jobs"
+        );
         assert_eq!(hourly.num_rows(), 61, "an hourly row a GPU, hour and job");
         let jobs = col(&daily, "job_id").as_string::<i32>();
         let times = daily.column(0).as_primitive::<TimestampNanosecondType>();
