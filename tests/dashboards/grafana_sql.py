@@ -630,83 +630,79 @@ def same_samples(conn, sql):
     return None
 
 
+def targets_with(args, conn, errors, pattern):
+    """Each panel target whose SQL matches `pattern`, over each --range ending at --to (now by
+    default): (where, match, expanded SQL)."""
+    to_s = parse_time(args.to) if args.to else time.time()
+    for fname, dash in load_dashboards(args.dashboards):
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname,
+                                          dict(v.split("=", 1) for v in (args.var or [])))
+            for p in panels_of(dash):
+                for t in targets_of(p):
+                    m = re.search(pattern, t.get("rawSql", ""))
+                    if m:
+                        yield (f"{fname} / {p.get('title')} [{rng}]", m,
+                               expand(t["rawSql"], from_s, to_s, values,
+                                      p.get("maxDataPoints") or 1000, p.get("interval")))
+
+
+def report(errors, ran, what):
+    print(f"{ran} panel queries {what}, {len(errors)} failures")
+    for e in errors:
+        print(f"FAIL {e}")
+    return 1 if errors or ran == 0 else 0
+
+
 def cmd_paths(args):
     """Every panel target that reads the daily rollups answers as it does from the hourly ones
     alone (to 1e-9), over each --range; each must answer with rows."""
-    to_s = parse_time(args.to) if args.to else time.time()
-    pinned = dict(v.split("=", 1) for v in (args.var or []))
     conn = connect(args.dsn)
     errors = []
     compared = 0
-    for fname, dash in load_dashboards(args.dashboards):
-        for rng in args.range:
-            from_s, _ = parse_range(rng, to_s)
-            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname, pinned)
-            for p in panels_of(dash):
-                for t in targets_of(p):
-                    if "gpu_metrics_1d" not in t.get("rawSql", ""):
-                        continue
-                    where = f"{fname} / {p.get('title')} [{rng}]"
-                    sql = expand(t["rawSql"], from_s, to_s, values,
-                                 p.get("maxDataPoints") or 1000, p.get("interval"))
-                    try:
-                        _, daily = run_sql(conn, sql)
-                        _, hourly = run_sql(conn, hours_only(sql))
-                    except Exception as e:  # noqa: reported
-                        errors.append(f"{where}: {type(e).__name__}: {e}")
-                        continue
-                    compared += 1
-                    why = same_samples(conn, sql)
-                    if why:
-                        errors.append(f"{where}: {why}")
-                    # A counter's growth per day (energy) also counts what it grew between
-                    # an hour's last sample and the next hour's first, which hourly rows miss:
-                    # there the daily answer is at least the hourly one.
-                    at_least = "max(energy_joules_max) - min(energy_joules_min)" in sql
-                    why = "no rows" if not daily else same_rows(daily, hourly, at_least=at_least)
-                    if why:
-                        errors.append(f"{where}: daily and hourly answers differ: {why}")
-    print(f"{compared} panel queries compared, {len(errors)} failures")
-    for e in errors:
-        print(f"FAIL {e}")
-    return 1 if errors or compared == 0 else 0
+    for where, _, sql in targets_with(args, conn, errors, "gpu_metrics_1d"):
+        try:
+            _, daily = run_sql(conn, sql)
+            _, hourly = run_sql(conn, hours_only(sql))
+            why = same_samples(conn, sql)
+        except Exception as e:  # noqa: reported
+            errors.append(f"{where}: {type(e).__name__}: {e}")
+            continue
+        compared += 1
+        if why:
+            errors.append(f"{where}: {why}")
+        # A counter's growth per day (energy) also counts what it grew between an hour's last
+        # sample and the next hour's first, which hourly rows miss: there the daily answer is
+        # at least the hourly one.
+        at_least = "max(energy_joules_max) - min(energy_joules_min)" in sql
+        why = "no rows" if not daily else same_rows(daily, hourly, at_least=at_least)
+        if why:
+            errors.append(f"{where}: daily and hourly answers differ: {why}")
+    return report(errors, compared, "compared")
 
 
 def cmd_series(args):
-    """Every panel target that draws at most N series (`series_rank <= N`) draws
-    min(N, all) of them over each --range: the same query without the limit counts all."""
-    to_s = parse_time(args.to) if args.to else time.time()
+    """Every panel target that draws at most N series (its ranking subquery ends
+    `metric LIMIT N)`) draws min(N, all) of them over each --range: the same query without the
+    limit counts all."""
     conn = connect(args.dsn)
     errors = []
     checked = 0
-    for fname, dash in load_dashboards(args.dashboards):
-        for rng in args.range:
-            from_s, _ = parse_range(rng, to_s)
-            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname)
-            for p in panels_of(dash):
-                for t in targets_of(p):
-                    m = re.search(r"series_rank <= (\d+)", t.get("rawSql", ""))
-                    if not m:
-                        continue
-                    where = f"{fname} / {p.get('title')} [{rng}]"
-                    sql = expand(t["rawSql"], from_s, to_s, values,
-                                 p.get("maxDataPoints") or 1000, p.get("interval"))
-                    unlimited = sql.replace(m.group(0), "series_rank <= 1000000000")
-                    try:
-                        shown = {r[1] for r in run_sql(conn, sql)[1]}
-                        every = {r[1] for r in run_sql(conn, unlimited)[1]}
-                    except Exception as e:  # noqa: reported
-                        errors.append(f"{where}: {type(e).__name__}: {e}")
-                        continue
-                    checked += 1
-                    want = min(int(m.group(1)), len(every))
-                    print(f"{where}: {len(shown)} of {len(every)} series")
-                    if len(shown) != want or not shown <= every:
-                        errors.append(f"{where}: {len(shown)} series drawn, want {want}")
-    print(f"{checked} panel queries checked, {len(errors)} failures")
-    for e in errors:
-        print(f"FAIL {e}")
-    return 1 if errors or checked == 0 else 0
+    for where, m, sql in targets_with(args, conn, errors, r"metric LIMIT (\d+)\)"):
+        unlimited = sql.replace(m.group(0), "metric LIMIT 1000000000)")
+        try:
+            shown = {r[1] for r in run_sql(conn, sql)[1]}
+            every = {r[1] for r in run_sql(conn, unlimited)[1]}
+        except Exception as e:  # noqa: reported
+            errors.append(f"{where}: {type(e).__name__}: {e}")
+            continue
+        checked += 1
+        want = min(int(m.group(1)), len(every))
+        print(f"{where}: {len(shown)} of {len(every)} series")
+        if len(shown) != want or not shown <= every:
+            errors.append(f"{where}: {len(shown)} series drawn, want {want}")
+    return report(errors, checked, "checked")
 
 
 def cmd_list(args):

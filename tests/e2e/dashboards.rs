@@ -33,7 +33,7 @@ pub(crate) fn script() -> PathBuf {
 }
 
 /// The dashboards, parsed.
-fn dashboards() -> Vec<(String, serde_json::Value)> {
+pub(crate) fn dashboards() -> Vec<(String, serde_json::Value)> {
     let dir = repo().join("dashboards");
     let mut out = Vec::new();
     for e in std::fs::read_dir(&dir).expect("dashboards/") {
@@ -56,7 +56,7 @@ fn dashboards() -> Vec<(String, serde_json::Value)> {
 }
 
 /// Every panel but rows, rows' nested panels included.
-fn panels(d: &serde_json::Value) -> Vec<&serde_json::Value> {
+pub(crate) fn panels(d: &serde_json::Value) -> Vec<&serde_json::Value> {
     let mut out = Vec::new();
     for p in d["panels"].as_array().expect("panels") {
         if p["type"] != "row" {

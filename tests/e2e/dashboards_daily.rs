@@ -9,7 +9,7 @@ use std::process::Command;
 
 use gpuwatch_e2e::TestServer;
 
-use crate::dashboards::{repo, script};
+use crate::dashboards::{dashboards, panels, repo, script};
 use crate::limiter::bench;
 
 /// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host and
@@ -91,11 +91,17 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
     );
     let text = grafana_sql(&server, "paths", &["--range", "35d", "--range", "39d"]);
     // Every target with a daily branch, over both ranges.
-    let targets = std::fs::read_dir(repo().join("dashboards"))
-        .expect("dashboards/")
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .map(|t| t.matches("FROM gpu_metrics_1d").count())
-        .sum::<usize>();
+    let targets = dashboards()
+        .iter()
+        .flat_map(|(_, d)| panels(d))
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter(|t| {
+            t["rawSql"]
+                .as_str()
+                .unwrap_or("")
+                .contains("gpu_metrics_1d")
+        })
+        .count();
     assert!(targets >= 10, "{targets} targets read gpu_metrics_1d");
     assert!(
         text.contains(&format!(

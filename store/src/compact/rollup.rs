@@ -19,6 +19,71 @@ use crate::Result;
 use crate::persist::sort_batch;
 use crate::schema::{LABEL_COLUMNS, ROLLUP_SUFFIXES, RollupSpec, Table, ValueType};
 
+/// Per group, the parts of one value column's rollup as they are gathered: the smallest and
+/// largest value, the weighted sum and weight of the mean, and the value at the latest time.
+struct Parts<N> {
+    lo: Vec<Option<N>>,
+    hi: Vec<Option<N>>,
+    sum: Vec<f64>,
+    weight: Vec<i64>,
+    latest: Vec<Option<(i64, N)>>,
+}
+
+impl<N: Copy + PartialOrd> Parts<N> {
+    fn new(groups: usize) -> Self {
+        Self {
+            lo: vec![None; groups],
+            hi: vec![None; groups],
+            sum: vec![0.0; groups],
+            weight: vec![0; groups],
+            latest: vec![None; groups],
+        }
+    }
+
+    fn low(&mut self, g: usize, v: N) {
+        if self.lo[g].is_none_or(|m| v < m) {
+            self.lo[g] = Some(v);
+        }
+    }
+
+    fn high(&mut self, g: usize, v: N) {
+        if self.hi[g].is_none_or(|m| v > m) {
+            self.hi[g] = Some(v);
+        }
+    }
+
+    fn at(&mut self, g: usize, t: i64, v: N) {
+        if self.latest[g].is_none_or(|(seen, _)| t >= seen) {
+            self.latest[g] = Some((t, v));
+        }
+    }
+
+    fn mean(&mut self, g: usize, v: f64, weight: i64) {
+        self.sum[g] += v * weight as f64;
+        self.weight[g] = self.weight[g].saturating_add(weight);
+    }
+
+    /// `min`, `max`, `avg`, `last`, and the weight behind each mean.
+    fn finish<T: ArrowPrimitiveType<Native = N>>(self) -> ([ArrayRef; 4], Vec<i64>) {
+        let avg: Float64Array = self
+            .sum
+            .iter()
+            .zip(&self.weight)
+            .map(|(s, w)| (*w > 0).then(|| s / *w as f64))
+            .collect();
+        let last: PrimitiveArray<T> = self.latest.into_iter().map(|l| l.map(|(_, v)| v)).collect();
+        (
+            [
+                Arc::new(self.lo.into_iter().collect::<PrimitiveArray<T>>()),
+                Arc::new(self.hi.into_iter().collect::<PrimitiveArray<T>>()),
+                Arc::new(avg),
+                Arc::new(last),
+            ],
+            self.weight,
+        )
+    }
+}
+
 fn aggregate<T: ArrowPrimitiveType>(
     column: &ArrayRef,
     times: &[i64],
@@ -30,46 +95,19 @@ where
     T::Native: PartialOrd,
 {
     let values = column.as_primitive::<T>();
-    let mut min: Vec<Option<T::Native>> = vec![None; groups];
-    let mut max: Vec<Option<T::Native>> = vec![None; groups];
-    let mut sum = vec![0f64; groups];
-    let mut count = vec![0u64; groups];
-    let mut last: Vec<Option<(i64, T::Native)>> = vec![None; groups];
+    let mut parts = Parts::new(groups);
     for (i, &g) in group_of.iter().enumerate() {
         if values.is_null(i) {
             continue;
         }
         let v = values.value(i);
-        if min[g].is_none_or(|m| v < m) {
-            min[g] = Some(v);
-        }
-        if max[g].is_none_or(|m| v > m) {
-            max[g] = Some(v);
-        }
-        sum[g] += to_f64(v);
-        count[g] += 1;
-        if last[g].is_none_or(|(t, _)| times[i] >= t) {
-            last[g] = Some((times[i], v));
-        }
+        parts.low(g, v);
+        parts.high(g, v);
+        parts.mean(g, to_f64(v), 1);
+        parts.at(g, times[i], v);
     }
-    let avg: Float64Array = sum
-        .iter()
-        .zip(&count)
-        .map(|(s, c)| (*c > 0).then(|| s / *c as f64))
-        .collect();
-    [
-        Arc::new(min.into_iter().collect::<PrimitiveArray<T>>()),
-        Arc::new(max.into_iter().collect::<PrimitiveArray<T>>()),
-        Arc::new(avg),
-        Arc::new(
-            last.into_iter()
-                .map(|l| l.map(|(_, v)| v))
-                .collect::<PrimitiveArray<T>>(),
-        ),
-        Arc::new(Int64Array::from_iter_values(
-            count.iter().map(|&c| c as i64),
-        )),
-    ]
+    let ([min, max, avg, last], count) = parts.finish::<T>();
+    [min, max, avg, last, Arc::new(Int64Array::from(count))]
 }
 
 /// Rolls `batch` (rows of a table with rollups: `gpu_metrics`, `gpu_processes`) up into
@@ -228,42 +266,22 @@ where
         last.as_primitive::<T>(),
     );
     let avg = avg.as_primitive::<Float64Type>();
-    let mut lo: Vec<Option<T::Native>> = vec![None; groups];
-    let mut hi: Vec<Option<T::Native>> = vec![None; groups];
-    let mut latest: Vec<Option<(i64, T::Native)>> = vec![None; groups];
-    let mut sum = vec![0f64; groups];
-    let mut weight = vec![0i64; groups];
+    let mut parts = Parts::new(groups);
     for (i, &g) in of.iter().enumerate() {
-        if min.is_valid(i) && lo[g].is_none_or(|m| min.value(i) < m) {
-            lo[g] = Some(min.value(i));
+        if min.is_valid(i) {
+            parts.low(g, min.value(i));
         }
-        if max.is_valid(i) && hi[g].is_none_or(|m| max.value(i) > m) {
-            hi[g] = Some(max.value(i));
+        if max.is_valid(i) {
+            parts.high(g, max.value(i));
         }
-        if last.is_valid(i) && latest[g].is_none_or(|(t, _)| times[i] >= t) {
-            latest[g] = Some((times[i], last.value(i)));
+        if last.is_valid(i) {
+            parts.at(g, times[i], last.value(i));
         }
         if avg.is_valid(i) {
-            sum[g] += avg.value(i) * weights.value(i) as f64;
-            weight[g] = weight[g].saturating_add(weights.value(i));
+            parts.mean(g, avg.value(i), weights.value(i));
         }
     }
-    let mean: Float64Array = sum
-        .iter()
-        .zip(&weight)
-        .map(|(s, w)| (*w > 0).then(|| s / *w as f64))
-        .collect();
-    [
-        Arc::new(lo.into_iter().collect::<PrimitiveArray<T>>()),
-        Arc::new(hi.into_iter().collect::<PrimitiveArray<T>>()),
-        Arc::new(mean),
-        Arc::new(
-            latest
-                .into_iter()
-                .map(|l| l.map(|(_, v)| v))
-                .collect::<PrimitiveArray<T>>(),
-        ),
-    ]
+    parts.finish::<T>().0
 }
 
 /// The groups of a batch: one per time bucket and distinct set of label values.
