@@ -684,13 +684,14 @@ def cmd_paths(args):
 
 def cmd_series(args):
     """Every panel target that draws at most N series (its ranking subquery ends
-    `metric LIMIT N)`) draws min(N, all) of them over each --range: the same query without the
-    limit counts all."""
+    `NULLS LAST, metric LIMIT N)` or `..., 1 LIMIT N)`) draws min(N, all) of them over each
+    --range: the same query without the limit counts all."""
     conn = connect(args.dsn)
     errors = []
     checked = 0
-    for where, m, sql in targets_with(args, conn, errors, r"metric LIMIT (\d+)\)"):
-        unlimited = sql.replace(m.group(0), "metric LIMIT 1000000000)")
+    for where, m, sql in targets_with(args, conn, errors, r"NULLS LAST, (?:metric|1) LIMIT (\d+)\)"):
+        unlimited = sql.replace(m.group(0), m.group(0).replace(f"LIMIT {m.group(1)})",
+                                                               "LIMIT 1000000000)"))
         try:
             shown = {r[1] for r in run_sql(conn, sql)[1]}
             every = {r[1] for r in run_sql(conn, unlimited)[1]}
