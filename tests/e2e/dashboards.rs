@@ -249,11 +249,7 @@ impl Demo {
     }
 
     fn dsn(&self) -> String {
-        format!(
-            "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-            self.pg.ip(),
-            self.pg.port()
-        )
+        dsn(self.pg)
     }
 }
 
@@ -295,13 +291,21 @@ fn psql_count(pg: std::net::SocketAddr, sql: &str) -> i64 {
     psql_text(pg, sql).parse().unwrap_or(-1)
 }
 
-/// Runs grafana_sql.py check with `args`; returns its output, failing on a non-zero exit.
-fn check(demo: &Demo, args: &[&str]) -> String {
+/// The DSN of the Postgres listener at `pg`, as Grafana's data source has it.
+pub(crate) fn dsn(pg: std::net::SocketAddr) -> String {
+    format!(
+        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
+        pg.ip(),
+        pg.port()
+    )
+}
+
+/// Runs `grafana_sql.py SUBCOMMAND --dsn DSN --dashboards dashboards/` with `args`; returns its
+/// output, failing on a non-zero exit.
+pub(crate) fn grafana_sql(dsn: &str, subcommand: &str, args: &[&str]) -> String {
     let out = Command::new("python3")
         .arg(script())
-        .arg("check")
-        .arg("--dsn")
-        .arg(demo.dsn())
+        .args([subcommand, "--dsn", dsn])
         .arg("--dashboards")
         .arg(repo().join("dashboards"))
         .args(args)
@@ -313,6 +317,12 @@ fn check(demo: &Demo, args: &[&str]) -> String {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+/// Runs grafana_sql.py check with `args`; returns its output, failing on a non-zero exit.
+fn check(demo: &Demo, args: &[&str]) -> String {
+    let text = grafana_sql(&demo.dsn(), "check", args);
     assert!(text.contains(" 0 failures"), "{text}");
     text
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use gpuwatch_e2e::TestServer;
 
-use crate::dashboards::{dashboards, panels, repo, script};
+use crate::dashboards::{dashboards, dsn, panels, repo};
 use crate::limiter::bench;
 
 /// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host and
@@ -41,29 +41,9 @@ fn history(dir: &std::path::Path, hosts: &str, gpus: &str, days: &str) -> TestSe
     TestServer::builder().data_dir(&data).start()
 }
 
-/// `grafana_sql.py SUBCOMMAND` against `server` with `args`; its output, failing on a
-/// non-zero exit.
+/// `grafana_sql.py SUBCOMMAND` against `server` with `args`.
 fn grafana_sql(server: &TestServer, subcommand: &str, args: &[&str]) -> String {
-    let dsn = format!(
-        "host={} port={} user=grafana dbname=gpuwatch sslmode=disable",
-        server.pg.ip(),
-        server.pg.port()
-    );
-    let out = Command::new("python3")
-        .arg(script())
-        .args([subcommand, "--dsn", &dsn])
-        .args(args)
-        .arg("--dashboards")
-        .arg(repo().join("dashboards"))
-        .output()
-        .expect("python3 (bash .ci/run installs psycopg)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    crate::dashboards::grafana_sql(&dsn(server.pg), subcommand, args)
 }
 
 #[test]

@@ -110,6 +110,16 @@ where
     [min, max, avg, last, Arc::new(Int64Array::from(count))]
 }
 
+/// The `time` values of a batch of a rollup's source and its `labels` label columns after it.
+fn times_and_labels(batch: &RecordBatch, labels: usize) -> (&[i64], Vec<ArrayRef>) {
+    let times = batch
+        .column(0)
+        .as_primitive::<TimestampNanosecondType>()
+        .values();
+    let columns = (1..=labels).map(|i| Arc::clone(batch.column(i))).collect();
+    (times, columns)
+}
+
 /// Rolls `batch` (rows of a table with rollups: `gpu_metrics`, `gpu_processes`) up into
 /// `table`, one of its rollups.
 pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
@@ -119,13 +129,7 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
         .and_then(RollupSpec::of)
         .ok_or_else(|| crate::Error::BadRows(format!("{} is not a rollup table", table.name())))?;
     let schema = table.schema();
-    let times = batch
-        .column(0)
-        .as_primitive::<TimestampNanosecondType>()
-        .values();
-    let labels: Vec<ArrayRef> = (1..=spec.labels)
-        .map(|i| Arc::clone(batch.column(i)))
-        .collect();
+    let (times, labels) = times_and_labels(batch, spec.labels);
     let Groups {
         of,
         firsts,
@@ -187,13 +191,7 @@ pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> 
                 .filter(|spec| !spec.seen),
         )
         .ok_or_else(|| crate::Error::BadRows(format!("{} is not a daily rollup", table.name())))?;
-    let times = batch
-        .column(0)
-        .as_primitive::<TimestampNanosecondType>()
-        .values();
-    let labels: Vec<ArrayRef> = (1..=spec.labels)
-        .map(|i| Arc::clone(batch.column(i)))
-        .collect();
+    let (times, labels) = times_and_labels(batch, spec.labels);
     let job = LABEL_COLUMNS
         .iter()
         .position(|(name, _)| *name == "job_id")
