@@ -424,11 +424,14 @@ pub enum Table {
     /// `job_ledger`'s usage rows summed per job, GPU and UTC day (with the same columns),
     /// written by the cost accounting once a day's hours are all folded.
     JobLedger1d,
+    /// Each job's whole sums per host and GPU model (with the same columns), in the file of
+    /// the day the job was last seen, written by the cost accounting a day after that day.
+    JobLedgerTotals,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 12] = [
+    pub const ALL: [Table; 13] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
@@ -441,6 +444,7 @@ impl Table {
         Table::JobLedger,
         Table::JobLedger1d,
         Table::GpuMetrics1d,
+        Table::JobLedgerTotals,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -498,13 +502,22 @@ impl Table {
             Table::Alerts => "alerts",
             Table::JobLedger => "job_ledger",
             Table::JobLedger1d => "job_ledger_1d",
+            Table::JobLedgerTotals => "job_ledger_totals",
         }
     }
 
     /// True for the tables that ingest writes (the others are built by compaction, or by the
     /// job ledger one file per hour: [`crate::Store::replace_hour`]).
     pub fn is_ingested(self) -> bool {
-        self.rollup_nanos().is_none() && !matches!(self, Table::JobLedger | Table::JobLedger1d)
+        self.rollup_nanos().is_none() && !self.is_ledger()
+    }
+
+    /// True for the job ledger's tables (written by the cost accounting, with its columns).
+    pub fn is_ledger(self) -> bool {
+        matches!(
+            self,
+            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals
+        )
     }
 
     /// Table by SQL name.
@@ -527,6 +540,7 @@ impl Table {
             Table::GpuProcesses1h => 10,
             Table::JobLedger1d => 11,
             Table::GpuMetrics1d => 12,
+            Table::JobLedgerTotals => 13,
         }
     }
 
@@ -547,7 +561,9 @@ impl Table {
             Table::GpuProcesses1m | Table::GpuProcesses1h => GPU_PROCESSES_ROLLUP.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
             Table::Alerts => ALERTS.clone(),
-            Table::JobLedger | Table::JobLedger1d => ledger::job_ledger_schema(),
+            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => {
+                ledger::job_ledger_schema()
+            }
         }
     }
 
@@ -564,7 +580,9 @@ impl Table {
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
             Table::Alerts => &["rule", "time"],
-            Table::JobLedger | Table::JobLedger1d => &["job_id", "host", "gpu_uuid", "time"],
+            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => {
+                &["job_id", "host", "gpu_uuid", "time"]
+            }
         }
     }
 }

@@ -144,6 +144,9 @@ pub struct Snapshot {
     /// The days before the watermark whose sums `job_ledger_1d` holds ([`days`]), as runs
     /// `[from, to)`.
     days: Vec<(i64, i64)>,
+    /// The end of the per-job totals the `jobs` view reads ([`totals`]) and the jobs with
+    /// ledger hours at or after it (read from the ledger instead); `None` while there are none.
+    totals: Option<(i64, RecordBatch)>,
 }
 
 /// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
@@ -192,6 +195,7 @@ impl Snapshot {
             watermark: None,
             seed: RecordBatch::new_empty(seed_schema()),
             days: Vec::new(),
+            totals: None,
         }
     }
 }
@@ -236,6 +240,8 @@ struct State {
     seed: HashMap<GpuKey, Last>,
     /// The days rolled into `job_ledger_1d` and those to roll.
     days: days::Days,
+    /// The ledger's hours and the days written to `job_ledger_totals`.
+    totals: totals::Totals,
 }
 
 /// The ledger of one server.
@@ -360,12 +366,27 @@ impl JobLedger {
             days: state
                 .watermark
                 .map_or_else(Vec::new, |w| days::runs(&state.days.current, w)),
+            totals: self.totals_view(&state.totals)?,
         });
         match self.snapshot.write() {
             Ok(mut s) => *s = snap,
             Err(p) => *p.into_inner() = snap,
         }
         Ok(())
+    }
+
+    /// The totals' end and the jobs seen at or after it, once the index of jobs' hours is read
+    /// and at least one day is written.
+    fn totals_view(&self, totals: &totals::Totals) -> DfResult<Option<(i64, RecordBatch)>> {
+        let Some(end) = totals.end() else {
+            return Ok(None);
+        };
+        let spans = self.spans();
+        if !spans.ready() || totals.written.range(..end).next().is_none() {
+            return Ok(None);
+        }
+        let recent = totals::job_batch(spans.since(end).into_iter())?;
+        Ok(Some((end, recent)))
     }
 
     fn spans(&self) -> std::sync::RwLockReadGuard<'_, spans::Spans> {
@@ -621,6 +642,7 @@ mod days;
 mod spans;
 mod sync;
 pub mod table;
+mod totals;
 mod view;
 pub use view::{JobsTable, View};
 
@@ -628,3 +650,5 @@ pub use view::{JobsTable, View};
 mod tests;
 #[cfg(test)]
 mod tests_days;
+#[cfg(test)]
+mod tests_totals;

@@ -77,8 +77,8 @@ pub struct RetentionConfig {
     pub gpu_events: Option<Duration>,
     /// `alerts` (the alert history).
     pub alerts: Option<Duration>,
-    /// `job_ledger` (what each job used and cost, per GPU and hour) and its daily sums,
-    /// `job_ledger_1d`.
+    /// `job_ledger` (what each job used and cost, per GPU and hour), its daily sums,
+    /// `job_ledger_1d`, and its per-job totals, `job_ledger_totals`.
     pub job_ledger: Option<Duration>,
 }
 
@@ -119,7 +119,7 @@ impl RetentionConfig {
             Table::GpuProcesses1h => self.gpu_processes_1h,
             Table::GpuEvents => self.gpu_events,
             Table::Alerts => self.alerts,
-            Table::JobLedger | Table::JobLedger1d => self.job_ledger,
+            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => self.job_ledger,
         }?;
         Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
     }

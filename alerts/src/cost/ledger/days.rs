@@ -40,7 +40,7 @@ pub(super) fn floor_day(t: i64) -> i64 {
 }
 
 /// The columns summed from the hours' usage rows.
-const SUMMED: [&str; 6] = [
+pub(super) const SUMMED: [&str; 6] = [
     "gpu_seconds",
     "held_gpu_seconds",
     "idle_gpu_seconds",
@@ -60,7 +60,7 @@ pub(super) struct Days {
 
 /// The rows of `sql`'s first three columns as integers (nulls as 0), rows with a null first
 /// column left out.
-async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
+pub(super) async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
     let mut out = Vec::new();
     for b in ctx.sql(sql).await?.collect().await? {
         let cols: Vec<ArrayRef> = (0..b.num_columns())
@@ -152,14 +152,24 @@ fn usage_sql(day: i64) -> String {
 
 /// `batches` (columns by name) as rows of the table at `day`, plus the marker row.
 fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
-    let schema = Table::JobLedger1d.schema();
     let marker = RecordBatch::try_from_iter([(
         "samples",
         Arc::new(Int64Array::from(vec![samples])) as ArrayRef,
     )])?;
+    day_batch_of(Table::JobLedger1d, day, batches, &marker)
+}
+
+/// `batches` and `marker` (columns by name) as rows of `table` at `day`.
+pub(super) fn day_batch_of(
+    table: Table,
+    day: i64,
+    batches: &[RecordBatch],
+    marker: &RecordBatch,
+) -> DfResult<RecordBatch> {
+    let schema = table.schema();
     let rows = batches
         .iter()
-        .chain([&marker])
+        .chain([marker])
         .map(|b| conformed(&schema, day, b))
         .collect::<DfResult<Vec<_>>>()?;
     Ok(concat_batches(&schema, &rows)?)
@@ -167,7 +177,7 @@ fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<Record
 
 /// `b`'s rows with the table's columns: `time` is `day`, the columns `b` has are cast to the
 /// table's types, the others null.
-fn conformed(schema: &SchemaRef, day: i64, b: &RecordBatch) -> DfResult<RecordBatch> {
+pub(super) fn conformed(schema: &SchemaRef, day: i64, b: &RecordBatch) -> DfResult<RecordBatch> {
     let n = b.num_rows();
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {

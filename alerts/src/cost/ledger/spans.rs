@@ -88,6 +88,32 @@ impl Spans {
     }
 
     /// Marks the index whole: every file of the table was read.
+    /// The jobs whose last hour is in `[from, to)`, and the first hour of the earliest of them.
+    pub(super) fn ending_in(&self, from: i64, to: i64) -> (Vec<String>, Option<i64>) {
+        let mut first: Option<i64> = None;
+        let mut jobs: Vec<String> = Vec::new();
+        for (job, &(f, last)) in &self.jobs {
+            if last >= from && last < to {
+                jobs.push(job.clone());
+                first = Some(first.map_or(f, |x| x.min(f)));
+            }
+        }
+        jobs.sort_unstable();
+        (jobs, first)
+    }
+
+    /// The jobs with an hour at or after `t`.
+    pub(super) fn since(&self, t: i64) -> Vec<&str> {
+        let mut jobs: Vec<&str> = self
+            .jobs
+            .iter()
+            .filter(|(_, (_, last))| *last >= t)
+            .map(|(j, _)| j.as_str())
+            .collect();
+        jobs.sort_unstable();
+        jobs
+    }
+
     pub(super) fn set_ready(&mut self) {
         self.ready = true;
     }

@@ -21,7 +21,7 @@ use super::*;
 
 /// The files of the table and of its daily sums, by path.
 fn table_files(store: &Store) -> Vec<String> {
-    [Table::JobLedger, Table::JobLedger1d]
+    [Table::JobLedger, Table::JobLedger1d, Table::JobLedgerTotals]
         .iter()
         .flat_map(|t| {
             store
@@ -73,6 +73,7 @@ impl JobLedger {
         };
         if fold {
             self.roll_due(ctx, store).await?;
+            self.total_due(ctx, store).await?;
         }
         Ok(folded)
     }
@@ -108,6 +109,10 @@ impl JobLedger {
         if let Some(w) = state.watermark {
             state.days = days::read(ctx, w).await?;
         }
+        state.totals = totals::Totals {
+            hours: totals::ledger_hours(ctx).await?,
+            written: totals::markers(ctx).await?,
+        };
         let ready = self.spans_ready();
         if ready {
             self.index_unread(ctx, store).await?;
@@ -190,6 +195,7 @@ impl JobLedger {
             // A refold makes every later hour's seed unsure: this same loop folds them again.
             s.hours.retain(|&h, _| h < hour - HOUR);
             s.hours.insert(hour - HOUR, fold.samples);
+            s.totals.hours.insert(hour - HOUR, fold.samples as i64);
             s.watermark = Some(hour);
             // The day's sums no longer match its hours until it is rolled again.
             let day = days::floor_day(hour - HOUR);
@@ -233,6 +239,46 @@ impl JobLedger {
                 "job ledger: days summed"
             );
         }
+        Ok(())
+    }
+
+    /// Writes the per-job totals of every day whose file is missing or stale and whose next
+    /// day is folded ([`totals`]), oldest first, publishing when done.
+    async fn total_due(&self, ctx: &SessionContext, store: &Arc<Store>) -> DfResult<()> {
+        if !self.spans_ready() {
+            return Ok(());
+        }
+        let (due, runs, totals) = {
+            let s = self.lock();
+            let Some(w) = s.watermark else { return Ok(()) };
+            (
+                s.totals.due(w),
+                days::runs(&s.days.current, w),
+                s.totals.clone(),
+            )
+        };
+        if due.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let state = ctx.state();
+        for &day in &due {
+            let (jobs, first) = self.spans().ending_in(day, day + days::DAY);
+            let d = totals::DayJobs {
+                day,
+                jobs,
+                first,
+                runs: runs.clone(),
+            };
+            let marker = totals::write(&state, store, &totals, d).await?;
+            self.lock().totals.written.insert(day, marker);
+        }
+        self.publish(&self.lock())?;
+        tracing::info!(
+            days = due.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "job ledger: jobs' totals written"
+        );
         Ok(())
     }
 

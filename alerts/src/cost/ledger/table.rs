@@ -73,8 +73,17 @@ fn columns() -> Vec<Field> {
     f.push(Field::new("last_sample_time", time_type(), true));
     f.push(float("last_energy_joules"));
     f.extend(parts::parts().iter().map(|p| float(&part_column(&p.name))));
+    f.extend(
+        TOTALS_ONLY
+            .iter()
+            .map(|c| Field::new(*c, DataType::Int64, true)),
+    );
     f
 }
+
+/// The columns only `job_ledger_totals` fills ([`super::totals`]), null in the hour and day
+/// rows: the job's GPUs on the row's host and model, and the GPU models it used on the host.
+pub(super) const TOTALS_ONLY: [&str; 2] = ["gpus", "host_models"];
 
 /// Declares the table's columns to the store; runs before the store opens (the server's start,
 /// and [`super::JobLedger::new`] for a process that opened none yet).
@@ -82,11 +91,11 @@ pub fn declare() -> Result<(), String> {
     gpuwatch_store::schema::declare_job_ledger(columns())
 }
 
-/// Registers `ctx`'s `job_ledger` and `job_ledger_1d` providers again with the declared
+/// Registers `ctx`'s `job_ledger`, `job_ledger_1d` and `job_ledger_totals` providers again with the declared
 /// columns (an engine built before [`declare`] ran read their schema as the store's key
 /// columns alone).
 pub(crate) async fn refresh_provider(ctx: &SessionContext) -> DfResult<()> {
-    for table in [Table::JobLedger, Table::JobLedger1d] {
+    for table in [Table::JobLedger, Table::JobLedger1d, Table::JobLedgerTotals] {
         let name = table.name();
         let Some(current) = ctx.table_provider(name).await.ok() else {
             continue;
@@ -210,6 +219,7 @@ pub(super) fn hour_batch(hour: i64, fold: &HourFold) -> DfResult<RecordBatch> {
             usage(r).map(|u| u.parts.value(k)).filter(|v| !v.is_nan())
         })));
     }
+    c.extend(TOTALS_ONLY.iter().map(|_| ints(rows.iter().map(|_| None))));
     let schema = Table::JobLedger.schema();
     if schema.fields().len() != c.len() {
         return Err(plain(format!(

@@ -604,7 +604,10 @@ async fn reads_are_bounded(e: &QueryEngine, ledger: &JobLedger) {
         low: Some(w - 30 * 60 * S),
         ..bounds::Ask::default()
     };
-    let read = ledger.read_for(&state, &snap, recent).await.expect("read");
+    let read = ledger
+        .read_for(&state, &snap, View::Hours, recent)
+        .await
+        .expect("read");
     let (from, to) = read.hours.expect("bounded");
     assert!(from > T0 && to == w, "{from}..{to}: not bounded");
     let old = rows(
@@ -617,7 +620,10 @@ async fn reads_are_bounded(e: &QueryEngine, ledger: &JobLedger) {
         jobs: Some(vec![id]),
         ..bounds::Ask::default()
     };
-    let read = ledger.read_for(&state, &snap, one).await.expect("read");
+    let read = ledger
+        .read_for(&state, &snap, View::Hours, one)
+        .await
+        .expect("read");
     let (from, to) = read.hours.expect("bounded");
     assert!(
         from == T0 && to <= T0 + 2 * H,

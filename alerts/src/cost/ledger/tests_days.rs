@@ -216,7 +216,11 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
 fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
     let w = D0 + 3 * days::DAY;
     let runs = [(D0 - days::DAY, D0 + 2 * days::DAY)];
-    let read = |hours| view::LedgerRead { hours, jobs: None };
+    let read = |hours| view::LedgerRead {
+        hours,
+        jobs: None,
+        totals: None,
+    };
     let (hours, on_days) = read(Some((D0 + 30 * HOUR, D0 + 35 * HOUR))).condition(Some(w), &runs);
     let on_days = on_days.expect("a day is read from the sums");
     let day = |d: i64| format!("to_timestamp_nanos({})", D0 + d * days::DAY);
@@ -231,6 +235,7 @@ fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
     let all = view::LedgerRead {
         hours: None,
         jobs: Some(Vec::new()),
+        totals: None,
     };
     assert_eq!(
         all.condition(Some(w), &runs),

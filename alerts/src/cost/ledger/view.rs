@@ -25,7 +25,7 @@ use super::super::limiter::{self, LIMITERS};
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
 use super::bounds::Ask;
 use super::spans::{self, Range};
-use super::{JobLedger, Snapshot, days, plain, raw_columns, table};
+use super::{JobLedger, Snapshot, days, plain, raw_columns, table, totals};
 
 /// Which view over the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,18 @@ impl JobLedger {
         read: &LedgerRead,
         days: &[(i64, i64)],
     ) -> String {
+        let days = if view.reads_days() { days } else { &[] };
+        let summed = self.grouped_select(view, "count(DISTINCT gpu_uuid)", "p");
+        let ctes = self.usage_ctes(watermark, read, days);
+        match (&read.totals, view) {
+            (Some(t), View::Jobs) => format!("{ctes}\n{summed}\n{}", self.totals_sql(t)),
+            _ => format!("{ctes}\n{summed}"),
+        }
+    }
+
+    /// The view's `SELECT` over `from` (rows with `price`), grouped by the view's key; `gpus`
+    /// counts the GPUs of a group.
+    fn grouped_select(&self, view: View, gpus: &str, from: &str) -> String {
         let energy_price = self.cost.energy_price_sql();
         let (key, extra) = match view {
             View::Jobs => (
@@ -135,19 +147,16 @@ impl JobLedger {
             View::Hours => "hour, ",
             View::Days => "day, ",
         };
-        let days = if view.reads_days() { days } else { &[] };
         format!(
-            r#"{ctes}
-SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
-  count(DISTINCT gpu_uuid) AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
+            r#"SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
+  {gpus} AS gpus, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
   sum(gpu_seconds) AS gpu_seconds,
   CASE WHEN sum(held_gpu_seconds) > 0 THEN sum(gpu_seconds) / sum(held_gpu_seconds) ELSE 1.0 END AS share,
   sum(idle_gpu_seconds) AS idle_gpu_seconds,
   sum(energy_joules) AS energy_joules,
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
-FROM p GROUP BY {key}"#,
-            ctes = self.usage_ctes(watermark, read, days),
+FROM {from} GROUP BY {key}"#,
             gpu_model = if view == View::Jobs {
                 ""
             } else {
@@ -157,42 +166,50 @@ FROM p GROUP BY {key}"#,
         )
     }
 
-    /// A session whose catalog holds `gpu_metrics`, `metrics` and the ledger's table (from
-    /// `state`) and the snapshot's seed.
-    async fn private_state(&self, state: &SessionState, snap: &Snapshot) -> DfResult<SessionState> {
-        let options = state.config_options();
-        let (catalog_name, schema_name) = (
-            options.catalog.default_catalog.clone(),
-            options.catalog.default_schema.clone(),
+    /// `UNION ALL` the `jobs` rows of the finished jobs from their totals ([`totals`]): a row
+    /// as it is where the job used one GPU model on the host, grouped by host otherwise.
+    fn totals_sql(&self, t: &TotalsRead) -> String {
+        let energy_price = self.cost.energy_price_sql();
+        let mut within = format!(
+            "job_id IS NOT NULL AND time < to_timestamp_nanos({}) AND job_id NOT IN (SELECT job_id FROM {RECENT})",
+            t.end
         );
-        let shared = state
-            .catalog_list()
-            .catalog(&catalog_name)
-            .and_then(|c| c.schema(&schema_name))
-            .ok_or_else(|| plain("the jobs view: no default schema"))?;
-        let schema = MemorySchemaProvider::new();
-        for name in ["gpu_metrics", "metrics", table::NAME, days::NAME] {
-            let table = shared
-                .table(name)
-                .await?
-                .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
-            schema.register_table(name.into(), table)?;
+        if let Some(low) = t.low {
+            within.push_str(&format!(
+                " AND time >= to_timestamp_nanos({}) AND last_seen >= to_timestamp_nanos({low})",
+                days::floor_day(low)
+            ));
         }
-        schema.register_table(
-            "job_seed".into(),
-            Arc::new(MemTable::try_new(
-                snap.seed.schema(),
-                vec![vec![snap.seed.clone()]],
-            )?),
-        )?;
-        let catalog = MemoryCatalogProvider::new();
-        catalog.register_schema(&schema_name, Arc::new(schema))?;
-        let list = MemoryCatalogProviderList::new();
-        list.register_catalog(catalog_name, Arc::new(catalog));
-        Ok(SessionStateBuilder::new_from_existing(state.clone())
-            .with_catalog_list(Arc::new(list))
-            .with_optimizer_rules(projections_first(state.optimizers()))
-            .build())
+        if let Some(high) = t.high {
+            within.push_str(&format!(" AND first_seen <= to_timestamp_nanos({high})"));
+        }
+        if let Some(ids) = &t.jobs {
+            within.push_str(&format!(" AND job_id IN ({ids})"));
+        }
+        let rows = format!(
+            "(SELECT *, {price} AS price FROM {name} WHERE {within}) t",
+            price = self.cost.price_sql(),
+            name = totals::NAME,
+        );
+        format!(
+            r#"UNION ALL
+SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds,
+  CASE WHEN held_gpu_seconds > 0 THEN gpu_seconds / held_gpu_seconds ELSE 1.0 END AS share,
+  idle_gpu_seconds, energy_joules,
+  gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
+  idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd,
+  {limiter} AS limiter, gpu_model{charge}
+FROM {rows} WHERE host_models = 1
+UNION ALL
+{grouped}"#,
+            limiter = limiter::argmax_sql(limiter::seconds_column),
+            charge = charge_list_sql(),
+            grouped = self.grouped_select(
+                View::Jobs,
+                "sum(gpus)",
+                &format!("{rows} WHERE host_models > 1")
+            ),
+        )
     }
 
     /// The view's rows over `snap` (of the ledger, what `read` names), as a data frame.
@@ -203,7 +220,18 @@ FROM p GROUP BY {key}"#,
         snap: &Snapshot,
         read: &LedgerRead,
     ) -> DfResult<DataFrame> {
-        let private = self.private_state(state, snap).await?;
+        let seed = MemTable::try_new(snap.seed.schema(), vec![vec![snap.seed.clone()]])?;
+        let mut own: Vec<(&str, Arc<dyn TableProvider>)> = vec![("job_seed", Arc::new(seed))];
+        let mut shared = vec!["gpu_metrics", "metrics", table::NAME, days::NAME];
+        if let Some(t) = &read.totals {
+            let recent = totals::job_batch(t.recent.iter().map(String::as_str))?;
+            own.push((
+                RECENT,
+                Arc::new(MemTable::try_new(recent.schema(), vec![vec![recent]])?),
+            ));
+            shared.push(totals::NAME);
+        }
+        let private = private_state(state, &shared, own).await?;
         let core = self.core_sql(view, snap.watermark, read, &snap.days);
         let sql = match view {
             View::Jobs => self.work.jobs_with_work(&core),
@@ -213,6 +241,45 @@ FROM p GROUP BY {key}"#,
         let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
     }
+}
+
+/// A session over `state` whose catalog holds `state`'s tables named in `shared` and the
+/// tables in `own`: the ledger's statements run over exactly these, whatever the server's
+/// catalog holds.
+pub(super) async fn private_state(
+    state: &SessionState,
+    shared: &[&str],
+    own: Vec<(&str, Arc<dyn TableProvider>)>,
+) -> DfResult<SessionState> {
+    let options = state.config_options();
+    let (catalog_name, schema_name) = (
+        options.catalog.default_catalog.clone(),
+        options.catalog.default_schema.clone(),
+    );
+    let server = state
+        .catalog_list()
+        .catalog(&catalog_name)
+        .and_then(|c| c.schema(&schema_name))
+        .ok_or_else(|| plain("the jobs view: no default schema"))?;
+    let schema = MemorySchemaProvider::new();
+    for name in shared {
+        let table = server
+            .table(name)
+            .await?
+            .ok_or_else(|| plain(format!("the jobs view: no {name} table")))?;
+        schema.register_table(name.to_string(), table)?;
+    }
+    for (name, table) in own {
+        schema.register_table(name.to_string(), table)?;
+    }
+    let catalog = MemoryCatalogProvider::new();
+    catalog.register_schema(&schema_name, Arc::new(schema))?;
+    let list = MemoryCatalogProviderList::new();
+    list.register_catalog(catalog_name, Arc::new(catalog));
+    Ok(SessionStateBuilder::new_from_existing(state.clone())
+        .with_catalog_list(Arc::new(list))
+        .with_optimizer_rules(projections_first(state.optimizers()))
+        .build())
 }
 
 /// The logical optimizer's rules with the rewrite of a single `DISTINCT` aggregate into a
@@ -240,6 +307,10 @@ fn projections_first(
     out
 }
 
+/// The in-memory table of the jobs `jobs` reads from the ledger's hours and days when it
+/// reads the totals of the others.
+const RECENT: &str = "job_recent";
+
 /// What a view reads of the ledger's table below the watermark.
 #[derive(Debug, Default)]
 pub(super) struct LedgerRead {
@@ -247,6 +318,24 @@ pub(super) struct LedgerRead {
     pub hours: Option<Range>,
     /// Only these jobs (`None`: every job).
     pub jobs: Option<Vec<String>>,
+    /// The per-job totals `jobs` reads; the hours and days are then read for the jobs in
+    /// [`RECENT`] only.
+    pub totals: Option<TotalsRead>,
+}
+
+/// What `jobs` reads of the per-job totals ([`totals`]).
+#[derive(Debug)]
+pub(super) struct TotalsRead {
+    /// The totals' end.
+    pub end: i64,
+    /// The jobs read from the ledger's hours and days instead (seen at or after `end`, or
+    /// after the watermark).
+    pub recent: Vec<String>,
+    /// The question's bounds: last seen at or after, first seen at or before.
+    pub low: Option<i64>,
+    pub high: Option<i64>,
+    /// The question's jobs, as an SQL list.
+    pub jobs: Option<String>,
 }
 
 impl LedgerRead {
@@ -280,6 +369,9 @@ impl LedgerRead {
         if let Some(ids) = self.job_list() {
             on_days = format!("{on_days} AND job_id IN ({ids})");
         }
+        if self.totals.is_some() {
+            on_days = format!("{on_days} AND job_id IN (SELECT job_id FROM {RECENT})");
+        }
         (format!("{hours} AND NOT {in_days}"), Some(on_days))
     }
 
@@ -302,6 +394,9 @@ impl LedgerRead {
         if let Some(ids) = self.job_list() {
             c = format!("{c} AND job_id IN ({ids})");
         }
+        if self.totals.is_some() {
+            c = format!("{c} AND job_id IN (SELECT job_id FROM {RECENT})");
+        }
         c
     }
 }
@@ -313,23 +408,63 @@ impl JobLedger {
         &self,
         state: &SessionState,
         snap: &Snapshot,
+        view: View,
         ask: Ask,
     ) -> DfResult<LedgerRead> {
+        let totals = snap.totals.as_ref().filter(|_| view == View::Jobs);
         let Some(w) = snap
             .watermark
-            .filter(|_| ask.bounded() && self.spans_ready())
+            .filter(|_| (ask.bounded() || totals.is_some()) && self.spans_ready())
         else {
             return Ok(LedgerRead::default());
         };
-        let live = if ask.jobs.is_none() {
+        let live = if ask.jobs.is_none() || totals.is_some() {
             let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
             spans::live(&ctx, w).await?
         } else {
             Default::default()
         };
-        Ok(LedgerRead {
-            hours: self.spans().range(&ask, &live, w),
+        let Some((end, recent)) = totals else {
+            return Ok(LedgerRead {
+                hours: self.spans().range(&ask, &live, w),
+                jobs: ask.jobs,
+                totals: None,
+            });
+        };
+        // The jobs read from the ledger: seen at or after the totals' end or after the
+        // watermark (and among those asked for).
+        let mut ids: Vec<String> = super::strings(recent, 0)?
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .chain(live.iter().cloned())
+            .filter(|j| ask.jobs.as_ref().is_none_or(|a| a.contains(j)))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let hours = self.spans().range(
+            &Ask {
+                jobs: Some(ids.clone()),
+                ..ask.clone()
+            },
+            &live,
+            w,
+        );
+        let read = LedgerRead {
+            hours,
             jobs: ask.jobs,
+            totals: None,
+        };
+        let jobs = read.job_list();
+        Ok(LedgerRead {
+            totals: Some(TotalsRead {
+                end: *end,
+                recent: ids,
+                low: ask.low,
+                high: ask.high,
+                jobs,
+            }),
+            ..read
         })
     }
 }
@@ -397,7 +532,7 @@ impl TableProvider for JobsTable {
             .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
         let snap = self.ledger.snapshot();
         let ask = Ask::of(self.view, filters, state);
-        let read = self.ledger.read_for(state, &snap, ask).await?;
+        let read = self.ledger.read_for(state, &snap, self.view, ask).await?;
         let mut frame = self.ledger.frame(self.view, state, &snap, &read).await?;
         if let Some(p) = projection {
             let names: Vec<&str> = p

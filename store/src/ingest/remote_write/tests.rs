@@ -465,7 +465,8 @@ proptest! {
                 | Table::GpuProcesses1m
                 | Table::GpuProcesses1h
                 | Table::JobLedger
-                | Table::JobLedger1d => {
+                | Table::JobLedger1d
+                | Table::JobLedgerTotals => {
                     prop_assert!(false, "ingest never writes rollup or ledger tables");
                 }
                 Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {

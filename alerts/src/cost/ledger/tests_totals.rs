@@ -1,0 +1,310 @@
+//! The ledger's per-job totals ([`totals`]) against its hours: `jobs` answers the same with
+//! them, reads them (not the hours) for finished jobs, keeps one row per job when a job comes
+//! back after days away, and keeps a job's cost once retention removed its first hours.
+
+use std::time::Duration;
+
+use gpuwatch_query::{EngineConfig, QueryEngine};
+use gpuwatch_store::clock::{Clock, ManualClock};
+use gpuwatch_store::schema::Table;
+use gpuwatch_store::{ReadStore, Store, StoreConfig};
+
+use super::table::{UsageRow, hour_rows};
+use super::*;
+use crate::cost::tests::json_rows as rows;
+
+const S: i64 = 1_000_000_000;
+/// A day boundary (2027-01-16T00:00:00Z).
+const D0: i64 = 1_800_057_600 * S;
+const DAY: i64 = days::DAY;
+
+/// The jobs' usage rows in hour `h` from `D0`: `long` on two GPUs for 60 hours, `done` on the
+/// first day, `back` on the first day and again on the fourth, `multi` on two GPU models of
+/// one host on the second day.
+fn hour(h: i64) -> RecordBatch {
+    let start = D0 + h * HOUR;
+    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| UsageRow {
+        job_id: job.into(),
+        host: host.into(),
+        gpu_uuid: gpu.into(),
+        gpu_model: Some(model.into()),
+        scheduler: Some("slurm".into()),
+        job_user: Some(format!("user-{}", job.len())),
+        job_name: Some(format!("name-{job}")),
+        labels: vec![("job_account".into(), format!("acct-{host}"))],
+        first_seen: start + 30 * S,
+        last_seen: start + HOUR - 30 * S,
+        gpu_seconds: secs,
+        idle_gpu_seconds: secs / 7.0,
+        energy_joules: secs * 350.5,
+        idle_energy_joules: secs * 20.25,
+        limiter: Some(LIMITERS[(h % 3) as usize].into()),
+        samples: 60,
+        interval_seconds: 60.0,
+        parts: Vec::new(),
+    };
+    let (h100, a100) = ("NVIDIA H100 80GB HBM3", "NVIDIA A100");
+    let mut rows = Vec::new();
+    if h < 60 {
+        rows.push(usage("long", "a", "g0", h100, 3_590.0));
+        rows.push(usage("long", "a", "g1", h100, 3_000.0 + h as f64));
+    }
+    if (2..6).contains(&h) {
+        rows.push(usage("done", "c", "g3", a100, 1_800.0));
+    }
+    if (3..8).contains(&h) || (84..88).contains(&h) {
+        rows.push(usage("back", "b", "g2", a100, 2_400.0 + h as f64));
+    }
+    if (26..30).contains(&h) {
+        rows.push(usage("multi", "m", "gm0", h100, 3_600.0));
+        rows.push(usage("multi", "m", "gm1", a100, 3_500.0));
+    }
+    let samples = rows.len() as u64 * 60 + 1;
+    hour_rows(start, &rows, &[], samples).expect("hour rows")
+}
+
+fn write_hours(store: &Store, hours: std::ops::Range<i64>) {
+    let batches: Vec<(i64, RecordBatch)> = hours.map(|h| (D0 / HOUR + h, hour(h))).collect();
+    store
+        .replace_hours(Table::JobLedger, &batches)
+        .expect("ledger hours");
+}
+
+fn open(
+    dir: &std::path::Path,
+    clock: &Arc<ManualClock>,
+    keep_ledger: Option<Duration>,
+) -> Arc<Store> {
+    let mut config = StoreConfig {
+        wal_sync: false,
+        ..StoreConfig::new(dir.to_path_buf())
+    };
+    config.retention.job_ledger = keep_ledger;
+    Arc::new(Store::open(config, clock.clone()).expect("store"))
+}
+
+type Rows = Vec<serde_json::Map<String, serde_json::Value>>;
+
+async fn jobs(e: &QueryEngine) -> Rows {
+    rows(e, "SELECT * FROM jobs ORDER BY job_id, host").await
+}
+
+/// Each job's sums per host from `job_hours`, which reads the hours alone.
+async fn by_hours(e: &QueryEngine) -> Rows {
+    rows(
+        e,
+        "SELECT job_id, host, sum(gpu_seconds) AS gpu_seconds, sum(cost_usd) AS cost_usd, \
+         sum(idle_cost_usd) AS idle_cost_usd, sum(energy_joules) AS energy_joules, \
+         min(first_seen) AS first_seen, max(last_seen) AS last_seen \
+         FROM job_hours GROUP BY job_id, host ORDER BY job_id, host",
+    )
+    .await
+}
+
+/// The same columns of `jobs`.
+async fn by_jobs(e: &QueryEngine) -> Rows {
+    rows(
+        e,
+        "SELECT job_id, host, gpu_seconds, cost_usd, idle_cost_usd, energy_joules, first_seen, last_seen \
+         FROM jobs ORDER BY job_id, host",
+    )
+    .await
+}
+
+/// Equal rows, numbers to a relative 1e-9 (sums in another order).
+fn same(got: &Rows, want: &Rows, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: rows {got:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len(), "{what}: columns");
+        for (k, a) in w {
+            let b = &g[k];
+            match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => assert!(
+                    (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+                    "{what}: {k}: {y} where {x} was wanted in {w:?}"
+                ),
+                _ => assert_eq!(b, a, "{what}: {k} in {w:?}"),
+            }
+        }
+    }
+}
+
+async fn server(
+    store: &Arc<Store>,
+    cost: &CostConfig,
+    fold: bool,
+    now: i64,
+) -> (QueryEngine, Arc<JobLedger>) {
+    let (e, ledger, _) = super::tests::server_on(store, cost, fold, now).await;
+    (e, ledger)
+}
+
+/// The totals' rows: job, host, model, GPUs, models on the host, file day.
+async fn totals_rows(e: &QueryEngine) -> Vec<String> {
+    rows(
+        e,
+        &format!(
+            "SELECT job_id, host, gpu_model, gpus, host_models, CAST(time AS BIGINT) AS t FROM {} \
+             WHERE job_id IS NOT NULL ORDER BY job_id, host, gpu_model",
+            totals::NAME
+        ),
+    )
+    .await
+    .iter()
+    .map(|r| {
+        let day = (r["t"].as_i64().unwrap_or(0) - D0) / DAY;
+        format!(
+            "{} {} {} {} {} day {day}",
+            r["job_id"].as_str().unwrap_or("?"),
+            r["host"].as_str().unwrap_or("?"),
+            r["gpu_model"].as_str().unwrap_or("?"),
+            r["gpus"],
+            r["host_models"]
+        )
+    })
+    .collect()
+}
+
+#[tokio::test]
+async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(D0 + 10 * DAY));
+    table::declare().expect("declare");
+    let store = open(dir.path(), &clock, None);
+    write_hours(&store, 0..80);
+    let cost: CostConfig =
+        toml::from_str("gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}]\nkwh_usd = 0.2\n")
+            .expect("cost");
+    let now = clock.now_nanos();
+
+    // Before any totals: the hours (and days) alone.
+    let (e, _) = server(&store, &cost, false, now).await;
+    let want = jobs(&e).await;
+    assert_eq!(want.len(), 4, "{want:?}");
+
+    // The folding server writes the first two days' totals (the third is not followed by a
+    // folded day): the jobs last seen there, one row per host and model.
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    let (end, recent) = ledger.snapshot().totals.clone().expect("totals read");
+    assert_eq!(end, D0 + 2 * DAY);
+    assert_eq!(super::strings(&recent, 0).expect("ids").value(0), "long");
+    assert_eq!(
+        totals_rows(&e).await,
+        [
+            "back b NVIDIA A100 1 1 day 0",
+            "done c NVIDIA A100 1 1 day 0",
+            "multi m NVIDIA A100 1 2 day 1",
+            "multi m NVIDIA H100 80GB HBM3 1 2 day 1",
+        ]
+    );
+    same(&jobs(&e).await, &want, "jobs from the totals");
+    let multi: Vec<_> = want.iter().filter(|r| r["job_id"] == "multi").collect();
+    assert_eq!(multi[0]["gpus"], 2, "both models' GPUs: {multi:?}");
+
+    // Finished jobs are read from the totals, not the hours: hours changed without changing
+    // their samples (which no refold does) show in job_hours but not in jobs.
+    let forged = hour(3).slice(0, hour(3).num_rows());
+    let mut changed = forged.clone();
+    let col = changed.schema().index_of("gpu_seconds").expect("column");
+    let mut columns = changed.columns().to_vec();
+    columns[col] = Arc::new(arrow::array::Float64Array::from(vec![
+        Some(1.0);
+        changed.num_rows()
+    ]));
+    changed = RecordBatch::try_new(changed.schema(), columns).expect("batch");
+    store
+        .replace_hour(Table::JobLedger, D0 / HOUR + 3, &changed)
+        .expect("forge");
+    let (e, _) = server(&store, &cost, false, now).await;
+    same(&jobs(&e).await, &want, "jobs read from the totals");
+    assert!(
+        by_hours(&e).await != by_jobs(&e).await,
+        "job_hours reads the forged hour"
+    );
+    store
+        .replace_hour(Table::JobLedger, D0 / HOUR + 3, &forged)
+        .expect("restore");
+
+    // `back` comes back on the fourth day: once that day's totals are written it has one
+    // row, there, with all its hours.
+    write_hours(&store, 80..130);
+    let (e, _) = server(&store, &cost, false, now).await;
+    let want = by_hours(&e).await;
+    same(
+        &by_jobs(&e).await,
+        &want,
+        "jobs with a job back, before its totals",
+    );
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    assert_eq!(
+        ledger.snapshot().totals.as_ref().map(|t| t.0),
+        Some(D0 + 4 * DAY)
+    );
+    let rows_now = totals_rows(&e).await;
+    assert_eq!(
+        rows_now
+            .iter()
+            .filter(|r| r.starts_with("back"))
+            .collect::<Vec<_>>(),
+        ["back b NVIDIA A100 1 1 day 3"]
+    );
+    assert!(rows_now.contains(&"long a NVIDIA H100 80GB HBM3 2 1 day 2".to_string()));
+    same(
+        &by_jobs(&e).await,
+        &want,
+        "jobs from the totals, a job back",
+    );
+    same(&by_hours(&e).await, &want, "job_hours unchanged");
+}
+
+#[tokio::test]
+async fn a_jobs_cost_outlives_its_first_hours_in_the_ledger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(D0 + 6 * DAY));
+    table::declare().expect("declare");
+    let store = open(dir.path(), &clock, Some(Duration::from_secs(4 * 24 * 3600)));
+    write_hours(&store, 0..130);
+    let cost = CostConfig::default();
+    let (e, _) = server(&store, &cost, true, clock.now_nanos()).await;
+    let before = by_jobs(&e).await;
+    let back: Vec<_> = before
+        .iter()
+        .filter(|r| r["job_id"] == "back")
+        .cloned()
+        .collect();
+    assert_eq!(back.len(), 1);
+
+    // Four days of ledger retention, half a day later: the ledger's first two days and a half
+    // are gone (with the totals of the jobs last seen in them); `back`, last seen on the
+    // fourth day, lost its first hours.
+    clock.advance(12 * HOUR);
+    store.maintain().expect("maintain");
+    store.maintain().expect("maintain");
+    let read: Arc<dyn ReadStore> = store.clone();
+    let e = QueryEngine::new(read, EngineConfig::default()).expect("engine");
+    let left = rows(&e, "SELECT min(time) AS t FROM job_ledger").await;
+    assert!(
+        left[0]["t"].as_str().is_some_and(|t| t >= "2027-01-18"),
+        "retention left {left:?}"
+    );
+    let (e, _) = server(&store, &cost, true, clock.now_nanos()).await;
+    let after = by_jobs(&e).await;
+    same(
+        &after
+            .iter()
+            .filter(|r| r["job_id"] == "back")
+            .cloned()
+            .collect(),
+        &back,
+        "back's cost, its first hours gone",
+    );
+    let hours_left = by_hours(&e).await;
+    let partial = hours_left
+        .iter()
+        .find(|r| r["job_id"] == "back")
+        .expect("back's hours");
+    assert!(
+        partial["gpu_seconds"].as_f64() < back[0]["gpu_seconds"].as_f64(),
+        "retention removed some of back's hours: {partial:?}"
+    );
+}
