@@ -144,9 +144,21 @@ pub struct Snapshot {
     /// The days before the watermark whose sums `job_ledger_1d` holds ([`days`]), as runs
     /// `[from, to)`.
     days: Vec<(i64, i64)>,
-    /// The end of the per-job totals the `jobs` view reads ([`totals`]) and the jobs with
-    /// ledger hours at or after it (read from the ledger instead); `None` while there are none.
-    totals: Option<(i64, RecordBatch)>,
+    /// What the `jobs` view reads of the per-job totals ([`totals`]); `None` while there are
+    /// none.
+    totals: Option<TotalsSnap>,
+}
+
+/// The per-job totals as the `jobs` view reads them.
+#[derive(Debug, Clone)]
+pub(super) struct TotalsSnap {
+    /// The totals' end: the files of the days before it are current.
+    pub end: i64,
+    /// The jobs with ledger hours at or after `end` (read from the ledger instead).
+    pub recent: RecordBatch,
+    /// Those of them that also have a row in the totals (seen again after their file was
+    /// written, until their new last day is written): the view leaves that row out.
+    pub overlap: Vec<String>,
 }
 
 /// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
@@ -242,6 +254,8 @@ struct State {
     days: days::Days,
     /// The ledger's hours and the days written to `job_ledger_totals`.
     totals: totals::Totals,
+    /// The jobs seen at or after the totals' end that also have a row in them.
+    overlap: Vec<String>,
 }
 
 /// The ledger of one server.
@@ -366,7 +380,7 @@ impl JobLedger {
             days: state
                 .watermark
                 .map_or_else(Vec::new, |w| days::runs(&state.days.current, w)),
-            totals: self.totals_view(&state.totals)?,
+            totals: self.totals_view(state)?,
         });
         match self.snapshot.write() {
             Ok(mut s) => *s = snap,
@@ -377,16 +391,20 @@ impl JobLedger {
 
     /// The totals' end and the jobs seen at or after it, once the index of jobs' hours is read
     /// and at least one day is written.
-    fn totals_view(&self, totals: &totals::Totals) -> DfResult<Option<(i64, RecordBatch)>> {
-        let Some(end) = totals.end() else {
+    fn totals_view(&self, state: &State) -> DfResult<Option<TotalsSnap>> {
+        let Some(end) = state.totals.end() else {
             return Ok(None);
         };
         let spans = self.spans();
-        if !spans.ready() || totals.written.range(..end).next().is_none() {
+        if !spans.ready() || state.totals.written.range(..end).next().is_none() {
             return Ok(None);
         }
         let recent = totals::job_batch(spans.since(end).into_iter())?;
-        Ok(Some((end, recent)))
+        Ok(Some(TotalsSnap {
+            end,
+            recent,
+            overlap: state.overlap.clone(),
+        }))
     }
 
     fn spans(&self) -> std::sync::RwLockReadGuard<'_, spans::Spans> {

@@ -26,6 +26,16 @@ use crate::error::{Error, Result};
 /// The counters every job may report, in order of preference after the configured ones.
 pub const STANDARD_COUNTERS: [&str; 3] = ["job.samples", "job.tokens", "job.steps"];
 
+/// The columns the views take from the job's counters: a view asked for none of them does not
+/// read the counters.
+pub(crate) const WORK_COLUMNS: [&str; 5] = [
+    "work_unit",
+    "work_done",
+    "work_per_second",
+    "work_per_gpu_hour",
+    "usd_per_million_units",
+];
+
 /// The resource (or point) attribute that names the job a counter belongs to.
 pub const JOB_ID_ATTRIBUTE: &str = "job.id";
 

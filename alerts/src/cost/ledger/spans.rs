@@ -102,6 +102,26 @@ impl Spans {
         (jobs, first)
     }
 
+    /// The jobs with an hour at or after `t` and one before it, and the first hour of the
+    /// earliest.
+    pub(super) fn started_before(&self, t: i64) -> (Vec<String>, Option<i64>) {
+        let mut first: Option<i64> = None;
+        let mut jobs: Vec<String> = Vec::new();
+        for (job, &(f, last)) in &self.jobs {
+            if last >= t && f < t {
+                jobs.push(job.clone());
+                first = Some(first.map_or(f, |x| x.min(f)));
+            }
+        }
+        jobs.sort_unstable();
+        (jobs, first)
+    }
+
+    /// The last hour of `job`, when it has one.
+    pub(super) fn last_hour(&self, job: &str) -> Option<i64> {
+        self.jobs.get(job).map(|&(_, last)| last)
+    }
+
     /// The jobs with an hour at or after `t`.
     pub(super) fn since(&self, t: i64) -> Vec<&str> {
         let mut jobs: Vec<&str> = self

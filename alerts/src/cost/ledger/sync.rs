@@ -73,7 +73,10 @@ impl JobLedger {
         };
         if fold {
             self.roll_due(ctx, store).await?;
-            self.total_due(ctx, store).await?;
+            let written = self.total_due(ctx, store).await?;
+            if folded > 0 || written > 0 {
+                self.find_overlap(ctx).await?;
+            }
         }
         Ok(folded)
     }
@@ -129,7 +132,23 @@ impl JobLedger {
                 "job ledger: every job's hours read; questions about some jobs read only theirs"
             );
         }
-        Ok(())
+        self.find_overlap(ctx).await
+    }
+
+    /// Finds the jobs seen at or after the totals' end that also have a row in them, and
+    /// publishes.
+    async fn find_overlap(&self, ctx: &SessionContext) -> DfResult<()> {
+        let end = self.lock().totals.end();
+        let overlap = match end.filter(|_| self.spans_ready()) {
+            Some(end) => {
+                let (jobs, first) = self.spans().started_before(end);
+                totals::overlap(&ctx.state(), jobs, first, end).await?
+            }
+            None => Vec::new(),
+        };
+        let mut s = self.lock();
+        s.overlap = overlap;
+        self.publish(&s)
     }
 
     /// Reads each job's hours from the table's files the index has not read ([`spans`]).
@@ -244,42 +263,48 @@ impl JobLedger {
 
     /// Writes the per-job totals of every day whose file is missing or stale and whose next
     /// day is folded ([`totals`]), oldest first, publishing when done.
-    async fn total_due(&self, ctx: &SessionContext, store: &Arc<Store>) -> DfResult<()> {
+    async fn total_due(&self, ctx: &SessionContext, store: &Arc<Store>) -> DfResult<usize> {
         if !self.spans_ready() {
-            return Ok(());
-        }
-        let (due, runs, totals) = {
-            let s = self.lock();
-            let Some(w) = s.watermark else { return Ok(()) };
-            (
-                s.totals.due(w),
-                days::runs(&s.days.current, w),
-                s.totals.clone(),
-            )
-        };
-        if due.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let started = std::time::Instant::now();
         let state = ctx.state();
-        for &day in &due {
-            let (jobs, first) = self.spans().ending_in(day, day + days::DAY);
-            let d = totals::DayJobs {
-                day,
-                jobs,
-                first,
-                runs: runs.clone(),
+        let mut written = 0;
+        loop {
+            let (due, runs, totals) = {
+                let s = self.lock();
+                let Some(w) = s.watermark else { break };
+                (
+                    s.totals.due(w),
+                    days::runs(&s.days.current, w),
+                    s.totals.clone(),
+                )
             };
-            let marker = totals::write(&state, store, &totals, d).await?;
-            self.lock().totals.written.insert(day, marker);
+            if due.is_empty() {
+                break;
+            }
+            for &day in &due {
+                let (jobs, first) = self.spans().ending_in(day, day + days::DAY);
+                let d = totals::DayJobs {
+                    day,
+                    jobs,
+                    first,
+                    runs: runs.clone(),
+                };
+                let marker = totals::write(&state, store, &totals, d).await?;
+                self.lock().totals.written.insert(day, marker);
+                written += 1;
+            }
+            self.publish(&self.lock())?;
         }
-        self.publish(&self.lock())?;
-        tracing::info!(
-            days = due.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "job ledger: jobs' totals written"
-        );
-        Ok(())
+        if written > 0 {
+            tracing::info!(
+                days = written,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "job ledger: jobs' totals written"
+            );
+        }
+        Ok(written)
     }
 
     /// The earliest folded hour (from the oldest raw sample's on) whose `gpu_metrics_1h`

@@ -185,9 +185,10 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     // The folding server writes the first two days' totals (the third is not followed by a
     // folded day): the jobs last seen there, one row per host and model.
     let (e, ledger) = server(&store, &cost, true, now).await;
-    let (end, recent) = ledger.snapshot().totals.clone().expect("totals read");
-    assert_eq!(end, D0 + 2 * DAY);
-    assert_eq!(super::strings(&recent, 0).expect("ids").value(0), "long");
+    let t = ledger.snapshot().totals.clone().expect("totals read");
+    assert_eq!(t.end, D0 + 2 * DAY);
+    assert_eq!(super::strings(&t.recent, 0).expect("ids").value(0), "long");
+    assert!(t.overlap.is_empty());
     assert_eq!(
         totals_rows(&e).await,
         [
@@ -228,7 +229,13 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     // `back` comes back on the fourth day: once that day's totals are written it has one
     // row, there, with all its hours.
     write_hours(&store, 80..130);
-    let (e, _) = server(&store, &cost, false, now).await;
+    let (e, ledger) = server(&store, &cost, false, now).await;
+    let overlap = ledger.snapshot().totals.as_ref().map(|t| t.overlap.clone());
+    assert_eq!(
+        overlap,
+        Some(vec!["back".to_string()]),
+        "back is in day 0's totals and seen again"
+    );
     let want = by_hours(&e).await;
     same(
         &by_jobs(&e).await,
@@ -237,7 +244,7 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     );
     let (e, ledger) = server(&store, &cost, true, now).await;
     assert_eq!(
-        ledger.snapshot().totals.as_ref().map(|t| t.0),
+        ledger.snapshot().totals.as_ref().map(|t| t.end),
         Some(D0 + 4 * DAY)
     );
     let rows_now = totals_rows(&e).await;

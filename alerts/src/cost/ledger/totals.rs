@@ -257,6 +257,30 @@ async fn replace(store: &Arc<Store>, day: i64, batch: RecordBatch) -> DfResult<(
     .map_err(plain)
 }
 
+/// Those of `jobs` (first hour of the earliest: `first`) with a row in the files before `end`.
+pub(super) async fn overlap(
+    state: &SessionState,
+    jobs: Vec<String>,
+    first: Option<i64>,
+    end: i64,
+) -> DfResult<Vec<String>> {
+    let Some(first) = first.filter(|_| !jobs.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let ctx = with_jobs(state, job_batch(jobs.iter().map(String::as_str))?).await?;
+    let sql = format!(
+        "SELECT DISTINCT job_id FROM {NAME} WHERE job_id IN (SELECT job_id FROM {JOB_LIST}) \
+         AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({end})",
+        from = floor_day(first)
+    );
+    let mut out = Vec::new();
+    for b in ctx.sql(&sql).await?.collect().await? {
+        out.extend(super::strings(&b, 0)?.iter().flatten().map(str::to_string));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// Removes the jobs of [`JOB_LIST`] from the files of the days in `[from, day)`: they were
 /// written there before being seen again.
 async fn drop_earlier(

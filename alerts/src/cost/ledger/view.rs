@@ -22,6 +22,7 @@ use datafusion::optimizer::OptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::super::limiter::{self, LIMITERS};
+use super::super::work::WORK_COLUMNS;
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
 use super::bounds::Ask;
 use super::spans::{self, Range};
@@ -170,10 +171,15 @@ FROM {from} GROUP BY {key}"#,
     /// as it is where the job used one GPU model on the host, grouped by host otherwise.
     fn totals_sql(&self, t: &TotalsRead) -> String {
         let energy_price = self.cost.energy_price_sql();
+        // The marker rows have no `last_seen`.
         let mut within = format!(
-            "job_id IS NOT NULL AND time < to_timestamp_nanos({}) AND job_id NOT IN (SELECT job_id FROM {RECENT})",
+            "last_seen IS NOT NULL AND time < to_timestamp_nanos({})",
             t.end
         );
+        if !t.overlap.is_empty() {
+            let ids: Vec<String> = t.overlap.iter().map(|j| super::super::sql_str(j)).collect();
+            within.push_str(&format!(" AND job_id NOT IN ({})", ids.join(", ")));
+        }
         if let Some(low) = t.low {
             within.push_str(&format!(
                 " AND time >= to_timestamp_nanos({}) AND last_seen >= to_timestamp_nanos({low})",
@@ -219,6 +225,7 @@ UNION ALL
         state: &SessionState,
         snap: &Snapshot,
         read: &LedgerRead,
+        work: bool,
     ) -> DfResult<DataFrame> {
         let seed = MemTable::try_new(snap.seed.schema(), vec![vec![snap.seed.clone()]])?;
         let mut own: Vec<(&str, Arc<dyn TableProvider>)> = vec![("job_seed", Arc::new(seed))];
@@ -234,6 +241,7 @@ UNION ALL
         let private = private_state(state, &shared, own).await?;
         let core = self.core_sql(view, snap.watermark, read, &snap.days);
         let sql = match view {
+            _ if !work => core,
             View::Jobs => self.work.jobs_with_work(&core),
             View::Hours => self.work.rows_with_work(&core, "hour"),
             View::Days => self.work.rows_with_work(&core, "day"),
@@ -336,6 +344,8 @@ pub(super) struct TotalsRead {
     pub high: Option<i64>,
     /// The question's jobs, as an SQL list.
     pub jobs: Option<String>,
+    /// The recent jobs with a row in the totals, which the view leaves out.
+    pub overlap: Vec<String>,
 }
 
 impl LedgerRead {
@@ -424,24 +434,14 @@ impl JobLedger {
         } else {
             Default::default()
         };
-        let Some((end, recent)) = totals else {
+        let Some(t) = totals else {
             return Ok(LedgerRead {
                 hours: self.spans().range(&ask, &live, w),
                 jobs: ask.jobs,
                 totals: None,
             });
         };
-        // The jobs read from the ledger: seen at or after the totals' end or after the
-        // watermark (and among those asked for).
-        let mut ids: Vec<String> = super::strings(recent, 0)?
-            .iter()
-            .flatten()
-            .map(str::to_string)
-            .chain(live.iter().cloned())
-            .filter(|j| ask.jobs.as_ref().is_none_or(|a| a.contains(j)))
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
+        let (ids, overlap) = self.recent_jobs(t, &live, ask.jobs.as_deref())?;
         let hours = self.spans().range(
             &Ask {
                 jobs: Some(ids.clone()),
@@ -458,14 +458,52 @@ impl JobLedger {
         let jobs = read.job_list();
         Ok(LedgerRead {
             totals: Some(TotalsRead {
-                end: *end,
+                end: t.end,
                 recent: ids,
                 low: ask.low,
                 high: ask.high,
                 jobs,
+                overlap,
             }),
             ..read
         })
+    }
+
+    /// The jobs `jobs` reads from the ledger's hours and days when it reads the totals `t`
+    /// (those seen at or after their end and those in raw samples after the watermark, `live`;
+    /// among `asked` when given), and those of them with a row in the totals: the snapshot's,
+    /// and the live jobs last folded before the end (seen again after days away).
+    fn recent_jobs(
+        &self,
+        t: &super::TotalsSnap,
+        live: &std::collections::HashSet<String>,
+        asked: Option<&[String]>,
+    ) -> DfResult<(Vec<String>, Vec<String>)> {
+        let wanted = |j: &String| asked.is_none_or(|a| a.contains(j));
+        let mut ids: Vec<String> = super::strings(&t.recent, 0)?
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .chain(live.iter().cloned())
+            .filter(wanted)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let spans = self.spans();
+        let mut overlap: Vec<String> = t
+            .overlap
+            .iter()
+            .cloned()
+            .chain(
+                live.iter()
+                    .filter(|j| spans.last_hour(j).is_some_and(|l| l < t.end))
+                    .cloned(),
+            )
+            .filter(wanted)
+            .collect();
+        overlap.sort_unstable();
+        overlap.dedup();
+        Ok((ids, overlap))
     }
 }
 
@@ -487,7 +525,7 @@ impl JobsTable {
     pub async fn new(ledger: Arc<JobLedger>, view: View, state: &SessionState) -> DfResult<Self> {
         let snap = Snapshot::empty();
         let schema = ledger
-            .frame(view, state, &snap, &LedgerRead::default())
+            .frame(view, state, &snap, &LedgerRead::default(), true)
             .await?
             .schema()
             .as_arrow()
@@ -533,12 +571,20 @@ impl TableProvider for JobsTable {
         let snap = self.ledger.snapshot();
         let ask = Ask::of(self.view, filters, state);
         let read = self.ledger.read_for(state, &snap, self.view, ask).await?;
-        let mut frame = self.ledger.frame(self.view, state, &snap, &read).await?;
-        if let Some(p) = projection {
-            let names: Vec<&str> = p
-                .iter()
+        let names: Option<Vec<&str>> = projection.map(|p| {
+            p.iter()
                 .map(|&i| self.schema.field(i).name().as_str())
-                .collect();
+                .collect()
+        });
+        // A question that asks for no work column does not read the job's counters.
+        let work = names
+            .as_ref()
+            .is_none_or(|n| n.iter().any(|c| WORK_COLUMNS.contains(c)));
+        let mut frame = self
+            .ledger
+            .frame(self.view, state, &snap, &read, work)
+            .await?;
+        if let Some(names) = names {
             frame = frame.select_columns(&names)?;
         }
         if limit.is_some() {
