@@ -201,6 +201,20 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     same(&jobs(&e).await, &want, "jobs from the totals");
     let multi: Vec<_> = want.iter().filter(|r| r["job_id"] == "multi").collect();
     assert_eq!(multi[0]["gpus"], 2, "both models' GPUs: {multi:?}");
+    // The Cost dashboard's "Most idle cost": the GPUs of each job, through an aggregate.
+    let gpus = rows(
+        &e,
+        "SELECT job_id, sum(gpus) AS gpus FROM (SELECT j.* FROM jobs j) j GROUP BY job_id ORDER BY job_id",
+    )
+    .await;
+    let gpus: Vec<String> = gpus
+        .iter()
+        .map(|r| format!("{} {}", r["job_id"], r["gpus"]))
+        .collect();
+    assert_eq!(
+        gpus,
+        ["\"back\" 1", "\"done\" 1", "\"long\" 2", "\"multi\" 2"]
+    );
 
     // Finished jobs are read from the totals, not the hours: hours changed without changing
     // their samples (which no refold does) show in job_hours but not in jobs.

@@ -169,6 +169,8 @@ FROM {from} GROUP BY {key}"#,
 
     /// `UNION ALL` the `jobs` rows of the finished jobs from their totals ([`totals`]): a row
     /// as it is where the job used one GPU model on the host, grouped by host otherwise.
+    /// `gpus` is never null there, as the `count` it stands beside (a union whose inputs
+    /// disagree on that fails to plan above an aggregate).
     fn totals_sql(&self, t: &TotalsRead) -> String {
         let energy_price = self.cost.energy_price_sql();
         // The marker rows have no `last_seen`.
@@ -199,7 +201,7 @@ FROM {from} GROUP BY {key}"#,
         );
         format!(
             r#"UNION ALL
-SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds,
+SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, first_seen, last_seen, gpu_seconds,
   CASE WHEN held_gpu_seconds > 0 THEN gpu_seconds / held_gpu_seconds ELSE 1.0 END AS share,
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
@@ -212,7 +214,7 @@ UNION ALL
             charge = charge_list_sql(),
             grouped = self.grouped_select(
                 View::Jobs,
-                "sum(gpus)",
+                "coalesce(sum(gpus), 0)",
                 &format!("{rows} WHERE host_models > 1")
             ),
         )
