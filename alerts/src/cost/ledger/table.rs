@@ -78,12 +78,15 @@ fn columns() -> Vec<Field> {
             .iter()
             .map(|c| Field::new(*c, DataType::Int64, true)),
     );
+    f.push(text(TOTALS_LIMITER));
     f
 }
 
 /// The columns only `job_ledger_totals` fills ([`super::totals`]), null in the hour and day
 /// rows: the job's GPUs on the row's host and model, and the GPU models it used on the host.
 pub(super) const TOTALS_ONLY: [&str; 2] = ["gpus", "host_models"];
+/// And the class with the most of the row's seconds ([`limiter::argmax_sql`]).
+pub(super) const TOTALS_LIMITER: &str = "limiter";
 
 /// Declares the table's columns to the store; runs before the store opens (the server's start,
 /// and [`super::JobLedger::new`] for a process that opened none yet).
@@ -220,6 +223,7 @@ pub(super) fn hour_batch(hour: i64, fold: &HourFold) -> DfResult<RecordBatch> {
         })));
     }
     c.extend(TOTALS_ONLY.iter().map(|_| ints(rows.iter().map(|_| None))));
+    c.push(texts(rows.iter().map(|_| None)));
     let schema = Table::JobLedger.schema();
     if schema.fields().len() != c.len() {
         return Err(plain(format!(

@@ -189,10 +189,12 @@ fn sums_sql(from: i64, to: i64, runs: &[(i64, i64)]) -> String {
     count(DISTINCT gpu_uuid) AS gpus
   FROM u GROUP BY job_id, host, gpu_model
 )
-SELECT g.*, count(*) OVER (PARTITION BY job_id, host) AS host_models FROM g",
+SELECT g.*, count(*) OVER (PARTITION BY job_id, host) AS host_models, {limiter} AS {limiter_column} FROM g",
         days = days::NAME,
         hours = table::NAME,
         charge_max = charge_max_sql(true),
+        limiter = limiter::argmax_sql(limiter::seconds_column),
+        limiter_column = table::TOTALS_LIMITER,
     )
 }
 

@@ -206,11 +206,10 @@ SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, f
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
   idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, gpu_model{charge}
+  limiter, gpu_model{charge}
 FROM {rows} WHERE host_models = 1
 UNION ALL
 {grouped}"#,
-            limiter = limiter::argmax_sql(limiter::seconds_column),
             charge = charge_list_sql(),
             grouped = self.grouped_select(
                 View::Jobs,
