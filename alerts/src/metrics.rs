@@ -26,6 +26,9 @@ pub const QUEUED: &str = "gpuwatch_notifications_queued";
 
 /// End of the hours the job-usage ledger has folded (Unix seconds; 0 before the first fold).
 pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
+/// End of the days whose finished jobs the jobs view reads from their totals (Unix seconds; 0
+/// before any).
+pub const LEDGER_TOTALS_END: &str = "gpuwatch_jobs_ledger_totals_end_seconds";
 /// Hours the job-usage ledger holds.
 pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
 /// Alerting state files found damaged at start and moved to quarantine.
@@ -52,6 +55,12 @@ pub fn samples(a: &Alerting) -> Vec<Sample> {
             Kind::Gauge,
             "End of the hours the jobs view reads from its ledger (the rest from raw samples)",
             (snap.watermark.unwrap_or(0) / 1_000_000_000) as f64,
+        ));
+        out.push(Sample::new(
+            LEDGER_TOTALS_END,
+            Kind::Gauge,
+            "End of the days whose finished jobs the jobs view reads from their totals (the others from the ledger's hours and days)",
+            (snap.totals_end().unwrap_or(0) / 1_000_000_000) as f64,
         ));
         out.push(Sample::new(
             LEDGER_HOURS,

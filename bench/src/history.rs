@@ -62,7 +62,8 @@ pub(crate) struct HistoryArgs {
     /// timed out.
     #[arg(long, default_value = "30s")]
     pub query_timeout: String,
-    /// Longest wait for the server to fold the raw hours into the ledger.
+    /// Longest wait for the server to fold the raw hours into the ledger and write the jobs'
+    /// totals.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub settle_timeout: Duration,
     /// Build (or bring up to date) the data directory and stop: no server, no timings.
@@ -232,23 +233,30 @@ fn statement_month(end_hour_ns: i64, days: u64) -> String {
 
 use chrono::Datelike;
 
-/// Waits until the ledger has folded every closed raw hour; returns how long it took.
+/// Waits until the ledger has folded every closed raw hour and written the totals of every
+/// day before yesterday; returns how long it took.
 async fn settle(server: &Server, limit: Duration) -> Result<f64> {
     let began = Instant::now();
     let want = (now_ns() - 15 * 60_000_000_000).div_euclid(3_600_000_000_000) * 3_600;
+    // A day's totals are written once the day after it is folded.
+    let day = 86_400;
+    let totals_want = (want.div_euclid(day) - 1) * day;
     loop {
         let (_, text) = peers::blocking_get(&format!("{}/metrics", server.url))?;
-        let w = text
-            .lines()
-            .find_map(|l| l.strip_prefix("gpuwatch_jobs_ledger_watermark_seconds "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0) as i64;
-        if w >= want {
+        let gauge = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as i64
+        };
+        let w = gauge("gpuwatch_jobs_ledger_watermark_seconds");
+        let totals = gauge("gpuwatch_jobs_ledger_totals_end_seconds");
+        if w >= want && totals >= totals_want {
             return Ok(began.elapsed().as_secs_f64());
         }
         if began.elapsed() > limit {
             return Err(format!(
-                "the ledger folded up to {w} s of {want} s in {limit:?}"
+                "the ledger folded up to {w} s of {want} s and wrote totals up to {totals} s of {totals_want} s in {limit:?}"
             ));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -394,7 +402,9 @@ pub(crate) async fn run(args: HistoryArgs) -> Result<()> {
         args.minute_days,
         args.raw_hours
     );
-    println!("start to ready: {ready_s:.2} s; raw hours folded by the ledger after {fold_s:.1} s");
+    println!(
+        "start to ready: {ready_s:.2} s; raw hours folded and jobs' totals written by the ledger after {fold_s:.1} s"
+    );
     println!(
         "{:<40} {:>10} {:>10} {:>12}",
         "question", "median_s", "max_s", "bytes"

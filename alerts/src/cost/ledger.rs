@@ -202,6 +202,11 @@ fn views<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
 }
 
 impl Snapshot {
+    /// The end of the days whose finished jobs `jobs` reads from their totals.
+    pub fn totals_end(&self) -> Option<i64> {
+        self.totals.as_ref().map(|t| t.end)
+    }
+
     fn empty() -> Self {
         Self {
             watermark: None,
