@@ -104,9 +104,19 @@ async fn ledger_days(
 }
 
 /// Reads which days are rolled and current, and which are due, among the days that end by
-/// `end` (the watermark).
-pub(super) async fn read(ctx: &SessionContext, end: i64) -> DfResult<Days> {
-    let hours = ledger_days(ctx, i64::MIN / 2, end).await?;
+/// `end` (the watermark); `hours` is every ledger hour's raw samples.
+pub(super) async fn read(
+    ctx: &SessionContext,
+    end: i64,
+    hours: &BTreeMap<i64, i64>,
+) -> DfResult<Days> {
+    let mut by_day: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    for (&h, &n) in hours.range(..end) {
+        let d = by_day.entry(floor_day(h)).or_default();
+        d.0 += 1;
+        d.1 += n;
+    }
+    let hours = by_day;
     let sql = format!(
         "SELECT CAST(time AS BIGINT), samples FROM {NAME} WHERE job_id IS NULL AND last_sample_time IS NULL"
     );

@@ -109,11 +109,12 @@ impl JobLedger {
                 state.seed = table::seed_between(ctx, oldest, w).await?;
             }
         }
+        let hours = totals::ledger_hours(ctx).await?;
         if let Some(w) = state.watermark {
-            state.days = days::read(ctx, w).await?;
+            state.days = days::read(ctx, w, &hours).await?;
         }
         state.totals = totals::Totals {
-            hours: totals::ledger_hours(ctx).await?,
+            hours,
             written: totals::markers(ctx).await?,
         };
         let ready = self.spans_ready();
