@@ -2,6 +2,7 @@
 //! them, reads them (not the hours) for finished jobs, keeps one row per job when a job comes
 //! back after days away, and keeps a job's cost once retention removed its first hours.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpuwatch_query::{EngineConfig, QueryEngine};
@@ -215,6 +216,36 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
         gpus,
         ["\"back\" 1", "\"done\" 1", "\"long\" 2", "\"multi\" 2"]
     );
+    // The Cost dashboard's "by limiter": each row's limiter, through an aggregate, as the view
+    // without totals gave it.
+    let by_limiter = |t: &str| {
+        format!(
+            "SELECT limiter, count(DISTINCT job_id) AS n FROM {t} GROUP BY limiter ORDER BY limiter"
+        )
+    };
+    let got = rows(&e, &by_limiter("jobs")).await;
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for r in &want {
+        *counts
+            .entry(r["limiter"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    let got: BTreeMap<String, i64> = got
+        .iter()
+        .map(|r| {
+            (
+                r["limiter"].as_str().unwrap_or("?").to_string(),
+                r["n"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(got, counts);
+    // Every column of the view through an aggregate (the totals' rows and the summed rows must
+    // agree on each column's type and nullability for that to plan).
+    for c in want[0].keys() {
+        let sql = format!("SELECT {c} AS v, count(*) AS n FROM jobs GROUP BY 1");
+        assert!(!rows(&e, &sql).await.is_empty(), "{sql}");
+    }
 
     // Finished jobs are read from the totals, not the hours: hours changed without changing
     // their samples (which no refold does) show in job_hours but not in jobs.

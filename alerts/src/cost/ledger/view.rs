@@ -206,10 +206,11 @@ SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, f
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
   idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd,
-  limiter, gpu_model{charge}
+  {limiter} AS limiter, gpu_model{charge}
 FROM {rows} WHERE host_models = 1
 UNION ALL
 {grouped}"#,
+            limiter = stored_limiter_sql(),
             charge = charge_list_sql(),
             grouped = self.grouped_select(
                 View::Jobs,
@@ -250,6 +251,17 @@ UNION ALL
         let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
     }
+}
+
+/// The stored `limiter` of a totals row as the literal the view's other rows compute (of the
+/// same type: the column reads as a string view, the literals are plain strings, and a union
+/// of the two fails to plan).
+fn stored_limiter_sql() -> String {
+    let arms: String = LIMITERS
+        .iter()
+        .map(|c| format!(" WHEN '{c}' THEN '{c}'"))
+        .collect();
+    format!("CASE limiter{arms} END")
 }
 
 /// A session over `state` whose catalog holds `state`'s tables named in `shared` and the
