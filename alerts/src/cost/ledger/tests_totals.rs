@@ -166,17 +166,70 @@ async fn totals_rows(e: &QueryEngine) -> Vec<String> {
     .collect()
 }
 
-#[tokio::test]
-async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A store with the ledger's first 80 hours, its clock, and prices.
+fn setup(dir: &std::path::Path) -> (Arc<Store>, CostConfig, i64) {
     let clock = Arc::new(ManualClock::new(D0 + 10 * DAY));
     table::declare().expect("declare");
-    let store = open(dir.path(), &clock, None);
+    let store = open(dir, &clock, None);
     write_hours(&store, 0..80);
     let cost: CostConfig =
         toml::from_str("gpu_hour_usd = [{model = \"*H100*\", usd = 3.0}]\nkwh_usd = 0.2\n")
             .expect("cost");
-    let now = clock.now_nanos();
+    (store, cost, clock.now_nanos())
+}
+
+/// Aggregates over `jobs` as the Cost dashboard's panels run them (`want`: the view's rows).
+async fn aggregates_plan(e: &QueryEngine, want: &Rows) {
+    // The Cost dashboard's "Most idle cost": the GPUs of each job, through an aggregate.
+    let gpus = rows(
+        e,
+        "SELECT job_id, sum(gpus) AS gpus FROM (SELECT j.* FROM jobs j) j GROUP BY job_id ORDER BY job_id",
+    )
+    .await;
+    let gpus: Vec<String> = gpus
+        .iter()
+        .map(|r| format!("{} {}", r["job_id"], r["gpus"]))
+        .collect();
+    assert_eq!(
+        gpus,
+        ["\"back\" 1", "\"done\" 1", "\"long\" 2", "\"multi\" 2"]
+    );
+    // The Cost dashboard's "by limiter": each row's limiter, through an aggregate, as the view
+    // without totals gave it.
+    let by_limiter = |t: &str| {
+        format!(
+            "SELECT limiter, count(DISTINCT job_id) AS n FROM {t} GROUP BY limiter ORDER BY limiter"
+        )
+    };
+    let got = rows(e, &by_limiter("jobs")).await;
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for r in want {
+        *counts
+            .entry(r["limiter"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    let got: BTreeMap<String, i64> = got
+        .iter()
+        .map(|r| {
+            (
+                r["limiter"].as_str().unwrap_or("?").to_string(),
+                r["n"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(got, counts);
+    // Every column of the view through an aggregate (the totals' rows and the summed rows must
+    // agree on each column's type and nullability for that to plan).
+    for c in want[0].keys() {
+        let sql = format!("SELECT {c} AS v, count(*) AS n FROM jobs GROUP BY 1");
+        assert!(!rows(e, &sql).await.is_empty(), "{sql}");
+    }
+}
+
+#[tokio::test]
+async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
 
     // Before any totals: the hours (and days) alone.
     let (e, _) = server(&store, &cost, false, now).await;
@@ -202,50 +255,7 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     same(&jobs(&e).await, &want, "jobs from the totals");
     let multi: Vec<_> = want.iter().filter(|r| r["job_id"] == "multi").collect();
     assert_eq!(multi[0]["gpus"], 2, "both models' GPUs: {multi:?}");
-    // The Cost dashboard's "Most idle cost": the GPUs of each job, through an aggregate.
-    let gpus = rows(
-        &e,
-        "SELECT job_id, sum(gpus) AS gpus FROM (SELECT j.* FROM jobs j) j GROUP BY job_id ORDER BY job_id",
-    )
-    .await;
-    let gpus: Vec<String> = gpus
-        .iter()
-        .map(|r| format!("{} {}", r["job_id"], r["gpus"]))
-        .collect();
-    assert_eq!(
-        gpus,
-        ["\"back\" 1", "\"done\" 1", "\"long\" 2", "\"multi\" 2"]
-    );
-    // The Cost dashboard's "by limiter": each row's limiter, through an aggregate, as the view
-    // without totals gave it.
-    let by_limiter = |t: &str| {
-        format!(
-            "SELECT limiter, count(DISTINCT job_id) AS n FROM {t} GROUP BY limiter ORDER BY limiter"
-        )
-    };
-    let got = rows(&e, &by_limiter("jobs")).await;
-    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-    for r in &want {
-        *counts
-            .entry(r["limiter"].as_str().unwrap_or("?").to_string())
-            .or_default() += 1;
-    }
-    let got: BTreeMap<String, i64> = got
-        .iter()
-        .map(|r| {
-            (
-                r["limiter"].as_str().unwrap_or("?").to_string(),
-                r["n"].as_i64().unwrap_or(-1),
-            )
-        })
-        .collect();
-    assert_eq!(got, counts);
-    // Every column of the view through an aggregate (the totals' rows and the summed rows must
-    // agree on each column's type and nullability for that to plan).
-    for c in want[0].keys() {
-        let sql = format!("SELECT {c} AS v, count(*) AS n FROM jobs GROUP BY 1");
-        assert!(!rows(&e, &sql).await.is_empty(), "{sql}");
-    }
+    aggregates_plan(&e, &want).await;
 
     // Finished jobs are read from the totals, not the hours: hours changed without changing
     // their samples (which no refold does) show in job_hours but not in jobs.
@@ -270,6 +280,13 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     store
         .replace_hour(Table::JobLedger, D0 / HOUR + 3, &forged)
         .expect("restore");
+}
+
+#[tokio::test]
+async fn a_job_seen_again_days_later_keeps_one_row_with_all_its_hours() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
+    let _ = server(&store, &cost, true, now).await;
 
     // `back` comes back on the fourth day: once that day's totals are written it has one
     // row, there, with all its hours.
