@@ -90,25 +90,21 @@ impl Spans {
     /// Marks the index whole: every file of the table was read.
     /// The jobs whose last hour is in `[from, to)`, and the first hour of the earliest of them.
     pub(super) fn ending_in(&self, from: i64, to: i64) -> (Vec<String>, Option<i64>) {
-        let mut first: Option<i64> = None;
-        let mut jobs: Vec<String> = Vec::new();
-        for (job, &(f, last)) in &self.jobs {
-            if last >= from && last < to {
-                jobs.push(job.clone());
-                first = Some(first.map_or(f, |x| x.min(f)));
-            }
-        }
-        jobs.sort_unstable();
-        (jobs, first)
+        self.jobs_where(|_, last| last >= from && last < to)
     }
 
     /// The jobs with an hour at or after `t` and one before it, and the first hour of the
     /// earliest.
     pub(super) fn started_before(&self, t: i64) -> (Vec<String>, Option<i64>) {
+        self.jobs_where(|first, last| last >= t && first < t)
+    }
+
+    /// The jobs whose first and last hours pass `keep`, sorted, and the earliest first hour.
+    fn jobs_where(&self, keep: impl Fn(i64, i64) -> bool) -> (Vec<String>, Option<i64>) {
         let mut first: Option<i64> = None;
         let mut jobs: Vec<String> = Vec::new();
         for (job, &(f, last)) in &self.jobs {
-            if last >= t && f < t {
+            if keep(f, last) {
                 jobs.push(job.clone());
                 first = Some(first.map_or(f, |x| x.min(f)));
             }

@@ -16,12 +16,14 @@ const S: i64 = 1_000_000_000;
 /// A day boundary (2027-01-16T00:00:00Z).
 const D0: i64 = 1_800_057_600 * S;
 
-/// Hour `h` (from six hours before `D0`) of three kinds of job: one on two GPUs through all
-/// 60 hours, one crossing the first day's end, and one an hour long each hour; `scale`
-/// changes the hour's sums (a refold).
-fn hour(h: i64, scale: f64) -> RecordBatch {
-    let start = D0 - 6 * HOUR + h * HOUR;
-    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| UsageRow {
+/// One job's use of one GPU in the hour from `start` (the `h`th of a test's history): `secs`
+/// GPU-seconds, a seventh of them idle, at 350.5 W.
+pub(super) fn usage_row(
+    (start, h): (i64, i64),
+    (job, host, gpu, model): (&str, &str, &str, &str),
+    secs: f64,
+) -> UsageRow {
+    UsageRow {
         job_id: job.into(),
         host: host.into(),
         gpu_uuid: gpu.into(),
@@ -32,14 +34,24 @@ fn hour(h: i64, scale: f64) -> RecordBatch {
         labels: vec![("job_account".into(), format!("acct-{host}"))],
         first_seen: start + 30 * S,
         last_seen: start + HOUR - 30 * S,
-        gpu_seconds: secs * scale,
-        idle_gpu_seconds: secs * scale / 7.0,
-        energy_joules: secs * scale * 350.5,
-        idle_energy_joules: secs * scale * 20.25,
+        gpu_seconds: secs,
+        idle_gpu_seconds: secs / 7.0,
+        energy_joules: secs * 350.5,
+        idle_energy_joules: secs * 20.25,
         limiter: Some(LIMITERS[(h % 3) as usize].into()),
         samples: 60,
         interval_seconds: 60.0,
         parts: Vec::new(),
+    }
+}
+
+/// Hour `h` (from six hours before `D0`) of three kinds of job: one on two GPUs through all
+/// 60 hours, one crossing the first day's end, and one an hour long each hour; `scale`
+/// changes the hour's sums (a refold).
+fn hour(h: i64, scale: f64) -> RecordBatch {
+    let start = D0 - 6 * HOUR + h * HOUR;
+    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| {
+        usage_row((start, h), (job, host, gpu, model), secs * scale)
     };
     let mut rows = vec![
         usage("long", "a", "g0", "NVIDIA H100 80GB HBM3", 3_590.0),
@@ -75,10 +87,10 @@ async fn server(
     (e, ledger)
 }
 
-type Rows = Vec<serde_json::Map<String, serde_json::Value>>;
+pub(super) type Rows = Vec<serde_json::Map<String, serde_json::Value>>;
 
 /// Equal rows, numbers to a relative 1e-9 (sums in another order).
-fn same(got: &Rows, want: &Rows, what: &str) {
+pub(super) fn same(got: &Rows, want: &Rows, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: rows");
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.len(), w.len(), "{what}: columns");

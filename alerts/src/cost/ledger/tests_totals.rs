@@ -10,7 +10,8 @@ use gpuwatch_store::clock::{Clock, ManualClock};
 use gpuwatch_store::schema::Table;
 use gpuwatch_store::{ReadStore, Store, StoreConfig};
 
-use super::table::{UsageRow, hour_rows};
+use super::table::hour_rows;
+use super::tests_days::{Rows, same, usage_row};
 use super::*;
 use crate::cost::tests::json_rows as rows;
 
@@ -24,25 +25,8 @@ const DAY: i64 = days::DAY;
 /// one host on the second day.
 fn hour(h: i64) -> RecordBatch {
     let start = D0 + h * HOUR;
-    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| UsageRow {
-        job_id: job.into(),
-        host: host.into(),
-        gpu_uuid: gpu.into(),
-        gpu_model: Some(model.into()),
-        scheduler: Some("slurm".into()),
-        job_user: Some(format!("user-{}", job.len())),
-        job_name: Some(format!("name-{job}")),
-        labels: vec![("job_account".into(), format!("acct-{host}"))],
-        first_seen: start + 30 * S,
-        last_seen: start + HOUR - 30 * S,
-        gpu_seconds: secs,
-        idle_gpu_seconds: secs / 7.0,
-        energy_joules: secs * 350.5,
-        idle_energy_joules: secs * 20.25,
-        limiter: Some(LIMITERS[(h % 3) as usize].into()),
-        samples: 60,
-        interval_seconds: 60.0,
-        parts: Vec::new(),
+    let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| {
+        usage_row((start, h), (job, host, gpu, model), secs)
     };
     let (h100, a100) = ("NVIDIA H100 80GB HBM3", "NVIDIA A100");
     let mut rows = Vec::new();
@@ -84,8 +68,6 @@ fn open(
     Arc::new(Store::open(config, clock.clone()).expect("store"))
 }
 
-type Rows = Vec<serde_json::Map<String, serde_json::Value>>;
-
 async fn jobs(e: &QueryEngine) -> Rows {
     rows(e, "SELECT * FROM jobs ORDER BY job_id, host").await
 }
@@ -110,24 +92,6 @@ async fn by_jobs(e: &QueryEngine) -> Rows {
          FROM jobs ORDER BY job_id, host",
     )
     .await
-}
-
-/// Equal rows, numbers to a relative 1e-9 (sums in another order).
-fn same(got: &Rows, want: &Rows, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: rows {got:?}");
-    for (g, w) in got.iter().zip(want) {
-        assert_eq!(g.len(), w.len(), "{what}: columns");
-        for (k, a) in w {
-            let b = &g[k];
-            match (a.as_f64(), b.as_f64()) {
-                (Some(x), Some(y)) => assert!(
-                    (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
-                    "{what}: {k}: {y} where {x} was wanted in {w:?}"
-                ),
-                _ => assert_eq!(b, a, "{what}: {k} in {w:?}"),
-            }
-        }
-    }
 }
 
 async fn server(
