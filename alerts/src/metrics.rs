@@ -26,8 +26,8 @@ pub const QUEUED: &str = "gpuwatch_notifications_queued";
 
 /// End of the hours the job-usage ledger has folded (Unix seconds; 0 before the first fold).
 pub const LEDGER_WATERMARK: &str = "gpuwatch_jobs_ledger_watermark_seconds";
-/// End of the days whose finished jobs the jobs view reads from their totals (Unix seconds; 0
-/// before any).
+/// Start of the oldest day of the job ledger whose jobs' totals are not written yet: every
+/// earlier day's are (Unix seconds; 0 while the ledger is empty).
 pub const LEDGER_TOTALS_END: &str = "gpuwatch_jobs_ledger_totals_end_seconds";
 /// Hours the job-usage ledger holds.
 pub const LEDGER_HOURS: &str = "gpuwatch_jobs_ledger_hours";
@@ -59,7 +59,7 @@ pub fn samples(a: &Alerting) -> Vec<Sample> {
         out.push(Sample::new(
             LEDGER_TOTALS_END,
             Kind::Gauge,
-            "End of the days whose finished jobs the jobs view reads from their totals (the others from the ledger's hours and days)",
+            "Start of the oldest ledger day whose jobs' totals are not written yet (the jobs view reads finished jobs of the earlier days from their totals)",
             (snap.totals_end().unwrap_or(0) / 1_000_000_000) as f64,
         ));
         out.push(Sample::new(

@@ -28,8 +28,10 @@
 //!
 //! Data flow: [`JobLedger::run`] (`sync.rs`) loads what the table holds at start, folds closed
 //! hours (queries `gpu_metrics` one hour at a time through the engine), writes each
-//! (`Store::replace_hour`) and publishes a [`Snapshot`] (watermark and seed); a server that does
-//! not fold (a query node) reloads it when the table's files change. [`JobsTable::scan`] plans
+//! (`Store::replace_hour`), then the sums of whole days ([`days`]) and the totals of the jobs
+//! last seen the day before yesterday ([`totals`]), and publishes a [`Snapshot`] (watermark,
+//! seed, the days and the totals' end); a server that does not fold (a query node) reloads it
+//! when the tables' files change. [`JobsTable::scan`] plans
 //! the view's SQL over the table before `W` and the raw samples after it, in a catalog of its
 //! own, so the two always agree.
 
@@ -147,6 +149,9 @@ pub struct Snapshot {
     /// What the `jobs` view reads of the per-job totals ([`totals`]); `None` while there are
     /// none.
     totals: Option<TotalsSnap>,
+    /// The start of the oldest ledger day whose totals are missing or stale (`None` while the
+    /// ledger is empty): every earlier day's are written.
+    totals_written: Option<i64>,
 }
 
 /// The per-job totals as the `jobs` view reads them.
@@ -202,9 +207,11 @@ fn views<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
 }
 
 impl Snapshot {
-    /// The end of the days whose finished jobs `jobs` reads from their totals.
+    /// The start of the oldest ledger day whose jobs' totals are missing or stale: the totals
+    /// of every earlier day are written (and `jobs` reads them, once the jobs' hours are
+    /// indexed).
     pub fn totals_end(&self) -> Option<i64> {
-        self.totals.as_ref().map(|t| t.end)
+        self.totals_written
     }
 
     fn empty() -> Self {
@@ -213,6 +220,7 @@ impl Snapshot {
             seed: RecordBatch::new_empty(seed_schema()),
             days: Vec::new(),
             totals: None,
+            totals_written: None,
         }
     }
 }
@@ -386,6 +394,7 @@ impl JobLedger {
                 .watermark
                 .map_or_else(Vec::new, |w| days::runs(&state.days.current, w)),
             totals: self.totals_view(state)?,
+            totals_written: state.totals.end(),
         });
         match self.snapshot.write() {
             Ok(mut s) => *s = snap,
