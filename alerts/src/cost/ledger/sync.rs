@@ -271,6 +271,7 @@ impl JobLedger {
         let started = std::time::Instant::now();
         let state = ctx.state();
         let mut written = 0;
+        let mut last: Vec<i64> = Vec::new();
         loop {
             let (due, runs, totals) = {
                 let s = self.lock();
@@ -281,9 +282,12 @@ impl JobLedger {
                     s.totals.clone(),
                 )
             };
-            if due.is_empty() {
+            // Days written stop being due; should the same days come back, the next pass
+            // tries again rather than this one looping.
+            if due.is_empty() || due == last {
                 break;
             }
+            last = due.clone();
             for &day in &due {
                 let (jobs, first) = self.spans().ending_in(day, day + days::DAY);
                 let d = totals::DayJobs {
