@@ -130,6 +130,22 @@ async fn totals_rows(e: &QueryEngine) -> Vec<String> {
     .collect()
 }
 
+/// Each job asked for alone (the totals then read only the file of its last day) has the rows
+/// it has among all.
+async fn each_job_alone(e: &QueryEngine, want: &Rows) {
+    let mut ids: Vec<&str> = want.iter().filter_map(|r| r["job_id"].as_str()).collect();
+    ids.dedup();
+    for id in ids {
+        let alone = rows(
+            e,
+            &format!("SELECT * FROM jobs WHERE job_id = '{id}' ORDER BY job_id, host"),
+        )
+        .await;
+        let among: Rows = want.iter().filter(|r| r["job_id"] == id).cloned().collect();
+        same(&alone, &among, &format!("job {id} alone"));
+    }
+}
+
 /// A store with the ledger's first 80 hours, its clock, and prices.
 fn setup(dir: &std::path::Path) -> (Arc<Store>, CostConfig, i64) {
     let clock = Arc::new(ManualClock::new(D0 + 10 * DAY));
@@ -217,6 +233,7 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
         ]
     );
     same(&jobs(&e).await, &want, "jobs from the totals");
+    each_job_alone(&e, &want).await;
     let multi: Vec<_> = want.iter().filter(|r| r["job_id"] == "multi").collect();
     assert_eq!(multi[0]["gpus"], 2, "both models' GPUs: {multi:?}");
     aggregates_plan(&e, &want).await;
@@ -268,6 +285,7 @@ async fn a_job_seen_again_days_later_keeps_one_row_with_all_its_hours() {
         &want,
         "jobs with a job back, before its totals",
     );
+    each_job_alone(&e, &jobs(&e).await).await;
     let (e, ledger) = server(&store, &cost, true, now).await;
     assert_eq!(
         ledger.snapshot().totals.as_ref().map(|t| t.end),
@@ -281,6 +299,7 @@ async fn a_job_seen_again_days_later_keeps_one_row_with_all_its_hours() {
             .collect::<Vec<_>>(),
         ["back b NVIDIA A100 1 1 day 3"]
     );
+    each_job_alone(&e, &jobs(&e).await).await;
     assert!(rows_now.contains(&"long a NVIDIA H100 80GB HBM3 2 1 day 2".to_string()));
     same(
         &by_jobs(&e).await,

@@ -194,6 +194,9 @@ FROM {from} GROUP BY {key}"#,
         if let Some(ids) = &t.jobs {
             within.push_str(&format!(" AND job_id IN ({ids})"));
         }
+        if let Some(days) = &t.days {
+            within.push_str(&format!(" AND {}", days::in_runs_sql(days)));
+        }
         let rows = format!(
             "(SELECT *, {price} AS price FROM {name} WHERE {within}) t",
             price = self.cost.price_sql(),
@@ -357,6 +360,9 @@ pub(super) struct TotalsRead {
     pub high: Option<i64>,
     /// The question's jobs, as an SQL list.
     pub jobs: Option<String>,
+    /// The days of the files holding the question's jobs (runs `[from, to)`; `None`: every
+    /// day): a job's row is in the file of the day of its last hour.
+    pub days: Option<Vec<(i64, i64)>>,
     /// The recent jobs with a row in the totals, which the view leaves out.
     pub overlap: Vec<String>,
 }
@@ -469,6 +475,10 @@ impl JobLedger {
             totals: None,
         };
         let jobs = read.job_list();
+        let days = read
+            .jobs
+            .as_deref()
+            .map(|asked| self.totals_days(asked, t.end));
         Ok(LedgerRead {
             totals: Some(TotalsRead {
                 end: t.end,
@@ -476,10 +486,35 @@ impl JobLedger {
                 low: ask.low,
                 high: ask.high,
                 jobs,
+                days,
                 overlap,
             }),
             ..read
         })
+    }
+
+    /// The days (runs `[from, to)`) of the totals' files that hold the jobs `asked`: the day
+    /// of each one's last hour, where that is before the totals' `end` (the others are read
+    /// from the hours and days). A job seen again after its file was written has its last
+    /// hour later, and is left out of the totals as an overlap.
+    fn totals_days(&self, asked: &[String], end: i64) -> Vec<(i64, i64)> {
+        let spans = self.spans();
+        let mut days: Vec<i64> = asked
+            .iter()
+            .filter_map(|j| spans.last_hour(j))
+            .filter(|&last| last < end)
+            .map(days::floor_day)
+            .collect();
+        days.sort_unstable();
+        days.dedup();
+        let mut runs: Vec<(i64, i64)> = Vec::new();
+        for d in days {
+            match runs.last_mut() {
+                Some((_, to)) if *to == d => *to = d + days::DAY,
+                _ => runs.push((d, d + days::DAY)),
+            }
+        }
+        runs
     }
 
     /// The jobs `jobs` reads from the ledger's hours and days when it reads the totals `t`
