@@ -171,8 +171,17 @@ async fn same_as_plain_view(e: &QueryEngine, cost: &CostConfig, what: &str) -> u
 async fn bounded_questions_agree(e: &QueryEngine, cost: &CostConfig, what: &str) {
     let plain = cost.jobs_sql(&crate::cost::JobsConfig::default());
     let order = " ORDER BY job_id, host";
-    let first_job = rows(e, "SELECT min(job_id) AS j FROM jobs").await[0]["j"].clone();
-    let first_job = first_job.as_str().expect("a job");
+    // One job each: the first by id, the last seen (raw samples after the watermark) and the
+    // first to end (none: its question reads no raw samples).
+    let mut one_job = Vec::new();
+    for q in [
+        "SELECT min(job_id) AS j FROM jobs",
+        "SELECT job_id AS j FROM jobs ORDER BY last_seen DESC, job_id LIMIT 1",
+        "SELECT job_id AS j FROM jobs ORDER BY last_seen, job_id LIMIT 1",
+    ] {
+        let j = rows(e, q).await[0]["j"].clone();
+        one_job.push(format!("job_id = '{}'", j.as_str().expect("a job")));
+    }
     let mut asks: Vec<String> = (0..7)
         .map(|k| {
             format!(
@@ -181,7 +190,7 @@ async fn bounded_questions_agree(e: &QueryEngine, cost: &CostConfig, what: &str)
             )
         })
         .collect();
-    asks.push(format!("job_id = '{first_job}'"));
+    asks.extend(one_job);
     asks.push(format!(
         "last_seen BETWEEN to_timestamp_nanos({}) AND to_timestamp_nanos({}) AND first_seen <= to_timestamp_nanos({})",
         T0 + 2 * H,

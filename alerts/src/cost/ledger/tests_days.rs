@@ -230,8 +230,7 @@ fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
     let runs = [(D0 - days::DAY, D0 + 2 * days::DAY)];
     let read = |hours| view::LedgerRead {
         hours,
-        jobs: None,
-        totals: None,
+        ..Default::default()
     };
     let (hours, on_days) = read(Some((D0 + 30 * HOUR, D0 + 35 * HOUR))).condition(Some(w), &runs);
     let on_days = on_days.expect("a day is read from the sums");
@@ -245,9 +244,8 @@ fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
     let (_, none) = read(Some((D0 + 50 * HOUR, D0 + 60 * HOUR))).condition(Some(w), &runs);
     assert_eq!(none, None, "hours after the rolled days");
     let all = view::LedgerRead {
-        hours: None,
         jobs: Some(Vec::new()),
-        totals: None,
+        ..Default::default()
     };
     assert_eq!(
         all.condition(Some(w), &runs),

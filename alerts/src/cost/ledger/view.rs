@@ -59,9 +59,11 @@ impl JobLedger {
             .collect();
         let gap = cost.max_sample_gap().as_nanos();
         let idle = num(cost.idle_utilization);
-        let after = watermark.map_or("true".to_string(), |w| {
-            format!("time >= to_timestamp_nanos({w})")
-        });
+        let after = match watermark {
+            _ if read.skip_raw => "false".to_string(),
+            Some(w) => format!("time >= to_timestamp_nanos({w})"),
+            None => "true".to_string(),
+        };
         let charge = charge_list_sql();
         let (before, in_days) = read.condition(watermark, days);
         let sums = format!(
@@ -345,6 +347,9 @@ pub(super) struct LedgerRead {
     /// The per-job totals `jobs` reads; the hours and days are then read for the jobs in
     /// [`RECENT`] only.
     pub totals: Option<TotalsRead>,
+    /// No job asked for has raw samples after the watermark: the raw samples are not read
+    /// (their per-GPU intervals cost a sort of the last hour's samples whatever the job).
+    pub skip_raw: bool,
 }
 
 /// What `jobs` reads of the per-job totals ([`totals`]).
@@ -447,17 +452,18 @@ impl JobLedger {
         else {
             return Ok(LedgerRead::default());
         };
-        let live = if ask.jobs.is_none() || totals.is_some() {
-            let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
-            spans::live(&ctx, w).await?
-        } else {
-            Default::default()
-        };
+        let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
+        let live = spans::live(&ctx, w).await?;
+        let skip_raw = ask
+            .jobs
+            .as_ref()
+            .is_some_and(|ids| !ids.iter().any(|j| live.contains(j)));
         let Some(t) = totals else {
             return Ok(LedgerRead {
                 hours: self.spans().range(&ask, &live, w),
                 jobs: ask.jobs,
                 totals: None,
+                skip_raw,
             });
         };
         let (ids, overlap) = self.recent_jobs(t, &live, ask.jobs.as_deref())?;
@@ -473,6 +479,7 @@ impl JobLedger {
             hours,
             jobs: ask.jobs,
             totals: None,
+            skip_raw,
         };
         let jobs = read.job_list();
         let days = read
