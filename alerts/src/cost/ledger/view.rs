@@ -89,7 +89,7 @@ impl JobLedger {
         UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
 ), d0 AS (
   SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge}, job_shares,
-    date_trunc('hour', time) AS hour,
+    date_bin(INTERVAL '1 hour', time) AS hour,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
     COALESCE(gpu_utilization < {idle}, false) AS idle
@@ -103,7 +103,7 @@ impl JobLedger {
     {class_sums}{charge_max}, hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
-  SELECT u.*, {price} AS price, date_trunc('day', hour) AS day FROM u
+  SELECT u.*, {price} AS price, date_bin(INTERVAL '1 day', hour) AS day FROM u
 )"#,
             class = self.class_sql(),
             price = cost.price_sql(),
