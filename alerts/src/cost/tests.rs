@@ -238,12 +238,14 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
         default_gpu_hour_usd: 3.0,
         ..CostConfig::default()
     };
-    // Job 7 holds one GPU on each of two hosts for 60 s; job 8 reports nothing.
+    // Job 7 holds one GPU on each of two hosts for 60 s; job 8 reports nothing; job 9 holds
+    // one GPU and reports its own count.
     let mut rows = Vec::new();
     for (host, gpu, job) in [
         ("n1", "GPU-a", "7"),
         ("n2", "GPU-b", "7"),
         ("n3", "GPU-c", "8"),
+        ("n4", "GPU-d", "9"),
     ] {
         for t in (0..=60).step_by(10) {
             rows.push(row(&Sample {
@@ -276,6 +278,10 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
     for (t, v) in [(10, 5.0), (50, 25.0)] {
         metrics.push(counter(t, "job.steps", "7", "0", v));
     }
+    // Job 9: 100 at its first export, then 200 more.
+    for (t, v) in [(10, 100.0), (50, 300.0)] {
+        metrics.push(counter(t, "job.samples", "9", "0", v));
+    }
     let e = engine_with(dir.path(), &rows, &metrics, &cost).await;
     let m = one_row(&e, "SELECT * FROM jobs WHERE job_id = '7' AND host = 'n1'").await;
     assert_eq!(m["work_unit"], "job.samples");
@@ -293,6 +299,24 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
     )
     .await;
     assert_eq!(f(&total, "w"), 1080.0);
+    // Every job at once: each job's work is split over its own rows only.
+    let all = json_rows(
+        &e,
+        "SELECT job_id, host, work_done FROM jobs WHERE work_done IS NOT NULL ORDER BY job_id, host",
+    )
+    .await;
+    let got: Vec<(String, f64)> = all
+        .iter()
+        .map(|r| (format!("{}/{}", r["job_id"], r["host"]), f(r, "work_done")))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (r#""7"/"n1""#.to_string(), 540.0),
+            (r#""7"/"n2""#.to_string(), 540.0),
+            (r#""9"/"n4""#.to_string(), 300.0)
+        ]
+    );
     let none = one_row(
         &e,
         "SELECT work_unit, work_done FROM jobs WHERE job_id = '8'",

@@ -121,17 +121,21 @@ impl WorkConfig {
 
     /// `WITH j AS (core), …, jw AS (…)`: `core`'s rows (one job may have several) with
     /// `work_unit` and `work_done`, the job's work split by the rows' GPU-seconds (evenly when
-    /// the job has none).
+    /// the job has none). The job's sums are a window over the rows of the jobs with work
+    /// only: the rows of the others share one partition (a window of a partition per job
+    /// took 1.5 s over a month of 10,000 GPUs' job days, whatever the work reported).
     fn work_split(&self, core: &str) -> String {
         format!(
             r#"WITH j AS (
 {core}
+), {work}, jk AS (
+  SELECT j.*, w.work_unit, w.work, CASE WHEN w.job_id IS NOT NULL THEN j.job_id END AS work_job
+  FROM j LEFT JOIN w ON w.job_id = j.job_id
 ), jt AS (
-  SELECT j.*, sum(gpu_seconds) OVER (PARTITION BY job_id) AS job_gpu_seconds, count(*) OVER (PARTITION BY job_id) AS job_rows FROM j
-), {work}, jw AS (
-  SELECT jt.*, w.work_unit,
-    w.work * CASE WHEN jt.job_gpu_seconds > 0 THEN jt.gpu_seconds / jt.job_gpu_seconds ELSE 1.0 / jt.job_rows END AS work_done
-  FROM jt LEFT JOIN w ON w.job_id = jt.job_id
+  SELECT jk.*, sum(gpu_seconds) OVER (PARTITION BY work_job) AS job_gpu_seconds, count(*) OVER (PARTITION BY work_job) AS job_rows FROM jk
+), jw AS (
+  SELECT jt.*, work * CASE WHEN job_gpu_seconds > 0 THEN gpu_seconds / job_gpu_seconds ELSE 1.0 / job_rows END AS work_done
+  FROM jt
 )"#,
             work = self.work_ctes(""),
         )
