@@ -243,6 +243,25 @@ pub(super) fn runs(current: &BTreeMap<i64, u64>, end: i64) -> Vec<(i64, i64)> {
     out
 }
 
+/// The parts of `[lo, hi)` outside `runs` (sorted, not overlapping), in order.
+pub(super) fn gaps(lo: i64, hi: i64, runs: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut at = lo;
+    for &(a, b) in runs {
+        if at >= hi {
+            break;
+        }
+        if a > at {
+            out.push((at, a.min(hi)));
+        }
+        at = at.max(b);
+    }
+    if at < hi {
+        out.push((at, hi));
+    }
+    out
+}
+
 /// The SQL condition on `time` of being in one of `runs`.
 pub(super) fn in_runs_sql(runs: &[(i64, i64)]) -> String {
     if runs.is_empty() {
@@ -260,6 +279,17 @@ pub(super) fn in_runs_sql(runs: &[(i64, i64)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gaps_are_what_the_runs_leave_of_a_range() {
+        let runs = [(10, 20), (30, 40)];
+        assert_eq!(gaps(0, 50, &runs), [(0, 10), (20, 30), (40, 50)]);
+        assert_eq!(gaps(12, 35, &runs), [(20, 30)]);
+        assert_eq!(gaps(10, 20, &runs), []);
+        assert_eq!(gaps(i64::MIN, 15, &runs), [(i64::MIN, 10)]);
+        assert_eq!(gaps(25, 25, &runs), []);
+        assert_eq!(gaps(0, 50, &[]), [(0, 50)]);
+    }
 
     #[test]
     fn consecutive_days_make_one_run_and_days_past_the_end_are_left_to_the_hours() {

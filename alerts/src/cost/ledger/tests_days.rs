@@ -240,7 +240,18 @@ fn a_bounded_read_takes_only_the_days_it_overlaps_from_the_daily_sums() {
         "{on_days}"
     );
     assert!(on_days.contains(&format!("time < {}", day(2))), "{on_days}");
-    assert!(hours.contains(&format!("NOT {}", on_days)), "{hours}");
+    assert_eq!(
+        hours, "false",
+        "the hours are all in the day read from the sums"
+    );
+    let (hours, on_days) = read(Some((D0 + 40 * HOUR, D0 + 60 * HOUR))).condition(Some(w), &runs);
+    assert!(on_days.is_some_and(|d| d.contains(&day(1))));
+    let at = |h: i64| format!("to_timestamp_nanos({})", D0 + h * HOUR);
+    assert_eq!(
+        hours,
+        format!("time >= {} AND time < {}", at(48), at(60)),
+        "the hours after the day, as a range"
+    );
     let (_, none) = read(Some((D0 + 50 * HOUR, D0 + 60 * HOUR))).condition(Some(w), &runs);
     assert_eq!(none, None, "hours after the rolled days");
     let all = view::LedgerRead {

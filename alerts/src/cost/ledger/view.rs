@@ -394,19 +394,21 @@ impl LedgerRead {
             .map(|&(a, b)| (a.max(first), b.min(end)))
             .filter(|(a, b)| a < b)
             .collect();
-        let hours = self.hour_condition(w);
+        let (lo, hi) = (from, to.min(w));
         if days.is_empty() {
-            return (hours, None);
+            return (self.hour_condition(&[(lo, hi)]), None);
         }
+        // The hours outside those days, as ranges (not `NOT days`, which prunes no file).
+        let hours = self.hour_condition(&days::gaps(lo, hi, &days));
         let in_days = days::in_runs_sql(&days);
-        let mut on_days = in_days.clone();
+        let mut on_days = in_days;
         if let Some(ids) = self.job_list() {
             on_days = format!("{on_days} AND job_id IN ({ids})");
         }
         if self.totals.is_some() {
             on_days = format!("{on_days} AND job_id IN (SELECT job_id FROM {RECENT})");
         }
-        (format!("{hours} AND NOT {in_days}"), Some(on_days))
+        (hours, Some(on_days))
     }
 
     /// The jobs as an SQL list, when the read names them (and at least one).
@@ -416,14 +418,21 @@ impl LedgerRead {
         (!list.is_empty()).then(|| list.join(", "))
     }
 
-    /// The condition on the ledger's hour rows.
-    fn hour_condition(&self, w: i64) -> String {
-        let mut c = match self.hours {
-            Some((from, to)) => format!(
-                "time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({})",
-                to.min(w)
-            ),
-            None => format!("time < to_timestamp_nanos({w})"),
+    /// The condition on the ledger's hour rows in `runs` (`[from, to)`; `i64::MIN`: no lower
+    /// bound).
+    fn hour_condition(&self, runs: &[(i64, i64)]) -> String {
+        let times: Vec<String> = runs
+            .iter()
+            .filter(|(a, b)| a < b)
+            .map(|&(a, b)| match a {
+                i64::MIN => format!("time < to_timestamp_nanos({b})"),
+                a => format!("time >= to_timestamp_nanos({a}) AND time < to_timestamp_nanos({b})"),
+            })
+            .collect();
+        let mut c = match times.as_slice() {
+            [] => "false".to_string(),
+            [one] => one.clone(),
+            many => format!("(({}))", many.join(") OR (")),
         };
         if let Some(ids) = self.job_list() {
             c = format!("{c} AND job_id IN ({ids})");
