@@ -299,9 +299,25 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
     )
     .await;
     assert_eq!(f(&total, "w"), 1080.0);
-    // Every job at once: each job's work is split over its own rows only.
-    let all = json_rows(
+    each_jobs_work_is_split_over_its_own_rows(&e).await;
+    let none = one_row(
         &e,
+        "SELECT work_unit, work_done FROM jobs WHERE job_id = '8'",
+    )
+    .await;
+    // Nulls are left out of the JSON rows.
+    assert!(
+        none.get("work_unit").is_none() && none.get("work_done").is_none(),
+        "{none:?}"
+    );
+    reports_name_the_work_unit(&e, &cost, usd).await;
+}
+
+/// Every job at once (no job filter to narrow the view's rows): each job's work is split over
+/// its own rows only.
+async fn each_jobs_work_is_split_over_its_own_rows(e: &QueryEngine) {
+    let all = json_rows(
+        e,
         "SELECT job_id, host, work_done FROM jobs WHERE work_done IS NOT NULL ORDER BY job_id, host",
     )
     .await;
@@ -317,32 +333,25 @@ async fn work_done_is_the_jobs_own_count_split_by_gpu_seconds_and_priced_per_uni
             (r#""9"/"n4""#.to_string(), 300.0)
         ]
     );
-    let none = one_row(
-        &e,
-        "SELECT work_unit, work_done FROM jobs WHERE job_id = '8'",
-    )
-    .await;
-    // Nulls are left out of the JSON rows.
-    assert!(
-        none.get("work_unit").is_none() && none.get("work_done").is_none(),
-        "{none:?}"
-    );
+}
 
-    // A site counter named in [jobs.work] is preferred over the standard ones.
+/// Job 7's report: a site counter named in [jobs.work] is preferred over the standard ones,
+/// and the standard ones give its samples and their price (`usd` a host's cost).
+async fn reports_name_the_work_unit(e: &QueryEngine, cost: &CostConfig, usd: f64) {
     let jobs = JobsConfig {
         work: WorkConfig {
             counters: vec!["job.steps".into()],
         },
         ..JobsConfig::default()
     };
-    let r = report::job_report(&e, &cost, &jobs, "7", T0 + 60 * S)
+    let r = report::job_report(e, cost, &jobs, "7", T0 + 60 * S)
         .await
         .expect("report")
         .expect("job 7");
     let w = r.work.expect("work");
     assert_eq!((w.unit.as_str(), w.done), ("job.steps", 25.0));
     assert_eq!(w.per_second, Some(25.0 / 60.0));
-    let r = report::job_report(&e, &cost, &JobsConfig::default(), "7", T0 + 60 * S)
+    let r = report::job_report(e, cost, &JobsConfig::default(), "7", T0 + 60 * S)
         .await
         .expect("report")
         .expect("job 7");
