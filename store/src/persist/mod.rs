@@ -316,12 +316,8 @@ mod tests {
         RecordBatch::try_new(schema, columns).expect("batch")
     }
 
-    /// The `job_id` bloom filter of the first row group of the one file under `dir`.
-    fn job_bloom(dir: &std::path::Path) -> Option<parquet::bloom_filter::Sbbf> {
-        let file = walkdir(dir)
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "parquet"))
-            .expect("a parquet file");
+    /// The `job_id` bloom filter of the first row group of the file at `rel`.
+    fn job_bloom(storage: &Storage, rel: &str) -> Option<parquet::bloom_filter::Sbbf> {
         let options = ReadOptionsBuilder::new()
             .with_reader_properties(
                 ReaderProperties::builder()
@@ -329,11 +325,9 @@ mod tests {
                     .build(),
             )
             .build();
-        let reader = SerializedFileReader::new_with_options(
-            std::fs::File::open(file).expect("open"),
-            options,
-        )
-        .expect("reader");
+        let reader =
+            SerializedFileReader::new_with_options(storage.read(rel).expect("read"), options)
+                .expect("reader");
         let rg = reader.get_row_group(0).expect("row group");
         let idx = reader
             .metadata()
@@ -344,19 +338,6 @@ mod tests {
             .position(|c| c.name() == "job_id")
             .expect("job_id");
         rg.get_column_bloom_filter(idx).cloned()
-    }
-
-    fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir).expect("read dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walkdir(&p));
-            } else {
-                out.push(p);
-            }
-        }
-        out
     }
 
     #[test]
@@ -370,8 +351,8 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().expect("tempdir");
             let storage = Storage::local(dir.path(), false).expect("storage");
-            write_file(&storage, table, &rows(table, &ids), 0, "t", 0, 0).expect("write");
-            let filter = job_bloom(dir.path());
+            let w = write_file(&storage, table, &rows(table, &ids), 0, "t", 0, 0).expect("write");
+            let filter = job_bloom(&storage, &w.meta.path);
             assert_eq!(filter.is_some(), bloom, "{table:?}");
             let Some(f) = filter else { continue };
             assert!(ids.iter().all(|j| f.check(j)), "every job is in the filter");
