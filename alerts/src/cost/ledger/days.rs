@@ -139,14 +139,26 @@ pub(super) async fn read(
     Ok(days)
 }
 
-/// The SQL of a day's rows: the usage rows summed per job, GPU and model.
-fn usage_sql(day: i64) -> String {
-    let sums: String = SUMMED
+/// The columns the daily sums and the totals sum: [`SUMMED`], then each limiter's seconds.
+pub(super) fn summed_columns() -> Vec<String> {
+    SUMMED
         .iter()
         .map(|c| c.to_string())
         .chain(LIMITERS.iter().map(|c| limiter::seconds_column(c)))
+        .collect()
+}
+
+/// `, sum(c) AS c` for each of `columns`.
+pub(super) fn sums_list(columns: &[String]) -> String {
+    columns
+        .iter()
         .map(|c| format!(", sum({c}) AS {c}"))
-        .collect();
+        .collect()
+}
+
+/// The SQL of a day's rows: the usage rows summed per job, GPU and model.
+fn usage_sql(day: i64) -> String {
+    let sums = sums_list(&summed_columns());
     format!(
         "SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler) AS scheduler, \
            max(job_user) AS job_user, max(job_name) AS job_name{charge}, \
@@ -233,8 +245,13 @@ pub(super) async fn roll(
 
 /// The current days that end by `end`, as runs of consecutive days `[from, to)`.
 pub(super) fn runs(current: &BTreeMap<i64, u64>, end: i64) -> Vec<(i64, i64)> {
+    day_runs(current.keys().copied().filter(|&d| d + DAY <= end))
+}
+
+/// Days (their starts, ascending, no repeats) as runs of consecutive days `[from, to)`.
+pub(super) fn day_runs(days: impl IntoIterator<Item = i64>) -> Vec<(i64, i64)> {
     let mut out: Vec<(i64, i64)> = Vec::new();
-    for &d in current.keys().filter(|&&d| d + DAY <= end) {
+    for d in days {
         match out.last_mut() {
             Some((_, to)) if *to == d => *to = d + DAY,
             _ => out.push((d, d + DAY)),
@@ -262,18 +279,23 @@ pub(super) fn gaps(lo: i64, hi: i64, runs: &[(i64, i64)]) -> Vec<(i64, i64)> {
     out
 }
 
-/// The SQL condition on `time` of being in one of `runs`.
+/// The SQL condition on `time` of being in one of `runs` (`[from, to)`; a `from` of
+/// `i64::MIN` has no lower bound; empty runs are none): `false` for none, a conjunction for
+/// one, a parenthesised disjunction for more, so the result may always be joined with `AND`.
 pub(super) fn in_runs_sql(runs: &[(i64, i64)]) -> String {
-    if runs.is_empty() {
-        return "false".into();
-    }
     let any: Vec<String> = runs
         .iter()
-        .map(|(a, b)| {
-            format!("(time >= to_timestamp_nanos({a}) AND time < to_timestamp_nanos({b}))")
+        .filter(|(a, b)| a < b)
+        .map(|&(a, b)| match a {
+            i64::MIN => format!("time < to_timestamp_nanos({b})"),
+            a => format!("time >= to_timestamp_nanos({a}) AND time < to_timestamp_nanos({b})"),
         })
         .collect();
-    format!("({})", any.join(" OR "))
+    match any.as_slice() {
+        [] => "false".into(),
+        [one] => one.clone(),
+        many => format!("(({}))", many.join(") OR (")),
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use gpuwatch_store::Store;
 use gpuwatch_store::schema::Table;
 
 use super::super::charge_max_sql;
-use super::super::limiter::{self, LIMITERS};
+use super::super::limiter;
 use super::days::{self, DAY, floor_day};
 use super::{DfResult, plain, table};
 
@@ -158,31 +158,24 @@ async fn with_jobs(state: &SessionState, jobs: RecordBatch) -> DfResult<SessionC
 }
 
 /// The SQL of the totals of the jobs in [`JOB_LIST`] from the ledger's rows in `[from, to)`:
-/// the days in `runs` from the daily sums, the other hours from the hour rows.
+/// the days in `runs` from the daily sums, the other hours (as ranges, which prune files)
+/// from the hour rows.
 fn sums_sql(from: i64, to: i64, runs: &[(i64, i64)]) -> String {
-    let summed: Vec<String> = days::SUMMED
-        .iter()
-        .map(|c| c.to_string())
-        .chain(LIMITERS.iter().map(|c| limiter::seconds_column(c)))
-        .collect();
+    let summed = days::summed_columns();
     let charge = super::super::CHARGE_COLUMNS.join(", ");
     let cols = format!(
         "job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, {charge}, first_seen, last_seen, {}",
         summed.join(", ")
     );
-    let within = format!(
-        "job_id IN (SELECT job_id FROM {JOB_LIST}) AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({to})"
-    );
+    let jobs = format!("job_id IN (SELECT job_id FROM {JOB_LIST})");
     let in_days = days::in_runs_sql(runs);
-    let sums: String = summed
-        .iter()
-        .map(|c| format!(", sum({c}) AS {c}"))
-        .collect();
+    let in_hours = days::in_runs_sql(&days::gaps(from, to, runs));
+    let sums = days::sums_list(&summed);
     format!(
         "WITH u AS (
-  SELECT {cols} FROM {days} WHERE {within} AND {in_days}
+  SELECT {cols} FROM {days} WHERE {jobs} AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({to}) AND {in_days}
   UNION ALL
-  SELECT {cols} FROM {hours} WHERE {within} AND NOT {in_days}
+  SELECT {cols} FROM {hours} WHERE {jobs} AND {in_hours}
 ), g AS (
   SELECT job_id, host, gpu_model, max(scheduler) AS scheduler, max(job_user) AS job_user,
     max(job_name) AS job_name{charge_max}, min(first_seen) AS first_seen, max(last_seen) AS last_seen{sums},

@@ -421,19 +421,7 @@ impl LedgerRead {
     /// The condition on the ledger's hour rows in `runs` (`[from, to)`; `i64::MIN`: no lower
     /// bound).
     fn hour_condition(&self, runs: &[(i64, i64)]) -> String {
-        let times: Vec<String> = runs
-            .iter()
-            .filter(|(a, b)| a < b)
-            .map(|&(a, b)| match a {
-                i64::MIN => format!("time < to_timestamp_nanos({b})"),
-                a => format!("time >= to_timestamp_nanos({a}) AND time < to_timestamp_nanos({b})"),
-            })
-            .collect();
-        let mut c = match times.as_slice() {
-            [] => "false".to_string(),
-            [one] => one.clone(),
-            many => format!("(({}))", many.join(") OR (")),
-        };
+        let mut c = days::in_runs_sql(runs);
         if let Some(ids) = self.job_list() {
             c = format!("{c} AND job_id IN ({ids})");
         }
@@ -515,22 +503,13 @@ impl JobLedger {
     /// hour later, and is left out of the totals as an overlap.
     fn totals_days(&self, asked: &[String], end: i64) -> Vec<(i64, i64)> {
         let spans = self.spans();
-        let mut days: Vec<i64> = asked
+        let days: std::collections::BTreeSet<i64> = asked
             .iter()
             .filter_map(|j| spans.last_hour(j))
             .filter(|&last| last < end)
             .map(days::floor_day)
             .collect();
-        days.sort_unstable();
-        days.dedup();
-        let mut runs: Vec<(i64, i64)> = Vec::new();
-        for d in days {
-            match runs.last_mut() {
-                Some((_, to)) if *to == d => *to = d + days::DAY,
-                _ => runs.push((d, d + days::DAY)),
-            }
-        }
-        runs
+        days::day_runs(days)
     }
 
     /// The jobs `jobs` reads from the ledger's hours and days when it reads the totals `t`
