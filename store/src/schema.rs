@@ -317,11 +317,24 @@ pub const PROCESS_VALUE_COLUMNS: [(&str, ValueType); 2] = [
     ("sm_utilization", ValueType::Float),
 ];
 
+/// The NVML clock-event reason bits (`clock_event_reasons`) whose samples the `gpu_metrics`
+/// rollups count, one column each ([`clock_reason_column`]): a share of samples per reason stays
+/// exact over any rollup, where the bucket's largest bitmask hides the reasons seen beside it.
+pub const CLOCK_REASON_BITS: [i64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// The raw column whose bits [`CLOCK_REASON_BITS`] count.
+pub const CLOCK_REASON_SOURCE: &str = "clock_event_reasons";
+
+/// The rollup column counting the samples whose `clock_event_reasons` has `bit` set.
+pub fn clock_reason_column(bit: i64) -> String {
+    format!("clock_event_reasons_{bit}_samples")
+}
+
 /// How a table's rows are rolled up: its schema is `time`, then `labels` label columns (the
 /// groups), then the value columns `values` (aggregated); `seen` adds the group's first and
 /// last raw `time` (`first_seen`, `last_seen`) and each value column's count of values
 /// (`<col>_count`, so that means over several groups are exact), for tables whose rows come and
-/// go (processes).
+/// go (processes); `reasons` ends the schema with the per-bit counts of [`CLOCK_REASON_BITS`].
 #[derive(Debug, Clone)]
 pub struct RollupSpec {
     /// Label columns after `time`.
@@ -330,6 +343,8 @@ pub struct RollupSpec {
     pub values: Vec<(&'static str, ValueType)>,
     /// Whether the rollup keeps each group's first and last raw time and its values' counts.
     pub seen: bool,
+    /// Whether the rollup ends with the clock-event reasons' per-bit sample counts.
+    pub reasons: bool,
 }
 
 impl RollupSpec {
@@ -340,11 +355,13 @@ impl RollupSpec {
                 labels: LABEL_COLUMNS.len(),
                 values: VALUE_COLUMNS.iter().map(|c| (c.column, c.ty)).collect(),
                 seen: false,
+                reasons: true,
             }),
             Table::GpuProcesses => Some(RollupSpec {
                 labels: GPU_PROCESSES.fields().len() - 1 - PROCESS_VALUE_COLUMNS.len(),
                 values: PROCESS_VALUE_COLUMNS.to_vec(),
                 seen: true,
+                reasons: false,
             }),
             _ => None,
         }
@@ -357,6 +374,7 @@ fn rollup_schema(source: Table) -> SchemaRef {
         labels: 0,
         values: Vec::new(),
         seen: false,
+        reasons: false,
     });
     let mut fields: Vec<Field> = raw.fields()[..=spec.labels]
         .iter()
@@ -386,6 +404,11 @@ fn rollup_schema(source: Table) -> SchemaRef {
                 DataType::Int64,
                 false,
             ));
+        }
+    }
+    if spec.reasons {
+        for bit in CLOCK_REASON_BITS {
+            fields.push(Field::new(clock_reason_column(bit), DataType::Int64, true));
         }
     }
     Arc::new(Schema::new(fields))

@@ -1,8 +1,9 @@
 //! Rollups: `gpu_metrics` and `gpu_processes` rows of one hour aggregated per time bucket (a
 //! minute, an hour) and per distinct set of labels: the number of samples (for processes, the
 //! first and last time seen too), and the min, max, avg and last (the value at the latest `time`)
-//! of every value column ([`RollupSpec`]). Nulls are skipped; a column with no value in a group is
-//! null in every aggregate.
+//! of every value column ([`RollupSpec`]); for `gpu_metrics`, the samples whose clock-event
+//! reasons have each bit set. Nulls are skipped; a column with no value in a group is null in
+//! every aggregate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +18,10 @@ use arrow::row::{RowConverter, SortField};
 
 use crate::Result;
 use crate::persist::sort_batch;
-use crate::schema::{LABEL_COLUMNS, ROLLUP_SUFFIXES, RollupSpec, Table, ValueType};
+use crate::schema::{
+    CLOCK_REASON_BITS, CLOCK_REASON_SOURCE, LABEL_COLUMNS, ROLLUP_SUFFIXES, RollupSpec, Table,
+    ValueType,
+};
 
 /// Per group, the parts of one value column's rollup as they are gathered: the smallest and
 /// largest value, the weighted sum and weight of the mean, and the value at the latest time.
@@ -166,6 +170,9 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
             columns.push(count);
         }
     }
+    if spec.reasons {
+        columns.extend(reason_counts(batch, &of, n)?);
+    }
     let out = RecordBatch::try_new(schema, columns)?;
     sort_batch(table, &out)
 }
@@ -176,10 +183,11 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
 /// those of the latest hourly row with a job (null when no job held the GPU that day), so
 /// `job_id IS NULL` still tells a day without a job; per-job questions read the hourly rows.
 /// Values: the sum of `samples`, the min of the minima, the max of the maxima, the mean
-/// weighted by each row's samples, and the last value of the latest row that has one. A
-/// weighted mean over the daily rows equals the one over the hourly rows unless a value is null
-/// in some of a day's hours only (the rows count samples, not values). Only for rollups without
-/// value counts (not `gpu_processes`').
+/// weighted by each row's samples, the last value of the latest row that has one, and the
+/// clock-event reasons' counts summed (rows without counts left out). A weighted mean over the
+/// daily rows equals the one over the hourly rows unless a value is null in some of a day's
+/// hours only (the rows count samples, not values). Only for rollups without value counts (not
+/// `gpu_processes`').
 pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     let (width, spec) = table
         .rollup_nanos()
@@ -219,6 +227,11 @@ pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> 
         columns.extend([min, max, avg, last]);
         at += ROLLUP_SUFFIXES.len();
     }
+    if spec.reasons {
+        for k in 0..CLOCK_REASON_BITS.len() {
+            columns.push(Arc::new(present_sums(batch.column(at + k), &groups.of, n)?));
+        }
+    }
     let out = RecordBatch::try_new(table.schema(), columns)?;
     sort_batch(table, &out)
 }
@@ -244,6 +257,49 @@ fn sums(values: &Int64Array, of: &[usize], groups: usize) -> Int64Array {
         sum[g] = sum[g].saturating_add(values.value(i));
     }
     Int64Array::from(sum)
+}
+
+/// Per group, the sum of the non-null `values`; null where all are (rows of a rollup written
+/// before the column was).
+fn present_sums(values: &ArrayRef, of: &[usize], groups: usize) -> Result<Int64Array> {
+    let values = values
+        .as_primitive_opt::<Int64Type>()
+        .ok_or_else(|| crate::Error::BadRows("a reason count that is not Int64".into()))?;
+    let mut sum: Vec<Option<i64>> = vec![None; groups];
+    for (i, &g) in of.iter().enumerate() {
+        if values.is_valid(i) {
+            sum[g] = Some(sum[g].unwrap_or(0).saturating_add(values.value(i)));
+        }
+    }
+    Ok(Int64Array::from(sum))
+}
+
+/// Per group and bit of [`CLOCK_REASON_BITS`], the samples of `batch` (raw `gpu_metrics` rows)
+/// whose `clock_event_reasons` has the bit set; null in a group where no sample reported them.
+fn reason_counts(batch: &RecordBatch, of: &[usize], groups: usize) -> Result<Vec<ArrayRef>> {
+    let masks = batch
+        .column_by_name(CLOCK_REASON_SOURCE)
+        .and_then(|c| c.as_primitive_opt::<Int64Type>())
+        .ok_or_else(|| crate::Error::BadRows(format!("rows without {CLOCK_REASON_SOURCE}")))?;
+    let mut counts: Vec<Option<[i64; CLOCK_REASON_BITS.len()]>> = vec![None; groups];
+    for (i, &g) in of.iter().enumerate() {
+        if masks.is_null(i) {
+            continue;
+        }
+        let mask = masks.value(i);
+        let count = counts[g].get_or_insert_default();
+        for (k, bit) in CLOCK_REASON_BITS.iter().enumerate() {
+            if mask & bit != 0 {
+                count[k] += 1;
+            }
+        }
+    }
+    Ok((0..CLOCK_REASON_BITS.len())
+        .map(|k| {
+            let column: Int64Array = counts.iter().map(|c| c.map(|c| c[k])).collect();
+            Arc::new(column) as ArrayRef
+        })
+        .collect())
 }
 
 /// One value column's rollup parts (`min`, `max`, `avg`, `last`) of several rows regrouped:
@@ -496,6 +552,54 @@ mod tests {
             assert_eq!(i("memory_used_bytes_last", g), last_mem);
         }
         assert!(rollup_rollups(&hourly, Table::GpuMetrics1h).is_err());
+    }
+
+    /// Each clock-event reason bit's samples are counted per bucket and summed per day; a bucket
+    /// (or a day) where no sample reported reasons has no counts, not zeros.
+    #[test]
+    fn clock_reasons_are_counted_per_bit_and_summed_per_day() {
+        use crate::schema::{CLOCK_REASON_BITS, clock_reason_column};
+        let reasons = value_index("gpu.clock.event_reasons").expect("reasons");
+        let hour = 3_600_000_000_000i64;
+        let t0 = 20_833 * 86_400_000_000_000i64; // a UTC midnight
+        let mut rows = Vec::new();
+        // GPU-a: hour 0 masks 1, 5, none, 4, 0, 256; hour 1 none at all. GPU-b: never any.
+        let a = [Some(1), Some(5), None, Some(4), Some(0), Some(256), None, None];
+        for (k, mask) in a.into_iter().enumerate() {
+            for gpu in ["GPU-a", "GPU-b"] {
+                let mut r = GpuRow::new(t0 + (k as i64 / 6) * hour + k as i64 * 1_000_000_000);
+                r.labels[0] = Some("h".into());
+                r.labels[1] = Some(gpu.into());
+                r.values[reasons] = mask.filter(|_| gpu == "GPU-a").map(Cell::I);
+                rows.push(r);
+            }
+        }
+        let batch = WriteBatch::from_rows(&rows, &[]).expect("batch").batches[0]
+            .1
+            .clone();
+        let hourly = rollup(&batch, Table::GpuMetrics1h).expect("hourly");
+        let daily = rollup_rollups(&hourly, Table::GpuMetrics1d).expect("daily");
+        let count = |b: &RecordBatch, gpu: &str, at: i64, bit: i64| {
+            let gpus = col(b, "gpu_uuid").as_string::<i32>();
+            let times = b.column(0).as_primitive::<TimestampNanosecondType>();
+            let g = (0..b.num_rows())
+                .find(|&g| gpus.value(g) == gpu && times.value(g) == at)
+                .expect("row");
+            let c = col(b, &clock_reason_column(bit)).as_primitive::<Int64Type>();
+            c.is_valid(g).then(|| c.value(g))
+        };
+        let want = |bit: i64| match bit {
+            1 | 4 => Some(2),
+            256 => Some(1),
+            _ => Some(0),
+        };
+        for bit in CLOCK_REASON_BITS {
+            assert_eq!(count(&hourly, "GPU-a", t0, bit), want(bit), "bit {bit}");
+            assert_eq!(count(&hourly, "GPU-a", t0 + hour, bit), None, "no reasons");
+            assert_eq!(count(&hourly, "GPU-b", t0, bit), None, "no reasons");
+            assert_eq!(count(&daily, "GPU-a", t0, bit), want(bit), "bit {bit} a day");
+            assert_eq!(count(&daily, "GPU-b", t0, bit), None, "no reasons a day");
+        }
     }
 
     #[test]
