@@ -417,9 +417,16 @@ impl QueryEngine {
         let session = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("gpuwatch", "public");
+        let runtime = RuntimeEnvBuilder::new()
+            .with_metadata_cache_limit(crate::memory::metadata_cache_bytes(
+                config.ceiling.as_deref(),
+            ))
+            .build_arc()
+            .map_err(Error::from)?;
         // Partial aggregations over runs of equal keys (the files are sorted by host and GPU).
         let state = datafusion::execution::SessionStateBuilder::new()
             .with_config(session)
+            .with_runtime_env(runtime)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(crate::run_aggregate::RunAggregateRule))
             // The time limit inside running plans, from each query's session (see `session`).

@@ -12,7 +12,12 @@
 //!   byte, asked for step by step while a gzip body is inflated, so a decode bomb is refused
 //!   before it is built (503 + Retry-After while others hold the room; 413 when the request
 //!   alone needs more than the whole share).
-//! - the rest (a twentieth) is headroom for WAL replay, persistence, compaction and answers
+//! - the Parquet metadata cache (the footers and page indexes of the files queries read, kept
+//!   between queries): [`METADATA_SHARE`] of the limit, at least DataFusion's own 50 MiB
+//!   ([`metadata_cache_bytes`]). A year of 10,000 GPUs is some 2,000 rollup and ledger files
+//!   whose footers alone are over 100 MB: a smaller cache reads a year's daily footers again at
+//!   every question (0.2–0.4 s of a year-long panel).
+//! - the rest (a fortieth) is headroom for WAL replay, persistence, compaction and answers
 //!   being encoded.
 //!
 //! What no pool counts (a value a function builds, a batch being encoded) is watched through the
@@ -45,6 +50,13 @@ pub const DECODE_SHARE: f64 = 0.2;
 /// Bytes reserved per inflated byte of a write: the inflated body and the messages and rows
 /// decoding it builds (an estimated bound, not measured per kind of body).
 pub const DECODE_FACTOR: usize = 24;
+/// Share of the limit the Parquet metadata cache may hold.
+pub const METADATA_SHARE: f64 = 0.025;
+/// The smallest metadata cache (DataFusion's default), and the one without a ceiling is
+/// [`METADATA_CACHE_UNBOUNDED`].
+pub const METADATA_CACHE_MIN: usize = 50 << 20;
+/// The metadata cache of a process without a memory ceiling (`--memory-limit 0`).
+pub const METADATA_CACHE_UNBOUNDED: usize = 512 << 20;
 /// Least time between two requests to the allocator to return freed memory.
 pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// Resident memory, as a share of the limit, at which queries are refused and stopped.
@@ -57,6 +69,14 @@ pub const INGEST_STOP_AT: f64 = 0.95;
 pub const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// Share of the machine's (or cgroup's) memory `--memory-limit` defaults to.
 pub const DEFAULT_SHARE: f64 = 0.6;
+
+/// The size of the Parquet metadata cache under `ceiling`: [`METADATA_SHARE`] of its limit, at
+/// least [`METADATA_CACHE_MIN`]; [`METADATA_CACHE_UNBOUNDED`] without one.
+pub fn metadata_cache_bytes(ceiling: Option<&Ceiling>) -> usize {
+    ceiling.map_or(METADATA_CACHE_UNBOUNDED, |c| {
+        ((c.limit() as f64 * METADATA_SHARE) as usize).max(METADATA_CACHE_MIN)
+    })
+}
 
 /// The default `--memory-limit`: [`DEFAULT_SHARE`] of the machine's memory or of the cgroup's
 /// limit, whichever is lower; `None` when neither can be read.
