@@ -36,6 +36,8 @@ Subcommands:
   paths --dsn DSN ...   every panel target with a `gpu_metrics_1d` branch answers over each --range
                         as it does with that branch off (from the hourly rollups alone)
   series --dsn DSN ...  every panel target that draws at most N series draws min(N, all) of them
+  recent --dsn DSN ...  every variable that reads a recent window first (the job picker) answers
+                        as the same query over the whole range at once
   check --dsn DSN ...   run every variable query and panel target over each --range and check
                         the answers (exit 1 with a list of failures); --first-value RANGE and
                         --empty-each RANGE add runs with each multi-value variable at one value
@@ -706,6 +708,49 @@ def cmd_series(args):
     return report(errors, checked, "checked")
 
 
+# A variable that reads the last days of the range first and the rest only when they hold fewer
+# rows than its limit: `- INTERVAL '7 days'` bounds the window, `n < N` tests it, `LIMIT N`.
+RECENT_WINDOW = "INTERVAL '7 days'"
+
+
+def cmd_recent(args):
+    """Each variable that reads a recent window first answers as the same query over the whole
+    range at once (the window widened to it), with its own limit and with a limit of 20: on a
+    small fleet the first reads the rest of the range, the second the window alone. Prints how
+    many rows the window alone gives."""
+    conn = connect(args.dsn)
+    errors = []
+    checked = 0
+    to_s = parse_time(args.to) if args.to else time.time()
+    for fname, dash in load_dashboards(args.dashboards):
+        for rng in args.range:
+            from_s, _ = parse_range(rng, to_s)
+            values, _ = resolve_variables(conn, dash, from_s, to_s, errors, fname)
+            for v in query_variables(dash):
+                sql = variable_sql(v) or ""
+                m = re.search(r"\bn < (\d+)\b", sql)
+                if RECENT_WINDOW not in sql or not m:
+                    continue
+                for limit in (m.group(1), "20"):
+                    q = sql.replace(m.group(0), f"n < {limit}").replace(
+                        f"LIMIT {m.group(1)}", f"LIMIT {limit}")
+                    whole = q.replace(RECENT_WINDOW, "INTERVAL '100000 days'")
+                    window = q.replace(f"n < {limit}", "n < 0")
+                    where = f"{fname} / variable {v['name']} [{rng}] limit {limit}"
+                    try:
+                        got, want, alone = (run_sql(conn, expand(x, from_s, to_s, values))[1]
+                                            for x in (q, whole, window))
+                    except Exception as e:  # noqa: reported
+                        errors.append(f"{where}: {type(e).__name__}: {e}")
+                        continue
+                    checked += 1
+                    print(f"{where}: {len(got)} rows, {len(alone)} from the window alone")
+                    if got != want or not got:
+                        errors.append(f"{where}: {len(got)} rows, over the whole range at once "
+                                      f"{len(want)}, or in another order")
+    return report(errors, checked, "checked")
+
+
 def cmd_list(args):
     for fname, dash in load_dashboards(args.dashboards):
         for v in query_variables(dash):
@@ -804,7 +849,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("selftest")
     s.add_argument("fixture")
-    for name in ("check", "bench", "paths", "series"):
+    for name in ("check", "bench", "paths", "series", "recent"):
         s = sub.add_parser(name)
         s.add_argument("--dsn", required=True)
         s.add_argument("--dashboards", default="dashboards")
@@ -825,10 +870,12 @@ def main():
     s = sub.add_parser("list")
     s.add_argument("--dashboards", default="dashboards")
     args = ap.parse_args()
-    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths", "series"):
+    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths", "series",
+                                                             "recent"):
         args.range = ["6h"]
     return {"selftest": cmd_selftest, "check": cmd_check, "bench": cmd_bench,
-            "paths": cmd_paths, "series": cmd_series, "list": cmd_list}[args.cmd](args)
+            "paths": cmd_paths, "series": cmd_series, "recent": cmd_recent,
+            "list": cmd_list}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 //! ledger written through the store, the daily rollups rolled by the store's own maintenance):
 //! on 40 days of four GPUs, every panel target that reads `gpu_metrics_1d` answers over 35 and
 //! 39 days as it does from the hourly rollups alone (`grafana_sql.py paths`: the same SQL with
-//! the daily branches off); on 60 hosts, the Fleet panels draw at most 50 hosts or 100 GPUs
-//! (`grafana_sql.py series`).
+//! the daily branches off), and the Job dashboard's job picker, which reads the last 7 days
+//! first, as over the whole range (`grafana_sql.py recent`); on 60 hosts, the Fleet panels draw
+//! at most 50 hosts or 100 GPUs (`grafana_sql.py series`).
 
 use std::process::Command;
 
@@ -88,6 +89,30 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
             "{} panel queries compared, 0 failures",
             2 * targets
         )),
+        "{text}"
+    );
+    // The job picker reads the range's last 7 days first and the rest only when they hold fewer
+    // jobs than it lists: over 39 days it answers as over the whole range at once, both when
+    // the window alone answers (a limit of 20) and when the rest is read (its own 1,000).
+    let text = grafana_sql(&server, "recent", &["--range", "39d"]);
+    assert!(
+        text.contains("2 panel queries checked, 0 failures"),
+        "{text}"
+    );
+    assert!(
+        text.contains("limit 20: 20 rows, 20 from the window alone"),
+        "{text}"
+    );
+    let rest = text
+        .lines()
+        .find_map(|l| l.split_once("limit 1000: "))
+        .and_then(|(_, counts)| counts.split_once(" rows, "))
+        .and_then(|(all, alone)| {
+            let alone = alone.split_once(' ')?.0;
+            Some((all.parse::<usize>().ok()?, alone.parse::<usize>().ok()?))
+        });
+    assert!(
+        matches!(rest, Some((all, alone)) if all > alone && alone >= 20),
         "{text}"
     );
 }
