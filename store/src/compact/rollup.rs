@@ -184,10 +184,10 @@ pub fn rollup(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
 /// `job_id IS NULL` still tells a day without a job; per-job questions read the hourly rows.
 /// Values: the sum of `samples`, the min of the minima, the max of the maxima, the mean
 /// weighted by each row's samples, the last value of the latest row that has one, and the
-/// clock-event reasons' counts summed (rows without counts left out). A weighted mean over the
-/// daily rows equals the one over the hourly rows unless a value is null in some of a day's
-/// hours only (the rows count samples, not values). Only for rollups without value counts (not
-/// `gpu_processes`').
+/// clock-event reasons' counts summed (null if a row reported reasons it did not count). A
+/// weighted mean over the daily rows equals the one over the hourly rows unless a value is null
+/// in some of a day's hours only (the rows count samples, not values). Only for rollups without
+/// value counts (not `gpu_processes`').
 pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> {
     let (width, spec) = table
         .rollup_nanos()
@@ -228,8 +228,12 @@ pub fn rollup_rollups(batch: &RecordBatch, table: Table) -> Result<RecordBatch> 
         at += ROLLUP_SUFFIXES.len();
     }
     if spec.reasons {
+        let reported = batch
+            .column_by_name(&format!("{CLOCK_REASON_SOURCE}_max"))
+            .ok_or_else(|| crate::Error::BadRows("rollup rows without reasons".into()))?;
         for k in 0..CLOCK_REASON_BITS.len() {
-            columns.push(Arc::new(present_sums(batch.column(at + k), &groups.of, n)?));
+            let counts = batch.column(at + k);
+            columns.push(Arc::new(count_sums(counts, reported, &groups.of, n)?));
         }
     }
     let out = RecordBatch::try_new(table.schema(), columns)?;
@@ -259,19 +263,32 @@ fn sums(values: &Int64Array, of: &[usize], groups: usize) -> Int64Array {
     Int64Array::from(sum)
 }
 
-/// Per group, the sum of the non-null `values`; null where all are (rows of a rollup written
-/// before the column was).
-fn present_sums(values: &ArrayRef, of: &[usize], groups: usize) -> Result<Int64Array> {
-    let values = values
+/// Per group, the sum of a reason's `counts`: null where no row reported reasons, and where a
+/// row reported some (`reported`, its largest bitmask, is set) without counting them (rolled up
+/// before the counts existed), since a sum over some of the day's hours would read as the day's.
+fn count_sums(
+    counts: &ArrayRef,
+    reported: &ArrayRef,
+    of: &[usize],
+    groups: usize,
+) -> Result<Int64Array> {
+    let counts = counts
         .as_primitive_opt::<Int64Type>()
         .ok_or_else(|| crate::Error::BadRows("a reason count that is not Int64".into()))?;
     let mut sum: Vec<Option<i64>> = vec![None; groups];
+    let mut uncounted = vec![false; groups];
     for (i, &g) in of.iter().enumerate() {
-        if values.is_valid(i) {
-            sum[g] = Some(sum[g].unwrap_or(0).saturating_add(values.value(i)));
+        if counts.is_valid(i) {
+            sum[g] = Some(sum[g].unwrap_or(0).saturating_add(counts.value(i)));
+        } else if reported.is_valid(i) {
+            uncounted[g] = true;
         }
     }
-    Ok(Int64Array::from(sum))
+    Ok(sum
+        .into_iter()
+        .zip(uncounted)
+        .map(|(s, u)| s.filter(|_| !u))
+        .collect())
 }
 
 /// Per group and bit of [`CLOCK_REASON_BITS`], the samples of `batch` (raw `gpu_metrics` rows)
@@ -555,7 +572,8 @@ mod tests {
     }
 
     /// Each clock-event reason bit's samples are counted per bucket and summed per day; a bucket
-    /// (or a day) where no sample reported reasons has no counts, not zeros.
+    /// (or a day) where no sample reported reasons has no counts, not zeros, and so has a day
+    /// with an hour that reported reasons without counts.
     #[test]
     fn clock_reasons_are_counted_per_bit_and_summed_per_day() {
         use crate::schema::{CLOCK_REASON_BITS, clock_reason_column};
@@ -564,7 +582,16 @@ mod tests {
         let t0 = 20_833 * 86_400_000_000_000i64; // a UTC midnight
         let mut rows = Vec::new();
         // GPU-a: hour 0 masks 1, 5, none, 4, 0, 256; hour 1 none at all. GPU-b: never any.
-        let a = [Some(1), Some(5), None, Some(4), Some(0), Some(256), None, None];
+        let a = [
+            Some(1),
+            Some(5),
+            None,
+            Some(4),
+            Some(0),
+            Some(256),
+            None,
+            None,
+        ];
         for (k, mask) in a.into_iter().enumerate() {
             for gpu in ["GPU-a", "GPU-b"] {
                 let mut r = GpuRow::new(t0 + (k as i64 / 6) * hour + k as i64 * 1_000_000_000);
@@ -593,12 +620,46 @@ mod tests {
             256 => Some(1),
             _ => Some(0),
         };
+        // An hour rolled up before the counts existed (GPU-a's second: reasons reported, none
+        // counted): the day has no counts rather than those of its first hour alone.
+        let gpus = col(&hourly, "gpu_uuid").as_string::<i32>();
+        let times = hourly.column(0).as_primitive::<TimestampNanosecondType>();
+        let second = (0..hourly.num_rows())
+            .find(|&g| gpus.value(g) == "GPU-a" && times.value(g) == t0 + hour)
+            .expect("GPU-a's second hour");
+        let max = hourly
+            .schema()
+            .index_of("clock_event_reasons_max")
+            .expect("max");
+        let reported: Int64Array = (0..hourly.num_rows())
+            .map(|g| {
+                let m = hourly.column(max).as_primitive::<Int64Type>();
+                if g == second {
+                    Some(4)
+                } else {
+                    m.is_valid(g).then(|| m.value(g))
+                }
+            })
+            .collect();
+        let mut columns = hourly.columns().to_vec();
+        columns[max] = Arc::new(reported);
+        let mixed = RecordBatch::try_new(hourly.schema(), columns).expect("batch");
+        let day = rollup_rollups(&mixed, Table::GpuMetrics1d).expect("daily");
         for bit in CLOCK_REASON_BITS {
             assert_eq!(count(&hourly, "GPU-a", t0, bit), want(bit), "bit {bit}");
             assert_eq!(count(&hourly, "GPU-a", t0 + hour, bit), None, "no reasons");
             assert_eq!(count(&hourly, "GPU-b", t0, bit), None, "no reasons");
-            assert_eq!(count(&daily, "GPU-a", t0, bit), want(bit), "bit {bit} a day");
+            assert_eq!(
+                count(&daily, "GPU-a", t0, bit),
+                want(bit),
+                "bit {bit} a day"
+            );
             assert_eq!(count(&daily, "GPU-b", t0, bit), None, "no reasons a day");
+            assert_eq!(
+                count(&day, "GPU-a", t0, bit),
+                None,
+                "an hour's reasons uncounted"
+            );
         }
     }
 
