@@ -571,6 +571,33 @@ mod tests {
         assert!(rollup_rollups(&hourly, Table::GpuMetrics1h).is_err());
     }
 
+    /// `hourly` with the row of `gpu` at `at` reporting reasons (largest bitmask 4) that its
+    /// counts (null) do not hold, as a row rolled up before the counts existed.
+    fn reported_uncounted(hourly: &RecordBatch, gpu: &str, at: i64) -> RecordBatch {
+        let gpus = col(hourly, "gpu_uuid").as_string::<i32>();
+        let times = hourly.column(0).as_primitive::<TimestampNanosecondType>();
+        let row = (0..hourly.num_rows())
+            .find(|&g| gpus.value(g) == gpu && times.value(g) == at)
+            .expect("the row");
+        let max = hourly
+            .schema()
+            .index_of("clock_event_reasons_max")
+            .expect("max");
+        let m = hourly.column(max).as_primitive::<Int64Type>();
+        let reported: Int64Array = (0..hourly.num_rows())
+            .map(|g| {
+                if g == row {
+                    Some(4)
+                } else {
+                    m.is_valid(g).then(|| m.value(g))
+                }
+            })
+            .collect();
+        let mut columns = hourly.columns().to_vec();
+        columns[max] = Arc::new(reported);
+        RecordBatch::try_new(hourly.schema(), columns).expect("batch")
+    }
+
     /// Each clock-event reason bit's samples are counted per bucket and summed per day; a bucket
     /// (or a day) where no sample reported reasons has no counts, not zeros, and so has a day
     /// with an hour that reported reasons without counts.
@@ -622,28 +649,7 @@ mod tests {
         };
         // An hour rolled up before the counts existed (GPU-a's second: reasons reported, none
         // counted): the day has no counts rather than those of its first hour alone.
-        let gpus = col(&hourly, "gpu_uuid").as_string::<i32>();
-        let times = hourly.column(0).as_primitive::<TimestampNanosecondType>();
-        let second = (0..hourly.num_rows())
-            .find(|&g| gpus.value(g) == "GPU-a" && times.value(g) == t0 + hour)
-            .expect("GPU-a's second hour");
-        let max = hourly
-            .schema()
-            .index_of("clock_event_reasons_max")
-            .expect("max");
-        let reported: Int64Array = (0..hourly.num_rows())
-            .map(|g| {
-                let m = hourly.column(max).as_primitive::<Int64Type>();
-                if g == second {
-                    Some(4)
-                } else {
-                    m.is_valid(g).then(|| m.value(g))
-                }
-            })
-            .collect();
-        let mut columns = hourly.columns().to_vec();
-        columns[max] = Arc::new(reported);
-        let mixed = RecordBatch::try_new(hourly.schema(), columns).expect("batch");
+        let mixed = reported_uncounted(&hourly, "GPU-a", t0 + hour);
         let day = rollup_rollups(&mixed, Table::GpuMetrics1d).expect("daily");
         for bit in CLOCK_REASON_BITS {
             assert_eq!(count(&hourly, "GPU-a", t0, bit), want(bit), "bit {bit}");
