@@ -32,6 +32,25 @@ fn engine(config: EngineConfig) -> QueryEngine {
     QueryEngine::new(Arc::new(Fixed(batches)), config).expect("engine")
 }
 
+/// The engine's runtime, which every query's own runtime shares, caches Parquet metadata up to
+/// its share of the memory ceiling.
+#[test]
+fn the_metadata_cache_is_sized_by_the_ceiling() {
+    let ceiling = crate::memory::Ceiling::new(16 << 30);
+    let want = crate::memory::metadata_cache_bytes(Some(&ceiling));
+    let engine = QueryEngine::new(
+        Arc::new(Fixed(Vec::new())),
+        EngineConfig {
+            ceiling: Some(ceiling),
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    let runtime = engine.context().runtime_env();
+    assert_eq!(runtime.cache_manager.get_metadata_cache_limit(), want);
+    assert_ne!(want, crate::memory::METADATA_CACHE_MIN);
+}
+
 const HEAVY: &str = "SELECT metric, array_agg(labels['k'] ORDER BY value) AS ks FROM metrics GROUP BY metric ORDER BY metric";
 
 #[tokio::test]

@@ -129,41 +129,18 @@ fn proc_fields_parse() {
     assert!(default_limit().expect("meminfo") > 0);
 }
 
-/// The metadata cache is a share of the ceiling (DataFusion's 50 MiB at least), and the engine's
-/// runtime, which every query's own runtime shares, has that size.
+/// The metadata cache is a share of the ceiling (DataFusion's 50 MiB at least); the engine's
+/// runtime has that size (`engine::tests`).
 #[test]
 fn the_metadata_cache_is_a_share_of_the_ceiling() {
     let gib = 1usize << 30;
-    let big = Ceiling::new(16 * gib);
-    assert_eq!(metadata_cache_bytes(Some(&big)), 16 * gib / 40);
+    assert_eq!(
+        metadata_cache_bytes(Some(&Ceiling::new(16 * gib))),
+        16 * gib / 40
+    );
     assert_eq!(
         metadata_cache_bytes(Some(&Ceiling::new(gib))),
         METADATA_CACHE_MIN
     );
     assert_eq!(metadata_cache_bytes(None), METADATA_CACHE_UNBOUNDED);
-
-    #[derive(Debug)]
-    struct NoRows;
-    impl gpuwatch_store::ReadStore for NoRows {
-        fn snapshot(&self, _: gpuwatch_store::schema::Table) -> gpuwatch_store::TableSnapshot {
-            gpuwatch_store::TableSnapshot {
-                batches: Vec::new(),
-                files: Vec::new(),
-                warnings: Vec::new(),
-            }
-        }
-    }
-    let engine = crate::QueryEngine::new(
-        Arc::new(NoRows),
-        crate::EngineConfig {
-            ceiling: Some(big),
-            ..crate::EngineConfig::default()
-        },
-    )
-    .expect("engine");
-    let runtime = engine.context().runtime_env();
-    assert_eq!(
-        runtime.cache_manager.get_metadata_cache_limit(),
-        16 * gib / 40
-    );
 }
