@@ -52,8 +52,7 @@ pub const DECODE_SHARE: f64 = 0.2;
 pub const DECODE_FACTOR: usize = 24;
 /// Share of the limit the Parquet metadata cache may hold.
 pub const METADATA_SHARE: f64 = 0.025;
-/// The smallest metadata cache (DataFusion's default), and the one without a ceiling is
-/// [`METADATA_CACHE_UNBOUNDED`].
+/// The smallest metadata cache under a ceiling (DataFusion's own default).
 pub const METADATA_CACHE_MIN: usize = 50 << 20;
 /// The metadata cache of a process without a memory ceiling (`--memory-limit 0`).
 pub const METADATA_CACHE_UNBOUNDED: usize = 512 << 20;
