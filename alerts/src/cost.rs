@@ -206,7 +206,8 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(joules) AS energy_joules,
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, max(gpu_model) AS gpu_model{charge_max}
+  {limiter} AS limiter, max(gpu_model) AS gpu_model,
+  nullif(count(*) OVER (PARTITION BY job_id), 0) AS job_host_count{charge_max}
 FROM d GROUP BY job_id, host"#,
             ctes = self.sample_ctes(advice, &charge_list_sql(), gpus, filter),
         )

@@ -269,6 +269,8 @@ struct State {
     totals: totals::Totals,
     /// The jobs seen at or after the totals' end that also have a row in them.
     overlap: Vec<String>,
+    /// Whether the totals files of an earlier release were given their jobs' host counts.
+    hosts_filled: bool,
 }
 
 /// The ledger of one server.

@@ -142,14 +142,14 @@ impl WorkConfig {
     }
 
     /// The `jobs` view's statement: `core` (a statement with one row per job and host) with
-    /// the work columns added: `gpu_model` is kept, then `work_unit`, `work_done`,
+    /// the work columns added: `gpu_model` and `job_host_count` are kept, then `work_unit`, `work_done`,
     /// `work_per_second` (over the row's first to last sample), `work_per_gpu_hour` and
     /// `usd_per_million_units`.
     pub(crate) fn jobs_with_work(&self, core: &str) -> String {
         format!(
             r#"{split}
 SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds, share, idle_gpu_seconds,
-  energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, work_unit, work_done,
+  energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, job_host_count, work_unit, work_done,
   CASE WHEN last_seen > first_seen THEN work_done / (CAST(CAST(last_seen AS BIGINT) - CAST(first_seen AS BIGINT) AS DOUBLE) / 1e9) END AS work_per_second,
   CASE WHEN gpu_seconds > 0 THEN work_done / (gpu_seconds / 3600.0) END AS work_per_gpu_hour,
   CASE WHEN work_done > 0 THEN cost_usd / work_done * 1e6 END AS usd_per_million_units{charge}

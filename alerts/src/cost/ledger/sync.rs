@@ -73,7 +73,7 @@ impl JobLedger {
         };
         if fold {
             self.roll_due(ctx, store).await?;
-            let written = self.total_due(ctx, store).await?;
+            let written = self.total_due(ctx, store).await? + self.fill_hosts(ctx, store).await?;
             if folded > 0 || written > 0 {
                 self.find_overlap(ctx).await?;
             }
@@ -93,6 +93,7 @@ impl JobLedger {
             loaded: true,
             files,
             oldest_raw_hour: oldest,
+            hosts_filled: self.lock().hosts_filled,
             ..State::default()
         };
         match oldest {
@@ -310,6 +311,25 @@ impl JobLedger {
             );
         }
         Ok(written)
+    }
+
+    /// Once per server, gives the totals files of an earlier release their jobs' host counts
+    /// ([`totals::fill_job_host_count`]); until then the `jobs` rows read from them have none.
+    async fn fill_hosts(&self, ctx: &SessionContext, store: &Arc<Store>) -> DfResult<usize> {
+        if self.lock().hosts_filled {
+            return Ok(0);
+        }
+        let started = std::time::Instant::now();
+        let filled = totals::fill_job_host_count(ctx, store).await?;
+        self.lock().hosts_filled = true;
+        if filled > 0 {
+            tracing::info!(
+                days = filled,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "job ledger: jobs' host counts added to the totals of an earlier release"
+            );
+        }
+        Ok(filled)
     }
 
     /// The earliest folded hour (from the oldest raw sample's on) whose `gpu_metrics_1h`

@@ -79,6 +79,7 @@ fn columns() -> Vec<Field> {
             .map(|c| Field::new(*c, DataType::Int64, true)),
     );
     f.push(text(TOTALS_LIMITER));
+    f.push(Field::new(JOB_HOST_COUNT, DataType::Int64, true));
     f
 }
 
@@ -87,6 +88,9 @@ fn columns() -> Vec<Field> {
 pub(super) const TOTALS_ONLY: [&str; 2] = ["gpus", "host_models"];
 /// And the class with the most of the row's seconds ([`limiter::argmax_sql`]).
 pub(super) const TOTALS_LIMITER: &str = "limiter";
+/// And the hosts the job used (every row of a job has the same; added after the others, so
+/// older files lack it: [`super::totals::fill_job_host_count`]). Also a column of `jobs`.
+pub(super) const JOB_HOST_COUNT: &str = "job_host_count";
 
 /// Declares the table's columns to the store; runs before the store opens (the server's start,
 /// and [`super::JobLedger::new`] for a process that opened none yet).
@@ -224,6 +228,7 @@ pub(super) fn hour_batch(hour: i64, fold: &HourFold) -> DfResult<RecordBatch> {
     }
     c.extend(TOTALS_ONLY.iter().map(|_| ints(rows.iter().map(|_| None))));
     c.push(texts(rows.iter().map(|_| None)));
+    c.push(ints(rows.iter().map(|_| None)));
     let schema = Table::JobLedger.schema();
     if schema.fields().len() != c.len() {
         return Err(plain(format!(

@@ -22,7 +22,7 @@ const DAY: i64 = days::DAY;
 
 /// The jobs' usage rows in hour `h` from `D0`: `long` on two GPUs for 60 hours, `done` on the
 /// first day, `back` on the first day and again on the fourth, `multi` on two GPU models of
-/// one host on the second day.
+/// one host on the second day, `wide` on two hosts on the second day.
 fn hour(h: i64) -> RecordBatch {
     let start = D0 + h * HOUR;
     let usage = |job: &str, host: &str, gpu: &str, model: &str, secs: f64| {
@@ -43,6 +43,10 @@ fn hour(h: i64) -> RecordBatch {
     if (26..30).contains(&h) {
         rows.push(usage("multi", "m", "gm0", h100, 3_600.0));
         rows.push(usage("multi", "m", "gm1", a100, 3_500.0));
+    }
+    if (30..33).contains(&h) {
+        rows.push(usage("wide", "w1", "gw1", h100, 3_600.0));
+        rows.push(usage("wide", "w2", "gw2", h100, 1_200.0));
     }
     let samples = rows.len() as u64 * 60 + 1;
     hour_rows(start, &rows, &[], samples).expect("hour rows")
@@ -104,12 +108,12 @@ async fn server(
     (e, ledger)
 }
 
-/// The totals' rows: job, host, model, GPUs, models on the host, file day.
+/// The totals' rows: job, host, model, GPUs, models on the host, the job's hosts, file day.
 async fn totals_rows(e: &QueryEngine) -> Vec<String> {
     rows(
         e,
         &format!(
-            "SELECT job_id, host, gpu_model, gpus, host_models, CAST(time AS BIGINT) AS t FROM {} \
+            "SELECT job_id, host, gpu_model, gpus, host_models, job_host_count, CAST(time AS BIGINT) AS t FROM {} \
              WHERE job_id IS NOT NULL ORDER BY job_id, host, gpu_model",
             totals::NAME
         ),
@@ -119,12 +123,13 @@ async fn totals_rows(e: &QueryEngine) -> Vec<String> {
     .map(|r| {
         let day = (r["t"].as_i64().unwrap_or(0) - D0) / DAY;
         format!(
-            "{} {} {} {} {} day {day}",
+            "{} {} {} {} {} {} day {day}",
             r["job_id"].as_str().unwrap_or("?"),
             r["host"].as_str().unwrap_or("?"),
             r["gpu_model"].as_str().unwrap_or("?"),
             r["gpus"],
-            r["host_models"]
+            r["host_models"],
+            r["job_host_count"]
         )
     })
     .collect()
@@ -172,32 +177,46 @@ async fn aggregates_plan(e: &QueryEngine, want: &Rows) {
         .collect();
     assert_eq!(
         gpus,
-        ["\"back\" 1", "\"done\" 1", "\"long\" 2", "\"multi\" 2"]
+        [
+            "\"back\" 1",
+            "\"done\" 1",
+            "\"long\" 2",
+            "\"multi\" 2",
+            "\"wide\" 2"
+        ]
     );
-    // The Cost dashboard's "by limiter": each row's limiter, through an aggregate, as the view
-    // without totals gave it.
-    let by_limiter = |t: &str| {
-        format!(
-            "SELECT limiter, count(DISTINCT job_id) AS n FROM {t} GROUP BY limiter ORDER BY limiter"
-        )
-    };
-    let got = rows(e, &by_limiter("jobs")).await;
-    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    // The Cost dashboard's "by limiter": the jobs of each row's limiter, through an aggregate,
+    // as the view without totals gave it; counted distinct, and as the panel counts them (a job
+    // on one host is one row).
+    let mut jobs_of: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
     for r in want {
-        *counts
+        jobs_of
             .entry(r["limiter"].as_str().unwrap_or("?").to_string())
-            .or_default() += 1;
+            .or_default()
+            .insert(r["job_id"].to_string());
     }
-    let got: BTreeMap<String, i64> = got
-        .iter()
-        .map(|r| {
-            (
-                r["limiter"].as_str().unwrap_or("?").to_string(),
-                r["n"].as_i64().unwrap_or(-1),
-            )
-        })
+    let counts: BTreeMap<String, i64> = jobs_of
+        .into_iter()
+        .map(|(l, j)| (l, j.len() as i64))
         .collect();
-    assert_eq!(got, counts);
+    for n in [
+        "count(DISTINCT job_id)",
+        "count(CASE WHEN job_host_count = 1 THEN 1 END) \
+         + count(DISTINCT CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END)",
+    ] {
+        let sql = format!("SELECT limiter, {n} AS n FROM jobs GROUP BY limiter ORDER BY limiter");
+        let got: BTreeMap<String, i64> = rows(e, &sql)
+            .await
+            .iter()
+            .map(|r| {
+                (
+                    r["limiter"].as_str().unwrap_or("?").to_string(),
+                    r["n"].as_i64().unwrap_or(-1),
+                )
+            })
+            .collect();
+        assert_eq!(got, counts, "{n}");
+    }
     // Every column of the view through an aggregate (the totals' rows and the summed rows must
     // agree on each column's type and nullability for that to plan).
     for c in want[0].keys() {
@@ -214,7 +233,23 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     // Before any totals: the hours (and days) alone.
     let (e, _) = server(&store, &cost, false, now).await;
     let want = jobs(&e).await;
-    assert_eq!(want.len(), 4, "{want:?}");
+    assert_eq!(want.len(), 6, "{want:?}");
+    let hosts: Vec<String> = want
+        .iter()
+        .map(|r| format!("{} {} {}", r["job_id"], r["host"], r["job_host_count"]))
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            "\"back\" \"b\" 1",
+            "\"done\" \"c\" 1",
+            "\"long\" \"a\" 1",
+            "\"multi\" \"m\" 1",
+            "\"wide\" \"w1\" 2",
+            "\"wide\" \"w2\" 2"
+        ],
+        "each job's hosts, summed from the hours"
+    );
 
     // The folding server writes the first two days' totals (the third is not followed by a
     // folded day): the jobs last seen there, one row per host and model.
@@ -226,10 +261,12 @@ async fn finished_jobs_are_read_from_their_totals_and_answer_as_their_hours_do()
     assert_eq!(
         totals_rows(&e).await,
         [
-            "back b NVIDIA A100 1 1 day 0",
-            "done c NVIDIA A100 1 1 day 0",
-            "multi m NVIDIA A100 1 2 day 1",
-            "multi m NVIDIA H100 80GB HBM3 1 2 day 1",
+            "back b NVIDIA A100 1 1 1 day 0",
+            "done c NVIDIA A100 1 1 1 day 0",
+            "multi m NVIDIA A100 1 2 1 day 1",
+            "multi m NVIDIA H100 80GB HBM3 1 2 1 day 1",
+            "wide w1 NVIDIA H100 80GB HBM3 1 1 2 day 1",
+            "wide w2 NVIDIA H100 80GB HBM3 1 1 2 day 1",
         ]
     );
     same(&jobs(&e).await, &want, "jobs from the totals");
@@ -297,10 +334,10 @@ async fn a_job_seen_again_days_later_keeps_one_row_with_all_its_hours() {
             .iter()
             .filter(|r| r.starts_with("back"))
             .collect::<Vec<_>>(),
-        ["back b NVIDIA A100 1 1 day 3"]
+        ["back b NVIDIA A100 1 1 1 day 3"]
     );
     each_job_alone(&e, &jobs(&e).await).await;
-    assert!(rows_now.contains(&"long a NVIDIA H100 80GB HBM3 2 1 day 2".to_string()));
+    assert!(rows_now.contains(&"long a NVIDIA H100 80GB HBM3 2 1 1 day 2".to_string()));
     same(
         &by_jobs(&e).await,
         &want,
@@ -359,4 +396,47 @@ async fn a_jobs_cost_outlives_its_first_hours_in_the_ledger() {
         partial["gpu_seconds"].as_f64() < back[0]["gpu_seconds"].as_f64(),
         "retention removed some of back's hours: {partial:?}"
     );
+}
+
+#[tokio::test]
+async fn totals_of_an_earlier_release_gain_their_jobs_host_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
+    let (e, _) = server(&store, &cost, true, now).await;
+    let written = totals_rows(&e).await;
+    let want = jobs(&e).await;
+
+    // Day 1's file as a release before the column wrote it: no host counts.
+    let sql = format!(
+        "SELECT * EXCLUDE ({hosts}), CAST(NULL AS BIGINT) AS {hosts} FROM {} \
+         WHERE time >= to_timestamp_nanos({}) AND time < to_timestamp_nanos({})",
+        totals::NAME,
+        D0 + DAY,
+        D0 + 2 * DAY,
+        hosts = table::JOB_HOST_COUNT,
+    );
+    let batches = e.context().sql(&sql).await.expect("plan");
+    let batches = batches.collect().await.expect("rows");
+    let schema = Table::JobLedgerTotals.schema();
+    let parts: Vec<RecordBatch> = batches
+        .iter()
+        .map(|b| days::conformed(&schema, D0 + DAY, b).expect("conformed"))
+        .collect();
+    let earlier = arrow::compute::concat_batches(&schema, &parts).expect("concat");
+    store
+        .replace_days(Table::JobLedgerTotals, &[((D0 + DAY) / DAY, earlier)])
+        .expect("earlier file");
+    let (e, _) = server(&store, &cost, false, now).await;
+    let wide: Vec<_> = jobs(&e)
+        .await
+        .iter()
+        .filter(|r| r["job_id"] == "wide")
+        .map(|r| r.get(table::JOB_HOST_COUNT).cloned())
+        .collect();
+    assert_eq!(wide, [None, None], "read from the earlier file");
+
+    // The folding server gives the file its counts, and nothing else changes.
+    let (e, _) = server(&store, &cost, true, now).await;
+    assert_eq!(totals_rows(&e).await, written);
+    same(&jobs(&e).await, &want, "jobs once the counts are back");
 }

@@ -181,13 +181,17 @@ fn sums_sql(from: i64, to: i64, runs: &[(i64, i64)]) -> String {
     max(job_name) AS job_name{charge_max}, min(first_seen) AS first_seen, max(last_seen) AS last_seen{sums},
     count(DISTINCT gpu_uuid) AS gpus
   FROM u GROUP BY job_id, host, gpu_model
+), h AS (
+  SELECT job_id AS hosts_of, count(DISTINCT host) AS {job_host_count} FROM g GROUP BY job_id
 )
-SELECT g.*, count(*) OVER (PARTITION BY job_id, host) AS host_models, {limiter} AS {limiter_column} FROM g",
+SELECT g.*, count(*) OVER (PARTITION BY job_id, host) AS host_models, {limiter} AS {limiter_column}, h.{job_host_count}
+FROM g JOIN h ON h.hosts_of = g.job_id",
         days = days::NAME,
         hours = table::NAME,
         charge_max = charge_max_sql(true),
         limiter = limiter::argmax_sql(limiter::seconds_column),
         limiter_column = table::TOTALS_LIMITER,
+        job_host_count = table::JOB_HOST_COUNT,
     )
 }
 
@@ -250,6 +254,44 @@ async fn replace(store: &Arc<Store>, day: i64, batch: RecordBatch) -> DfResult<(
     .await
     .map_err(plain)?
     .map_err(plain)
+}
+
+/// Gives the days' files written before [`table::JOB_HOST_COUNT`] existed their jobs' host counts,
+/// and returns how many it rewrote. A job's rows are all in the file of its last day, so the
+/// file alone counts its hosts, and a file that can no longer be rebuilt from the ledger
+/// (retention) gains the column too; nothing else in the file changes.
+pub(super) async fn fill_job_host_count(
+    ctx: &SessionContext,
+    store: &Arc<Store>,
+) -> DfResult<usize> {
+    let hosts = table::JOB_HOST_COUNT;
+    let sql = format!(
+        "SELECT DISTINCT CAST(time AS BIGINT), 0 AS a, 0 AS b FROM {NAME} \
+         WHERE job_id IS NOT NULL AND {hosts} IS NULL"
+    );
+    let due = days::int_rows(ctx, &sql).await?;
+    let schema = Table::JobLedgerTotals.schema();
+    for &(day, _, _) in &due {
+        let sql = format!(
+            "WITH f AS (
+  SELECT * FROM {NAME} WHERE time >= to_timestamp_nanos({day}) AND time < to_timestamp_nanos({end})
+), h AS (
+  SELECT job_id AS hosts_of, count(DISTINCT host) AS counted FROM f WHERE job_id IS NOT NULL GROUP BY job_id
+)
+SELECT f.* EXCLUDE ({hosts}), h.counted AS {hosts} FROM f LEFT JOIN h ON h.hosts_of = f.job_id",
+            end = day + DAY
+        );
+        let rows = ctx
+            .sql(&sql)
+            .await?
+            .collect()
+            .await?
+            .iter()
+            .map(|b| days::conformed(&schema, day, b))
+            .collect::<DfResult<Vec<_>>>()?;
+        replace(store, day, concat_batches(&schema, &rows)?).await?;
+    }
+    Ok(due.len())
 }
 
 /// Those of `jobs` (first hour of the earliest: `first`) with a row in the files before `end`.

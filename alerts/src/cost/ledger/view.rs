@@ -122,7 +122,16 @@ impl JobLedger {
         days: &[(i64, i64)],
     ) -> String {
         let days = if view.reads_days() { days } else { &[] };
-        let summed = self.grouped_select(view, "count(DISTINCT gpu_uuid)", "p");
+        // Each job of `p` is there whole (with all its hosts), so its rows count its hosts;
+        // `nullif` keeps the column nullable, as the totals' is.
+        let summed = self.grouped_select(
+            view,
+            (
+                "count(DISTINCT gpu_uuid)",
+                "nullif(count(*) OVER (PARTITION BY job_id), 0)",
+            ),
+            "p",
+        );
         let ctes = self.usage_ctes(watermark, read, days);
         match (&read.totals, view) {
             (Some(t), View::Jobs) => format!("{ctes}\n{summed}\n{}", self.totals_sql(t)),
@@ -131,15 +140,16 @@ impl JobLedger {
     }
 
     /// The view's `SELECT` over `from` (rows with `price`), grouped by the view's key; `gpus`
-    /// counts the GPUs of a group.
-    fn grouped_select(&self, view: View, gpus: &str, from: &str) -> String {
+    /// counts the GPUs of a group and (`jobs` only) `hosts` the hosts of its job.
+    fn grouped_select(&self, view: View, (gpus, hosts): (&str, &str), from: &str) -> String {
         let energy_price = self.cost.energy_price_sql();
         let (key, extra) = match view {
             View::Jobs => (
                 "job_id, host",
                 format!(
-                    ", {} AS limiter, max(gpu_model) AS gpu_model",
-                    limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c)))
+                    ", {} AS limiter, max(gpu_model) AS gpu_model, {hosts} AS {}",
+                    limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c))),
+                    table::JOB_HOST_COUNT,
                 ),
             ),
             View::Hours => ("hour, job_id, host, gpu_model", String::new()),
@@ -211,15 +221,19 @@ SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, f
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
   idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, gpu_model{charge}
+  {limiter} AS limiter, gpu_model, {hosts}{charge}
 FROM {rows} WHERE host_models = 1
 UNION ALL
 {grouped}"#,
             limiter = stored_limiter_sql(),
+            hosts = table::JOB_HOST_COUNT,
             charge = charge_list_sql(),
             grouped = self.grouped_select(
                 View::Jobs,
-                "coalesce(sum(gpus), 0)",
+                (
+                    "coalesce(sum(gpus), 0)",
+                    &format!("max({})", table::JOB_HOST_COUNT)
+                ),
                 &format!("{rows} WHERE host_models > 1")
             ),
         )
