@@ -217,6 +217,31 @@ async fn aggregates_plan(e: &QueryEngine, want: &Rows) {
             .collect();
         assert_eq!(got, counts, "{n}");
     }
+    // The Cost dashboard's "Budgets and spend": each user's spend and most expensive job,
+    // grouping only the jobs on several hosts, as grouping every job gives them (`wide`, on
+    // two hosts, costs more than any of its rows and than `done`).
+    let of = "FROM jobs WHERE job_id IN ('wide', 'done')";
+    let grouped = format!(
+        "SELECT job_user, sum(cost) AS spend, max(cost) AS top FROM \
+         (SELECT job_user, job_id, sum(cost_usd) AS cost {of} GROUP BY job_user, job_id) c \
+         GROUP BY job_user"
+    );
+    let panel = |top: &str| {
+        format!(
+            "SELECT job_user, sum(cost) AS spend, max({top}) AS top FROM \
+             (SELECT job_user, multi, sum(cost_usd) AS cost, max(cost_usd) AS top_row FROM \
+              (SELECT *, CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS multi {of}) j \
+              GROUP BY job_user, multi) c GROUP BY job_user"
+        )
+    };
+    let want_budgets = rows(e, &grouped).await;
+    let top = "CASE WHEN multi IS NULL THEN top_row ELSE cost END";
+    same(&rows(e, &panel(top)).await, &want_budgets, "budgets");
+    assert_ne!(
+        rows(e, &panel("top_row")).await,
+        want_budgets,
+        "the largest row is not the most expensive job"
+    );
     // Every column of the view through an aggregate (the totals' rows and the summed rows must
     // agree on each column's type and nullability for that to plan).
     for c in want[0].keys() {
