@@ -163,6 +163,34 @@ fn setup(dir: &std::path::Path) -> (Arc<Store>, CostConfig, i64) {
     (store, cost, clock.now_nanos())
 }
 
+/// The Cost dashboard's "Budgets and spend": each user's spend and most expensive job,
+/// grouping only the jobs on several hosts, as grouping every job gives them (`wide`, on two
+/// hosts, costs more than any of its rows and than `done`).
+async fn budgets_plan(e: &QueryEngine) {
+    let of = "FROM jobs WHERE job_id IN ('wide', 'done')";
+    let grouped = format!(
+        "SELECT job_user, sum(cost) AS spend, max(cost) AS top FROM \
+         (SELECT job_user, job_id, sum(cost_usd) AS cost {of} GROUP BY job_user, job_id) c \
+         GROUP BY job_user"
+    );
+    let panel = |top: &str| {
+        format!(
+            "SELECT job_user, sum(cost) AS spend, max({top}) AS top FROM \
+             (SELECT job_user, multi, sum(cost_usd) AS cost, max(cost_usd) AS top_row FROM \
+              (SELECT *, CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS multi {of}) j \
+              GROUP BY job_user, multi) c GROUP BY job_user"
+        )
+    };
+    let want_budgets = rows(e, &grouped).await;
+    let top = "CASE WHEN multi IS NULL THEN top_row ELSE cost END";
+    same(&rows(e, &panel(top)).await, &want_budgets, "budgets");
+    assert_ne!(
+        rows(e, &panel("top_row")).await,
+        want_budgets,
+        "the largest row is not the most expensive job"
+    );
+}
+
 /// Aggregates over `jobs` as the Cost dashboard's panels run them (`want`: the view's rows).
 async fn aggregates_plan(e: &QueryEngine, want: &Rows) {
     // The Cost dashboard's "Most idle cost": the GPUs of each job, through an aggregate.
@@ -217,31 +245,7 @@ async fn aggregates_plan(e: &QueryEngine, want: &Rows) {
             .collect();
         assert_eq!(got, counts, "{n}");
     }
-    // The Cost dashboard's "Budgets and spend": each user's spend and most expensive job,
-    // grouping only the jobs on several hosts, as grouping every job gives them (`wide`, on
-    // two hosts, costs more than any of its rows and than `done`).
-    let of = "FROM jobs WHERE job_id IN ('wide', 'done')";
-    let grouped = format!(
-        "SELECT job_user, sum(cost) AS spend, max(cost) AS top FROM \
-         (SELECT job_user, job_id, sum(cost_usd) AS cost {of} GROUP BY job_user, job_id) c \
-         GROUP BY job_user"
-    );
-    let panel = |top: &str| {
-        format!(
-            "SELECT job_user, sum(cost) AS spend, max({top}) AS top FROM \
-             (SELECT job_user, multi, sum(cost_usd) AS cost, max(cost_usd) AS top_row FROM \
-              (SELECT *, CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS multi {of}) j \
-              GROUP BY job_user, multi) c GROUP BY job_user"
-        )
-    };
-    let want_budgets = rows(e, &grouped).await;
-    let top = "CASE WHEN multi IS NULL THEN top_row ELSE cost END";
-    same(&rows(e, &panel(top)).await, &want_budgets, "budgets");
-    assert_ne!(
-        rows(e, &panel("top_row")).await,
-        want_budgets,
-        "the largest row is not the most expensive job"
-    );
+    budgets_plan(e).await;
     // Every column of the view through an aggregate (the totals' rows and the summed rows must
     // agree on each column's type and nullability for that to plan).
     for c in want[0].keys() {

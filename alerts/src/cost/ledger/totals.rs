@@ -270,7 +270,6 @@ pub(super) async fn fill_job_host_count(
          WHERE job_id IS NOT NULL AND {hosts} IS NULL"
     );
     let due = days::int_rows(ctx, &sql).await?;
-    let schema = Table::JobLedgerTotals.schema();
     for &(day, _, _) in &due {
         let sql = format!(
             "WITH f AS (
@@ -281,17 +280,23 @@ pub(super) async fn fill_job_host_count(
 SELECT f.* EXCLUDE ({hosts}), h.counted AS {hosts} FROM f LEFT JOIN h ON h.hosts_of = f.job_id",
             end = day + DAY
         );
-        let rows = ctx
-            .sql(&sql)
-            .await?
-            .collect()
-            .await?
-            .iter()
-            .map(|b| days::conformed(&schema, day, b))
-            .collect::<DfResult<Vec<_>>>()?;
-        replace(store, day, concat_batches(&schema, &rows)?).await?;
+        rewrite(ctx, store, day, &sql).await?;
     }
     Ok(due.len())
+}
+
+/// Replaces day `day`'s file with the rows of `sql` (the table's columns, by name).
+async fn rewrite(ctx: &SessionContext, store: &Arc<Store>, day: i64, sql: &str) -> DfResult<()> {
+    let schema = Table::JobLedgerTotals.schema();
+    let rows = ctx
+        .sql(sql)
+        .await?
+        .collect()
+        .await?
+        .iter()
+        .map(|b| days::conformed(&schema, day, b))
+        .collect::<DfResult<Vec<_>>>()?;
+    replace(store, day, concat_batches(&schema, &rows)?).await
 }
 
 /// Those of `jobs` (first hour of the earliest: `first`) with a row in the files before `end`.
@@ -337,17 +342,7 @@ async fn drop_earlier(
              AND (job_id IS NULL OR job_id NOT IN (SELECT job_id FROM {JOB_LIST}))",
             end = earlier + DAY
         );
-        let schema = Table::JobLedgerTotals.schema();
-        let kept = ctx
-            .sql(&keep)
-            .await?
-            .collect()
-            .await?
-            .iter()
-            .map(|b| days::conformed(&schema, earlier, b))
-            .collect::<DfResult<Vec<_>>>()?;
-        let batch = concat_batches(&schema, &kept)?;
-        replace(store, earlier, batch).await?;
+        rewrite(ctx, store, earlier, &keep).await?;
         tracing::debug!(
             day = earlier,
             "job ledger: jobs seen again removed from an earlier day's totals"
