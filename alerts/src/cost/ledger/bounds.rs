@@ -51,6 +51,20 @@ impl Ask {
         reaches && starts
     }
 
+    /// Whether every row `view` may return for the question lies before the raw samples at or
+    /// after the watermark `w`: a `job_hours` or `job_days` question bounded before `w`'s hour
+    /// (day) needs none of them, so neither their jobs nor their per-GPU intervals are read
+    /// (a statement for a past month, the first and the whole days of a range). `jobs` rows
+    /// run to the job's last sample, so a bound on `first_seen` never rules them out.
+    pub(super) fn ends_before_raw(&self, view: View, w: i64) -> bool {
+        let first_raw = match view {
+            View::Hours => super::floor_hour(w),
+            View::Days => super::days::floor_day(w),
+            View::Jobs => return false,
+        };
+        self.high.is_some_and(|h| h < first_raw)
+    }
+
     /// The bounds `filters` put on `view`'s jobs, evaluating constant sides in `state`.
     pub(super) fn of(view: View, filters: &[Expr], state: &SessionState) -> Self {
         let (low_col, high_col) = match view {
@@ -132,6 +146,12 @@ impl Ask {
         let Some(t) = nanos(value, state) else {
             return;
         };
+        // A strict bound excludes its own instant (`day < midnight` ends the day before).
+        let t = match op {
+            Operator::Lt => t.saturating_sub(1),
+            Operator::Gt => t.saturating_add(1),
+            _ => t,
+        };
         if is_low {
             self.low = Some(self.low.map_or(t, |l| l.max(t)));
         } else {
@@ -210,7 +230,8 @@ mod tests {
         let ctx = SessionContext::new();
         ctx.sql(
             "CREATE TABLE t (job_id VARCHAR, last_seen TIMESTAMP WITH TIME ZONE, \
-             first_seen TIMESTAMP WITH TIME ZONE, hour TIMESTAMP WITH TIME ZONE, cost_usd DOUBLE)",
+             first_seen TIMESTAMP WITH TIME ZONE, hour TIMESTAMP WITH TIME ZONE, \
+             day TIMESTAMP WITH TIME ZONE, cost_usd DOUBLE)",
         )
         .await
         .expect("create");
@@ -264,12 +285,16 @@ mod tests {
             ),
         )
         .await;
-        assert_eq!((month.low, month.high), (Some(T), Some(T + 720 * HOUR)));
+        assert_eq!(
+            (month.low, month.high),
+            (Some(T), Some(T + 720 * HOUR - 1)),
+            "a strict bound leaves out its own instant"
+        );
         let one = ask_of(View::Jobs, "job_id = '42' AND (job_id IN ('42', '43'))").await;
         assert_eq!(one.jobs, Some(vec!["42".to_string()]));
         // Flipped sides, `now()`, an upper bound on the wrong column, an OR: what can be read.
         let flipped = ask_of(View::Jobs, &format!("to_timestamp_nanos({T}) < last_seen")).await;
-        assert_eq!(flipped.low, Some(T));
+        assert_eq!(flipped.low, Some(T + 1));
         let recent = ask_of(View::Jobs, "last_seen >= now() - INTERVAL '1 hour'").await;
         assert!(
             recent.low.is_some_and(|t| t > T - 365 * 24 * HOUR),
@@ -283,6 +308,33 @@ mod tests {
         )
         .await;
         assert!(!either.bounded(), "{either:?}");
+    }
+
+    #[tokio::test]
+    async fn a_question_that_ends_before_the_watermark_reads_no_raw_samples() {
+        let w = T + 10 * HOUR;
+        let at = |c: &str, t: i64| format!("{c} to_timestamp_nanos({t})");
+        let hours = ask_of(View::Hours, &at("hour <", w)).await;
+        assert!(hours.ends_before_raw(View::Hours, w), "{hours:?}");
+        let hours = ask_of(View::Hours, &at("hour <=", w)).await;
+        assert!(
+            !hours.ends_before_raw(View::Hours, w),
+            "the watermark's hour"
+        );
+        assert!(
+            !hours.ends_before_raw(View::Hours, w - 1),
+            "an hour with raw samples"
+        );
+        // Days: `day < midnight` ends the day before; `day <= midnight` holds that day.
+        let midnight = super::super::days::floor_day(w);
+        let days = ask_of(View::Days, &at("day <", midnight)).await;
+        assert!(days.ends_before_raw(View::Days, w), "{days:?}");
+        let days = ask_of(View::Days, &at("day <=", midnight)).await;
+        assert!(!days.ends_before_raw(View::Days, w), "{days:?}");
+        // A job first seen long ago may still be running.
+        let jobs = ask_of(View::Jobs, &at("first_seen <=", T)).await;
+        assert!(!jobs.ends_before_raw(View::Jobs, w));
+        assert!(!Ask::default().ends_before_raw(View::Hours, w), "unbounded");
     }
 
     #[test]

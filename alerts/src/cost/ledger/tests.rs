@@ -638,6 +638,33 @@ async fn reads_are_bounded(e: &QueryEngine, ledger: &JobLedger) {
         from == T0 && to <= T0 + 2 * H,
         "{from}..{to}: the first job's hours"
     );
+    ends_before_the_raw_samples(e, ledger, w).await;
+}
+
+/// A question that ends before the watermark's hour reads no raw samples (its rows are the
+/// same: `bounded_questions_agree` asks such hours of `job_hours`); one that reaches it does.
+async fn ends_before_the_raw_samples(e: &QueryEngine, ledger: &JobLedger, w: i64) {
+    let raw = rows(
+        e,
+        &format!("SELECT count(*) AS n FROM gpu_metrics WHERE time >= to_timestamp_nanos({w})"),
+    )
+    .await;
+    assert!(
+        raw[0]["n"].as_i64().unwrap_or(0) > 0,
+        "raw samples after the watermark"
+    );
+    let snap = ledger.snapshot();
+    for (high, skips) in [(w - H - 1, true), (w - 1, true), (w, false)] {
+        let ask = bounds::Ask {
+            high: Some(high),
+            ..bounds::Ask::default()
+        };
+        let read = ledger
+            .read_for(&e.context().state(), &snap, View::Hours, ask)
+            .await
+            .expect("read");
+        assert_eq!(read.skip_raw, skips, "hours up to {high}, watermark {w}");
+    }
 }
 
 /// What is compared across a restart and retention.

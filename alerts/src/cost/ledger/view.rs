@@ -463,12 +463,18 @@ impl JobLedger {
         else {
             return Ok(LedgerRead::default());
         };
-        let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
-        let live = spans::live(&ctx, w).await?;
-        let skip_raw = ask
-            .jobs
-            .as_ref()
-            .is_some_and(|ids| !ids.iter().any(|j| live.contains(j)));
+        let before_raw = ask.ends_before_raw(view, w);
+        let live = if before_raw {
+            Default::default()
+        } else {
+            let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
+            spans::live(&ctx, w).await?
+        };
+        let skip_raw = before_raw
+            || ask
+                .jobs
+                .as_ref()
+                .is_some_and(|ids| !ids.iter().any(|j| live.contains(j)));
         let Some(t) = totals else {
             return Ok(LedgerRead {
                 hours: self.spans().range(&ask, &live, w),
