@@ -302,6 +302,7 @@ FROM d GROUP BY job_id, host"#,
             ("jobs", View::Jobs),
             ("job_hours", View::Hours),
             ("job_days", View::Days),
+            ("spend_days", View::Spend),
         ] {
             let table = JobsTable::new(Arc::clone(&ledger), view, &ctx.state())
                 .await

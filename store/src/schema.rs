@@ -450,11 +450,14 @@ pub enum Table {
     /// Each job's whole sums per host and GPU model (with the same columns), in the file of
     /// the day the job was last seen, written by the cost accounting a day after that day.
     JobLedgerTotals,
+    /// `job_ledger_1d`'s rows summed per UTC day, account, user and GPU model (with the same
+    /// columns), written by the cost accounting with each day's sums.
+    JobLedgerSpend,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 13] = [
+    pub const ALL: [Table; 14] = [
         Table::GpuMetrics,
         Table::Metrics,
         Table::GpuMetrics1m,
@@ -468,6 +471,7 @@ impl Table {
         Table::JobLedger1d,
         Table::GpuMetrics1d,
         Table::JobLedgerTotals,
+        Table::JobLedgerSpend,
     ];
 
     /// The bucket width of a rollup table (ns), `None` for tables written by ingest.
@@ -526,6 +530,7 @@ impl Table {
             Table::JobLedger => "job_ledger",
             Table::JobLedger1d => "job_ledger_1d",
             Table::JobLedgerTotals => "job_ledger_totals",
+            Table::JobLedgerSpend => "job_ledger_spend",
         }
     }
 
@@ -539,7 +544,7 @@ impl Table {
     pub fn is_ledger(self) -> bool {
         matches!(
             self,
-            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals
+            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals | Table::JobLedgerSpend
         )
     }
 
@@ -564,6 +569,7 @@ impl Table {
             Table::JobLedger1d => 11,
             Table::GpuMetrics1d => 12,
             Table::JobLedgerTotals => 13,
+            Table::JobLedgerSpend => 14,
         }
     }
 
@@ -584,9 +590,10 @@ impl Table {
             Table::GpuProcesses1m | Table::GpuProcesses1h => GPU_PROCESSES_ROLLUP.clone(),
             Table::GpuEvents => GPU_EVENTS.clone(),
             Table::Alerts => ALERTS.clone(),
-            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => {
-                ledger::job_ledger_schema()
-            }
+            Table::JobLedger
+            | Table::JobLedger1d
+            | Table::JobLedgerTotals
+            | Table::JobLedgerSpend => ledger::job_ledger_schema(),
         }
     }
 
@@ -603,9 +610,10 @@ impl Table {
             | Table::GpuEvents => &["host", "gpu_uuid", "time"],
             Table::Metrics => &["metric", "time"],
             Table::Alerts => &["rule", "time"],
-            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => {
-                &["job_id", "host", "gpu_uuid", "time"]
-            }
+            Table::JobLedger
+            | Table::JobLedger1d
+            | Table::JobLedgerTotals
+            | Table::JobLedgerSpend => &["job_id", "host", "gpu_uuid", "time"],
         }
     }
 }

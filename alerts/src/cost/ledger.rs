@@ -146,6 +146,8 @@ pub struct Snapshot {
     /// The days before the watermark whose sums `job_ledger_1d` holds ([`days`]), as runs
     /// `[from, to)`.
     days: Vec<(i64, i64)>,
+    /// The days whose spend `job_ledger_spend` holds (what `spend_days` reads), as runs.
+    grouped_days: Vec<(i64, i64)>,
     /// What the `jobs` view reads of the per-job totals ([`totals`]); `None` while there are
     /// none.
     totals: Option<TotalsSnap>,
@@ -219,6 +221,7 @@ impl Snapshot {
             watermark: None,
             seed: RecordBatch::new_empty(seed_schema()),
             days: Vec::new(),
+            grouped_days: Vec::new(),
             totals: None,
             totals_written: None,
         }
@@ -395,6 +398,9 @@ impl JobLedger {
             days: state
                 .watermark
                 .map_or_else(Vec::new, |w| days::runs(&state.days.current, w)),
+            grouped_days: state
+                .watermark
+                .map_or_else(Vec::new, |w| days::runs(&state.days.grouped, w)),
             totals: self.totals_view(state)?,
             totals_written: state.totals.end(),
         });

@@ -78,7 +78,8 @@ pub struct RetentionConfig {
     /// `alerts` (the alert history).
     pub alerts: Option<Duration>,
     /// `job_ledger` (what each job used and cost, per GPU and hour), its daily sums,
-    /// `job_ledger_1d`, and its per-job totals, `job_ledger_totals`.
+    /// `job_ledger_1d`, its per-job totals, `job_ledger_totals`, and its daily spend per
+    /// account, user and GPU model, `job_ledger_spend`.
     pub job_ledger: Option<Duration>,
 }
 
@@ -119,7 +120,10 @@ impl RetentionConfig {
             Table::GpuProcesses1h => self.gpu_processes_1h,
             Table::GpuEvents => self.gpu_events,
             Table::Alerts => self.alerts,
-            Table::JobLedger | Table::JobLedger1d | Table::JobLedgerTotals => self.job_ledger,
+            Table::JobLedger
+            | Table::JobLedger1d
+            | Table::JobLedgerTotals
+            | Table::JobLedgerSpend => self.job_ledger,
         }?;
         Some(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
     }

@@ -59,7 +59,7 @@ impl Ask {
     pub(super) fn ends_before_raw(&self, view: View, w: i64) -> bool {
         let first_raw = match view {
             View::Hours => super::floor_hour(w),
-            View::Days => super::days::floor_day(w),
+            View::Days | View::Spend => super::days::floor_day(w),
             View::Jobs => return false,
         };
         self.high.is_some_and(|h| h < first_raw)
@@ -70,13 +70,13 @@ impl Ask {
         let (low_col, high_col) = match view {
             View::Jobs => ("last_seen", "first_seen"),
             View::Hours => ("hour", "hour"),
-            View::Days => ("day", "day"),
+            View::Days | View::Spend => ("day", "day"),
         };
         let mut ask = Ask::default();
         for f in filters {
             ask.read(f, low_col, high_col, state);
         }
-        if view == View::Days {
+        if matches!(view, View::Days | View::Spend) {
             // A day at or before `t` holds hours up to the end of `t`'s day.
             ask.high = ask
                 .high

@@ -27,10 +27,13 @@ use gpuwatch_store::schema::Table;
 
 use super::super::charge_max_sql;
 use super::super::limiter::{self, LIMITERS};
+use super::table::GROUP_JOBS;
 use super::{DfResult, HOUR, plain, table};
 
 /// The table's SQL name.
 pub(super) const NAME: &str = "job_ledger_1d";
+/// The daily spend's: the day's rows per account, user and GPU model ([`group_sql`]).
+pub(super) const SPEND: &str = "job_ledger_spend";
 /// A UTC day, ns.
 pub(super) const DAY: i64 = 24 * HOUR;
 
@@ -54,8 +57,24 @@ pub(super) const SUMMED: [&str; 6] = [
 pub(super) struct Days {
     /// Rolled days whose marker equals their hours' samples: day start → samples.
     pub current: BTreeMap<i64, u64>,
-    /// Days with all 24 hours folded whose sums are missing or stale.
+    /// Days with all 24 hours folded whose sums or spend are missing or stale.
     pub due: BTreeSet<i64>,
+    /// Days whose spend (`job_ledger_spend`) matches their hours, as `current`.
+    pub grouped: BTreeMap<i64, u64>,
+}
+
+/// Each day's marker in `table` (its row with `condition`): day start → samples.
+async fn markers(
+    ctx: &SessionContext,
+    table: &str,
+    condition: &str,
+) -> DfResult<BTreeMap<i64, i64>> {
+    let sql = format!("SELECT CAST(time AS BIGINT), samples FROM {table} WHERE {condition}");
+    Ok(int_rows(ctx, &sql)
+        .await?
+        .into_iter()
+        .map(|(d, s, _)| (d, s))
+        .collect())
 }
 
 /// The rows of `sql`'s first three columns as integers (nulls as 0), rows with a null first
@@ -117,22 +136,22 @@ pub(super) async fn read(
         d.1 += n;
     }
     let hours = by_day;
-    let sql = format!(
-        "SELECT CAST(time AS BIGINT), samples FROM {NAME} WHERE job_id IS NULL AND last_sample_time IS NULL"
-    );
-    let markers: BTreeMap<i64, i64> = int_rows(ctx, &sql)
-        .await?
-        .into_iter()
-        .map(|(d, s, _)| (d, s))
-        .collect();
+    let sums = markers(ctx, NAME, "job_id IS NULL AND last_sample_time IS NULL").await?;
+    let spend = markers(ctx, SPEND, &format!("{GROUP_JOBS} IS NULL")).await?;
     let mut days = Days::default();
     for (d, (n, s)) in hours {
         if n != 24 || d + DAY > end {
             continue;
         }
-        if markers.get(&d) == Some(&s) {
-            days.current.insert(d, s.max(0) as u64);
-        } else {
+        let samples = s.max(0) as u64;
+        if sums.get(&d) == Some(&s) {
+            days.current.insert(d, samples);
+        }
+        // A day file of an earlier release has no spend: the day is rolled again.
+        if spend.get(&d) == Some(&s) {
+            days.grouped.insert(d, samples);
+        }
+        if !(days.current.contains_key(&d) && days.grouped.contains_key(&d)) {
             days.due.insert(d);
         }
     }
@@ -172,13 +191,50 @@ fn usage_sql(day: i64) -> String {
     )
 }
 
-/// `batches` (columns by name) as rows of the table at `day`, plus the marker row.
-fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
-    let marker = RecordBatch::try_from_iter([(
+/// The spend of a day's `rows` (the daily sums' job rows): one row per account, user and GPU
+/// model, with its jobs (`group_jobs`) and their sums, as `job_days` groups them: each job's
+/// rows on a host and model first take the labels `job_days` gives them (the largest), then
+/// are summed by those. A day read from these rows (`spend_days`) answers as `job_days`
+/// grouped the same way.
+fn group_sql(rows: &str) -> String {
+    let sums = sums_list(&summed_columns());
+    format!(
+        "WITH j AS (
+  SELECT job_id, host, gpu_model, max(job_account) AS job_account, max(job_user) AS job_user,
+    min(first_seen) AS first_seen, max(last_seen) AS last_seen{sums}
+  FROM {rows} GROUP BY job_id, host, gpu_model
+)
+SELECT job_account, job_user, gpu_model, count(DISTINCT job_id) AS {GROUP_JOBS},
+  min(first_seen) AS first_seen, max(last_seen) AS last_seen{sums}
+FROM j GROUP BY job_account, job_user, gpu_model"
+    )
+}
+
+/// A marker row: `samples`, every other column null.
+fn marker_row(samples: i64) -> DfResult<RecordBatch> {
+    Ok(RecordBatch::try_from_iter([(
         "samples",
         Arc::new(Int64Array::from(vec![samples])) as ArrayRef,
-    )])?;
-    day_batch_of(Table::JobLedger1d, day, batches, &marker)
+    )])?)
+}
+
+/// `batches` (the day's job rows, columns by name) as rows of the table at `day`, plus the
+/// marker row.
+fn day_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
+    day_batch_of(Table::JobLedger1d, day, batches, &marker_row(samples)?)
+}
+
+/// The day's spend rows ([`group_sql`]) of its job rows `batches`, plus the marker row, as
+/// rows of `job_ledger_spend` at `day`.
+async fn spend_batch(day: i64, batches: &[RecordBatch], samples: i64) -> DfResult<RecordBatch> {
+    let mut rows = Vec::new();
+    if let Some(first) = batches.first() {
+        let ctx = SessionContext::new();
+        let table = datafusion::catalog::MemTable::try_new(first.schema(), vec![batches.to_vec()])?;
+        ctx.register_table("day_rows", Arc::new(table))?;
+        rows = ctx.sql(&group_sql("day_rows")).await?.collect().await?;
+    }
+    day_batch_of(Table::JobLedgerSpend, day, &rows, &marker_row(samples)?)
 }
 
 /// `batches` and `marker` (columns by name) as rows of `table` at `day`.
@@ -232,10 +288,14 @@ pub(super) async fn roll(
         return Ok(None);
     }
     let batches = ctx.sql(&usage_sql(day)).await?.collect().await?;
-    let batch = day_batch(day, &batches, samples)?;
+    let sums = day_batch(day, &batches, samples)?;
+    let spend = spend_batch(day, &batches, samples).await?;
     let writer = Arc::clone(store);
     tokio::task::spawn_blocking(move || {
-        writer.replace_days(Table::JobLedger1d, &[(day.div_euclid(DAY), batch)])
+        let at = day.div_euclid(DAY);
+        // The spend's marker is written last: until it is, the day's spend reads as stale.
+        writer.replace_days(Table::JobLedger1d, &[(at, sums)])?;
+        writer.replace_days(Table::JobLedgerSpend, &[(at, spend)])
     })
     .await
     .map_err(plain)?

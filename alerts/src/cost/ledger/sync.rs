@@ -21,16 +21,21 @@ use super::*;
 
 /// The files of the table and of its daily sums, by path.
 fn table_files(store: &Store) -> Vec<String> {
-    [Table::JobLedger, Table::JobLedger1d, Table::JobLedgerTotals]
-        .iter()
-        .flat_map(|t| {
-            store
-                .files(*t)
-                .iter()
-                .map(|f| f.path.clone())
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    [
+        Table::JobLedger,
+        Table::JobLedger1d,
+        Table::JobLedgerTotals,
+        Table::JobLedgerSpend,
+    ]
+    .iter()
+    .flat_map(|t| {
+        store
+            .files(*t)
+            .iter()
+            .map(|f| f.path.clone())
+            .collect::<Vec<_>>()
+    })
+    .collect()
 }
 
 /// The end of the last hour the table holds.
@@ -221,6 +226,7 @@ impl JobLedger {
             // The day's sums no longer match its hours until it is rolled again.
             let day = days::floor_day(hour - HOUR);
             s.days.current.remove(&day);
+            s.days.grouped.remove(&day);
             s.days.due.insert(day);
             if folded % PUBLISH_EVERY == 0 || hour >= closed_end {
                 s.seed = seed.clone();
@@ -246,6 +252,7 @@ impl JobLedger {
             s.days.due.remove(&day);
             if let Some(n) = samples {
                 s.days.current.insert(day, n);
+                s.days.grouped.insert(day, n);
                 rolled += 1;
                 if rolled % PUBLISH_EVERY == 0 {
                     self.publish(&s)?;

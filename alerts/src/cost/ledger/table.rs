@@ -80,6 +80,7 @@ fn columns() -> Vec<Field> {
     );
     f.push(text(TOTALS_LIMITER));
     f.push(Field::new(JOB_HOST_COUNT, DataType::Int64, true));
+    f.push(Field::new(GROUP_JOBS, DataType::Int64, true));
     f
 }
 
@@ -91,6 +92,9 @@ pub(super) const TOTALS_LIMITER: &str = "limiter";
 /// And the hosts the job used (every row of a job has the same; added after the others, so
 /// older files lack it: [`super::totals::fill_job_host_count`]). Also a column of `jobs`.
 pub(super) const JOB_HOST_COUNT: &str = "job_host_count";
+/// The jobs of a row of `job_ledger_spend` (one per day, account, user and GPU model,
+/// [`super::days`]); null in its marker rows and in the other tables.
+pub(super) const GROUP_JOBS: &str = "group_jobs";
 
 /// Declares the table's columns to the store; runs before the store opens (the server's start,
 /// and [`super::JobLedger::new`] for a process that opened none yet).
@@ -102,7 +106,12 @@ pub fn declare() -> Result<(), String> {
 /// columns (an engine built before [`declare`] ran read their schema as the store's key
 /// columns alone).
 pub(crate) async fn refresh_provider(ctx: &SessionContext) -> DfResult<()> {
-    for table in [Table::JobLedger, Table::JobLedger1d, Table::JobLedgerTotals] {
+    for table in [
+        Table::JobLedger,
+        Table::JobLedger1d,
+        Table::JobLedgerTotals,
+        Table::JobLedgerSpend,
+    ] {
         let name = table.name();
         let Some(current) = ctx.table_provider(name).await.ok() else {
             continue;
@@ -228,6 +237,8 @@ pub(super) fn hour_batch(hour: i64, fold: &HourFold) -> DfResult<RecordBatch> {
     }
     c.extend(TOTALS_ONLY.iter().map(|_| ints(rows.iter().map(|_| None))));
     c.push(texts(rows.iter().map(|_| None)));
+    // `job_host_count` and `group_jobs`.
+    c.push(ints(rows.iter().map(|_| None)));
     c.push(ints(rows.iter().map(|_| None)));
     let schema = Table::JobLedger.schema();
     if schema.fields().len() != c.len() {

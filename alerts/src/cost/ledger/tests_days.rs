@@ -145,6 +145,46 @@ async fn answers(e: &QueryEngine) -> [Rows; 5] {
     ]
 }
 
+/// `spend_days` answers as `job_days` grouped by day, account, user and model, over every day
+/// and over one.
+async fn spend_agrees(e: &QueryEngine, what: &str) {
+    let key = "day, job_account, job_user, gpu_model";
+    let sums = "sum(gpu_seconds) AS gpu_seconds, sum(idle_gpu_seconds) AS idle_gpu_seconds, \
+        sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd, \
+        min(first_seen) AS first_seen, max(last_seen) AS last_seen";
+    let one_day = format!(
+        "day >= to_timestamp_nanos({}) AND day < to_timestamp_nanos({})",
+        D0 + days::DAY,
+        D0 + 2 * days::DAY
+    );
+    for filter in ["true".to_string(), one_day] {
+        let ask = |from: &str, jobs: &str| {
+            format!(
+                "SELECT {key}, {jobs} AS jobs, {sums} FROM {from} WHERE {filter} GROUP BY {key} ORDER BY {key}"
+            )
+        };
+        let got = rows(e, &ask("spend_days", "sum(jobs)")).await;
+        let want = rows(e, &ask("job_days", "count(DISTINCT job_id)")).await;
+        assert!(want.len() >= 3, "{what}: {want:?}");
+        same(&got, &want, &format!("{what}: spend_days where {filter}"));
+    }
+}
+
+/// Day `day`'s spend no longer matches its hours (a marker of other samples, as a day an
+/// earlier release rolled has none).
+fn stale_spend(store: &Arc<Store>, day: i64) {
+    let schema = Table::JobLedgerSpend.schema();
+    let marker = RecordBatch::try_from_iter([(
+        "samples",
+        Arc::new(arrow::array::Int64Array::from(vec![-1_i64])) as arrow::array::ArrayRef,
+    )])
+    .expect("marker");
+    let batch = days::conformed(&schema, day, &marker).expect("conform");
+    store
+        .replace_days(Table::JobLedgerSpend, &[(day.div_euclid(days::DAY), batch)])
+        .expect("replace");
+}
+
 async fn day_rows(e: &QueryEngine) -> i64 {
     rows(e, &format!("SELECT count(*) AS n FROM {}", days::NAME)).await[0]["n"]
         .as_i64()
@@ -172,6 +212,7 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
     assert!(ledger.snapshot().days.is_empty());
     let want = answers(&e).await;
     assert_eq!(want[0].len(), 62, "two jobs over days, sixty of an hour");
+    spend_agrees(&e, "by the hour").await;
     same(
         &want[2],
         &want[3],
@@ -193,6 +234,28 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
     for (i, what) in names.iter().enumerate() {
         same(&got[i], &want[i], &format!("{what}, from the daily sums"));
     }
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(&e, "from the group rows").await;
+
+    // A day without its spend (rolled by an earlier release): `spend_days` reads that day by
+    // the hour until the folding server rolls it again.
+    stale_spend(&store, D0);
+    let (e, ledger) = server(&store, &cost, false).await;
+    assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0 + days::DAY, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(&e, "a day without group rows").await;
+    let (e, ledger) = server(&store, &cost, true).await;
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(&e, "rolled again").await;
 
     // An hour of the first whole day changes (a refold): every server reads that day by the
     // hour until the folding server rolls it again.
@@ -206,6 +269,12 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
         "the changed day is not read from its old sums"
     );
     let changed = answers(&e).await;
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0 + days::DAY, D0 + 2 * days::DAY)],
+        "the changed day's spend is not read"
+    );
+    spend_agrees(&e, "a day stale").await;
     same(
         &changed[2],
         &changed[3],

@@ -26,6 +26,7 @@ use super::super::work::WORK_COLUMNS;
 use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
 use super::bounds::Ask;
 use super::spans::{self, Range};
+use super::table::GROUP_JOBS;
 use super::{JobLedger, Snapshot, days, plain, raw_columns, table, totals};
 
 /// Which view over the ledger.
@@ -37,6 +38,9 @@ pub enum View {
     Hours,
     /// `job_days`: one row per job, host, GPU model and day (UTC).
     Days,
+    /// `spend_days`: one row per day (UTC), account, user and GPU model, `job_days` grouped by
+    /// them, read from the daily group rows ([`days`]) where a day has them.
+    Spend,
 }
 
 impl View {
@@ -51,7 +55,13 @@ impl JobLedger {
     /// sums for the days in `days`), the seed (`job_seed`) and the raw samples at or after the
     /// watermark: `p` has one row per job, GPU and hour (or day) with its sums, `price` and
     /// `day`.
-    fn usage_ctes(&self, watermark: Option<i64>, read: &LedgerRead, days: &[(i64, i64)]) -> String {
+    fn usage_ctes(
+        &self,
+        view: View,
+        watermark: Option<i64>,
+        read: &LedgerRead,
+        days: &[(i64, i64)],
+    ) -> String {
         let cost = &self.cost;
         let class_columns: String = LIMITERS
             .iter()
@@ -68,13 +78,15 @@ impl JobLedger {
         let (before, in_days) = read.condition(watermark, days);
         let sums = format!(
             "job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, time AS hour"
+    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, {GROUP_JOBS}, time AS hour"
         );
+        // `spend_days` reads a day's spend, the other views its job rows.
+        let (day_table, day_kind) = match view {
+            View::Spend => (days::SPEND, format!("{GROUP_JOBS} IS NOT NULL")),
+            _ => (days::NAME, "job_id IS NOT NULL".to_string()),
+        };
         let day_rows = in_days.map_or(String::new(), |c| {
-            format!(
-                "\n  UNION ALL\n  SELECT {sums}\n  FROM {} WHERE job_id IS NOT NULL AND {c}",
-                days::NAME
-            )
+            format!("\n  UNION ALL\n  SELECT {sums}\n  FROM {day_table} WHERE {day_kind} AND {c}")
         });
         let raw = raw_columns();
         let charge_max = charge_max_sql(false);
@@ -100,7 +112,7 @@ impl JobLedger {
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
-    {class_sums}{charge_max}, hour
+    {class_sums}{charge_max}, CAST(NULL AS BIGINT), hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
   SELECT u.*, {price} AS price, date_bin(INTERVAL '1 day', hour) AS day FROM u
@@ -122,6 +134,10 @@ impl JobLedger {
         days: &[(i64, i64)],
     ) -> String {
         let days = if view.reads_days() { days } else { &[] };
+        let ctes = self.usage_ctes(view, watermark, read, days);
+        if view == View::Spend {
+            return format!("{ctes}\n{}", self.spend_select());
+        }
         // Each job of `p` is there whole (with all its hosts), so its rows count its hosts;
         // `nullif` keeps the column nullable, as the totals' is.
         let summed = self.grouped_select(
@@ -132,7 +148,6 @@ impl JobLedger {
             ),
             "p",
         );
-        let ctes = self.usage_ctes(watermark, read, days);
         match (&read.totals, view) {
             (Some(t), View::Jobs) => format!("{ctes}\n{summed}\n{}", self.totals_sql(t)),
             _ => format!("{ctes}\n{summed}"),
@@ -153,12 +168,12 @@ impl JobLedger {
                 ),
             ),
             View::Hours => ("hour, job_id, host, gpu_model", String::new()),
-            View::Days => ("day, job_id, host, gpu_model", String::new()),
+            View::Days | View::Spend => ("day, job_id, host, gpu_model", String::new()),
         };
         let lead = match view {
             View::Jobs => "",
             View::Hours => "hour, ",
-            View::Days => "day, ",
+            View::Days | View::Spend => "day, ",
         };
         format!(
             r#"SELECT {lead}job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, host,
@@ -176,6 +191,30 @@ FROM {from} GROUP BY {key}"#,
                 ", gpu_model"
             },
             charge_named = charge_max_sql(true),
+        )
+    }
+
+    /// `spend_days` over `p`: the `job_days` rows of the days read by the hour (or from raw
+    /// samples) grouped by day, account, user and model, and the group rows of the others
+    /// (which [`days`] grouped the same way when it wrote them).
+    fn spend_select(&self) -> String {
+        let energy_price = self.cost.energy_price_sql();
+        let key = "day, job_account, job_user, gpu_model";
+        let job_rows = self.grouped_select(
+            View::Days,
+            ("count(DISTINCT gpu_uuid)", ""),
+            "p WHERE job_id IS NOT NULL",
+        );
+        format!(
+            r#"SELECT {key}, count(DISTINCT job_id) AS jobs, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
+  sum(gpu_seconds) AS gpu_seconds, sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules,
+  sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd
+FROM ({job_rows}) jd GROUP BY {key}
+UNION ALL
+SELECT {key}, coalesce({GROUP_JOBS}, 0) AS jobs, first_seen, last_seen, gpu_seconds, idle_gpu_seconds, energy_joules,
+  gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
+  idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd
+FROM p WHERE job_id IS NULL"#
         )
     }
 
@@ -250,7 +289,13 @@ UNION ALL
     ) -> DfResult<DataFrame> {
         let seed = MemTable::try_new(snap.seed.schema(), vec![vec![snap.seed.clone()]])?;
         let mut own: Vec<(&str, Arc<dyn TableProvider>)> = vec![("job_seed", Arc::new(seed))];
-        let mut shared = vec!["gpu_metrics", "metrics", table::NAME, days::NAME];
+        let mut shared = vec![
+            "gpu_metrics",
+            "metrics",
+            table::NAME,
+            days::NAME,
+            days::SPEND,
+        ];
         if let Some(t) = &read.totals {
             let recent = totals::job_batch(t.recent.iter().map(String::as_str))?;
             own.push((
@@ -260,9 +305,14 @@ UNION ALL
             shared.push(totals::NAME);
         }
         let private = private_state(state, &shared, own).await?;
-        let core = self.core_sql(view, snap.watermark, read, &snap.days);
+        let days = match view {
+            View::Spend => &snap.grouped_days,
+            _ => &snap.days,
+        };
+        let core = self.core_sql(view, snap.watermark, read, days);
         let sql = match view {
             _ if !work => core,
+            View::Spend => core,
             View::Jobs => self.work.jobs_with_work(&core),
             View::Hours => self.work.rows_with_work(&core, "hour"),
             View::Days => self.work.rows_with_work(&core, "day"),

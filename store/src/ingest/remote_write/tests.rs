@@ -466,7 +466,8 @@ proptest! {
                 | Table::GpuProcesses1h
                 | Table::JobLedger
                 | Table::JobLedger1d
-                | Table::JobLedgerTotals => {
+                | Table::JobLedgerTotals
+                | Table::JobLedgerSpend => {
                     prop_assert!(false, "ingest never writes rollup or ledger tables");
                 }
                 Table::GpuProcesses | Table::GpuEvents | Table::Alerts => {
