@@ -185,6 +185,36 @@ fn stale_spend(store: &Arc<Store>, day: i64) {
         .expect("replace");
 }
 
+/// Once the folding server rolled the days, `spend_days` reads them from their spend; a day
+/// without it (rolled by an earlier release) is read by the hour until that server rolls it
+/// again.
+async fn the_daily_spend_answers_as_job_days(
+    e: &QueryEngine,
+    ledger: &JobLedger,
+    store: &Arc<Store>,
+    cost: &CostConfig,
+) {
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(e, "from the daily spend").await;
+    stale_spend(store, D0);
+    let (e, ledger) = server(store, cost, false).await;
+    assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0 + days::DAY, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(&e, "a day without its spend").await;
+    let (e, ledger) = server(store, cost, true).await;
+    assert_eq!(
+        ledger.snapshot().grouped_days,
+        vec![(D0, D0 + 2 * days::DAY)]
+    );
+    spend_agrees(&e, "rolled again").await;
+}
+
 async fn day_rows(e: &QueryEngine) -> i64 {
     rows(e, &format!("SELECT count(*) AS n FROM {}", days::NAME)).await[0]["n"]
         .as_i64()
@@ -234,28 +264,7 @@ async fn daily_sums_answer_as_the_hours_do_and_stale_days_are_read_by_the_hour()
     for (i, what) in names.iter().enumerate() {
         same(&got[i], &want[i], &format!("{what}, from the daily sums"));
     }
-    assert_eq!(
-        ledger.snapshot().grouped_days,
-        vec![(D0, D0 + 2 * days::DAY)]
-    );
-    spend_agrees(&e, "from the group rows").await;
-
-    // A day without its spend (rolled by an earlier release): `spend_days` reads that day by
-    // the hour until the folding server rolls it again.
-    stale_spend(&store, D0);
-    let (e, ledger) = server(&store, &cost, false).await;
-    assert_eq!(ledger.snapshot().days, vec![(D0, D0 + 2 * days::DAY)]);
-    assert_eq!(
-        ledger.snapshot().grouped_days,
-        vec![(D0 + days::DAY, D0 + 2 * days::DAY)]
-    );
-    spend_agrees(&e, "a day without group rows").await;
-    let (e, ledger) = server(&store, &cost, true).await;
-    assert_eq!(
-        ledger.snapshot().grouped_days,
-        vec![(D0, D0 + 2 * days::DAY)]
-    );
-    spend_agrees(&e, "rolled again").await;
+    the_daily_spend_answers_as_job_days(&e, &ledger, &store, &cost).await;
 
     // An hour of the first whole day changes (a refold): every server reads that day by the
     // hour until the folding server rolls it again.
