@@ -1,8 +1,10 @@
 //! The views over the ledger: `jobs` (one row per job and host), `job_hours` (one row per
-//! job, host, GPU model and hour) and `job_days` (the same per day, what monthly statements
-//! sum). Each is the ledger's folded hours (`jobs` and `job_days` read whole days from its
-//! daily sums, [`days`]) plus the same formulas over the raw samples at or after the
-//! watermark, planned in a catalog of their own so that the two parts always agree.
+//! job, host, GPU model and hour), `job_days` (the same per day, what monthly statements
+//! sum) and `spend_days` (`job_days` per day, account, user and GPU model). Each is the
+//! ledger's folded hours (`jobs` and `job_days` read whole days from its daily sums,
+//! `spend_days` from its daily spend, [`days`]) plus the same formulas over the raw samples at
+//! or after the watermark, planned in a catalog of their own so that the two parts always
+//! agree.
 
 use std::sync::Arc;
 
@@ -39,7 +41,7 @@ pub enum View {
     /// `job_days`: one row per job, host, GPU model and day (UTC).
     Days,
     /// `spend_days`: one row per day (UTC), account, user and GPU model, `job_days` grouped by
-    /// them, read from the daily group rows ([`days`]) where a day has them.
+    /// them, read from `job_ledger_spend` ([`days`]) where a day's spend matches its hours.
     Spend,
 }
 
@@ -195,7 +197,7 @@ FROM {from} GROUP BY {key}"#,
     }
 
     /// `spend_days` over `p`: the `job_days` rows of the days read by the hour (or from raw
-    /// samples) grouped by day, account, user and model, and the group rows of the others
+    /// samples) grouped by day, account, user and model, and the spend rows of the others
     /// (which [`days`] grouped the same way when it wrote them).
     fn spend_select(&self) -> String {
         let energy_price = self.cost.energy_price_sql();
