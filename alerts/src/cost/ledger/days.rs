@@ -63,8 +63,9 @@ pub(super) struct Days {
     pub grouped: BTreeMap<i64, u64>,
 }
 
-/// Each day's marker in `table` (its row with `condition`): day start → samples.
-async fn markers(
+/// The marker rows of `table` (its rows with `condition`): time (a day's or an hour's start)
+/// → samples.
+pub(super) async fn markers(
     ctx: &SessionContext,
     table: &str,
     condition: &str,

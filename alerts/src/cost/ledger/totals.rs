@@ -106,16 +106,12 @@ impl Totals {
 
 /// Every ledger hour's raw samples (its hour rows).
 pub(super) async fn ledger_hours(ctx: &SessionContext) -> DfResult<BTreeMap<i64, i64>> {
-    let sql = format!(
-        "SELECT CAST(time AS BIGINT), samples, 0 FROM {} \
-         WHERE job_id IS NULL AND last_sample_time IS NULL",
-        table::NAME
-    );
-    Ok(days::int_rows(ctx, &sql)
-        .await?
-        .into_iter()
-        .map(|(h, n, _)| (h, n))
-        .collect())
+    days::markers(
+        ctx,
+        table::NAME,
+        "job_id IS NULL AND last_sample_time IS NULL",
+    )
+    .await
 }
 
 /// The written days' markers.
