@@ -104,6 +104,7 @@ impl Store {
             .expire(now, &mut report)
             .and_then(|()| self.compact(now, &mut reopened, &mut report))
             .and_then(|()| self.merge_days(now, &mut report))
+            .and_then(|()| self.merge_months(&mut report))
             .and_then(|()| self.roll_days(now, &mut report))
             .and_then(|()| self.vacuum(now, &mut report));
         if let Err(e) = done {

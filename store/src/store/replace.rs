@@ -7,7 +7,8 @@
 //!
 //! Such tables have few rows an hour, so maintenance merges each of their closed days into one
 //! file ([`Store::merge_days`]): a month of the job ledger is 30 files to open, not 720, and a
-//! year of hourly rollups 365, not 8,760.
+//! year of hourly rollups 365, not 8,760. The ledger's daily spend, a few rows a day, is merged
+//! a month to a file ([`Store::merge_months`]).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -32,6 +33,20 @@ pub(super) const DAY_NANOS: i64 = 24 * HOUR_NANOS;
 /// hour. The 1-minute rollups stay a file an hour (60 rows a GPU an hour).
 pub(super) const DAY_FILES: [Table; 3] =
     [Table::JobLedger, Table::GpuMetrics1h, Table::GpuProcesses1h];
+
+/// Tables whose files maintenance merges a UTC month to a file ([`Store::merge_months`]): a few
+/// rows a day, read over months and years.
+pub(super) const MONTH_FILES: [Table; 1] = [Table::JobLedgerSpend];
+
+/// The start (ns) of the UTC calendar month holding `t` (ns).
+fn month_of(t: i64) -> i64 {
+    use chrono::{Datelike, TimeZone, Utc};
+    let at = Utc.timestamp_nanos(t);
+    Utc.with_ymd_and_hms(at.year(), at.month(), 1, 0, 0, 0)
+        .single()
+        .and_then(|m| m.timestamp_nanos_opt())
+        .unwrap_or(t)
+}
 
 fn overlaps(f: &FileMeta, hour: i64) -> bool {
     f.has_time_range()
@@ -281,12 +296,49 @@ impl Store {
         days
     }
 
+    /// Merges the files of each UTC calendar month of the [`MONTH_FILES`] tables into one file
+    /// (`dataChange=false`), the month in progress too: a year of their days is 12 files to
+    /// open, not 365. A day written again later (into a file of its own, with the rest of its
+    /// month's file kept beside it) is merged back at the next pass.
+    pub(super) fn merge_months(&self, report: &mut MaintenanceReport) -> Result<()> {
+        for table in MONTH_FILES {
+            let mut months: BTreeMap<i64, Vec<FileMeta>> = BTreeMap::new();
+            for f in self
+                .readable_files(table)
+                .into_iter()
+                .filter(|f| f.has_time_range())
+            {
+                months.entry(month_of(f.min_time)).or_default().push(f);
+            }
+            for (start, files) in months {
+                let end = month_of(start.saturating_add(32 * DAY_NANOS));
+                if files.len() < 2 || files.iter().any(|f| f.max_time >= end) {
+                    continue;
+                }
+                match self.merge_files(table, start.div_euclid(HOUR_NANOS), &files) {
+                    Ok(()) => {
+                        report.files_merged += files.len();
+                        report.windows_compacted += 1;
+                    }
+                    Err(Error::Changed { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn merge_day(&self, table: Table, day: i64, inputs: &[FileMeta]) -> Result<()> {
+        self.merge_files(table, day * 24, inputs)
+    }
+
+    /// Replaces `inputs` with one file of their rows, named for the hour `first_hour`.
+    fn merge_files(&self, table: Table, first_hour: i64, inputs: &[FileMeta]) -> Result<()> {
         let merged =
             persist::sort_batch(table, &compact::read_files(&self.storage, table, inputs)?)?;
         let ms = now_millis(self.clock.as_ref());
         let name = format!("d{}", random_hex());
-        let w = persist::write_file(&self.storage, table, &merged, day * 24, &name, 1, ms)?;
+        let w = persist::write_file(&self.storage, table, &merged, first_hour, &name, 1, ms)?;
         let now = self.clock.now_nanos();
         let done = {
             let mut tables = lock(&self.tables);

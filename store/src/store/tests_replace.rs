@@ -190,3 +190,69 @@ fn a_day_is_written_as_one_file_and_refused_past_its_end() {
         .expect("an hour of the day");
     assert_eq!(every_job(&store), ["d", "d", "h"]);
 }
+
+/// The `job_id`s of `table`'s rows, sorted, and its number of files.
+fn jobs_and_files(store: &Store, table: Table) -> (Vec<String>, usize) {
+    let files = store.files(table);
+    let b = crate::compact::read_files(store.storage(), table, &files).expect("read");
+    let a = arrow::compute::cast(b.column(1), &arrow::datatypes::DataType::Utf8).expect("text");
+    let mut jobs: Vec<String> = a
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .map(|s| s.iter().map(|v| v.unwrap_or("").to_string()).collect())
+        .unwrap_or_default();
+    jobs.sort();
+    (jobs, files.len())
+}
+
+#[test]
+fn the_daily_spend_is_merged_a_month_to_a_file_and_a_day_in_it_is_replaced_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0 + 40 * 24 * H));
+    let store = Store::open(
+        StoreConfig {
+            wal_sync: false,
+            ..StoreConfig::new(dir.path())
+        },
+        clock,
+    )
+    .expect("open");
+    // T0 is 2027-01-15 08:00 UTC: days 0..3 are in January, 17 and 18 in February.
+    let first = (T0 - 8 * H) / (24 * H);
+    let write = |k: i64, job: &str| {
+        let t = (first + k) * 24 * H + H;
+        let mut b = ledger_rows(&[t], job);
+        b = RecordBatch::try_new(Table::JobLedgerSpend.schema(), b.columns().to_vec())
+            .expect("spend rows");
+        store
+            .replace_days(Table::JobLedgerSpend, &[(first + k, b)])
+            .expect("a day");
+    };
+    for (k, job) in [(0, "a"), (1, "b"), (2, "c"), (17, "f1"), (18, "f2")] {
+        write(k, job);
+    }
+    assert_eq!(jobs_and_files(&store, Table::JobLedgerSpend).1, 5);
+    store.maintain().expect("maintain");
+    let (jobs, files) = jobs_and_files(&store, Table::JobLedgerSpend);
+    assert_eq!(files, 2, "January and February, a file each");
+    assert_eq!(jobs, ["a", "b", "c", "f1", "f2"]);
+    // A day of January written again: the rest of the month is kept beside it.
+    write(1, "z");
+    let (jobs, files) = jobs_and_files(&store, Table::JobLedgerSpend);
+    assert_eq!(jobs, ["a", "c", "f1", "f2", "z"]);
+    assert_eq!(files, 3);
+    store.maintain().expect("maintain");
+    assert_eq!(
+        jobs_and_files(&store, Table::JobLedgerSpend),
+        (["a", "c", "f1", "f2", "z"].map(String::from).to_vec(), 2)
+    );
+    // The job ledger's own days stay a file a day.
+    for k in [0, 1] {
+        let t = (first + k) * 24 * H + H;
+        store
+            .replace_days(Table::JobLedger, &[(first + k, ledger_rows(&[t], "j"))])
+            .expect("a ledger day");
+    }
+    store.maintain().expect("maintain");
+    assert_eq!(store.files(Table::JobLedger).len(), 2);
+}
