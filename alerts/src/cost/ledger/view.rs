@@ -368,7 +368,14 @@ pub(super) async fn private_state(
     catalog.register_schema(&schema_name, Arc::new(schema))?;
     let list = MemoryCatalogProviderList::new();
     list.register_catalog(catalog_name, Arc::new(catalog));
-    Ok(SessionStateBuilder::new_from_existing(state.clone())
+    // The Parquet reader applies the views' filters itself, decoding the other columns only
+    // for the rows that pass: `jobs` reads the per-job totals twice, once for the rows of one
+    // GPU model on a host and once for the few others, and a year of them is 7 million rows.
+    let mut builder = SessionStateBuilder::new_from_existing(state.clone());
+    if let Some(config) = builder.config() {
+        config.options_mut().execution.parquet.pushdown_filters = true;
+    }
+    Ok(builder
         .with_catalog_list(Arc::new(list))
         .with_optimizer_rules(projections_first(state.optimizers()))
         .build())
