@@ -259,18 +259,32 @@ impl Store {
     /// the next pass.
     pub(super) fn merge_days(&self, now: i64, report: &mut MaintenanceReport) -> Result<()> {
         for table in DAY_FILES {
-            for (day, files) in self.closed_days(table, now) {
-                if files.len() < 2 {
-                    continue;
+            let days = self.closed_days(table, now).into_iter();
+            self.merge_each(table, days.map(|(day, files)| (day * 24, files)), report)?;
+        }
+        Ok(())
+    }
+
+    /// Merges each group of `table`'s files (the hour its file is named for, its files) that
+    /// holds two or more into one file. A group whose files changed meanwhile is left for the
+    /// next pass.
+    fn merge_each(
+        &self,
+        table: Table,
+        groups: impl IntoIterator<Item = (i64, Vec<FileMeta>)>,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        for (first_hour, files) in groups {
+            if files.len() < 2 {
+                continue;
+            }
+            match self.merge_files(table, first_hour, &files) {
+                Ok(()) => {
+                    report.files_merged += files.len();
+                    report.windows_compacted += 1;
                 }
-                match self.merge_day(table, day, &files) {
-                    Ok(()) => {
-                        report.files_merged += files.len();
-                        report.windows_compacted += 1;
-                    }
-                    Err(Error::Changed { .. }) => {}
-                    Err(e) => return Err(e),
-                }
+                Err(Error::Changed { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -310,26 +324,19 @@ impl Store {
             {
                 months.entry(month_of(f.min_time)).or_default().push(f);
             }
-            for (start, files) in months {
+            // Only months whose files all lie within them.
+            months.retain(|start, files| {
                 let end = month_of(start.saturating_add(32 * DAY_NANOS));
-                if files.len() < 2 || files.iter().any(|f| f.max_time >= end) {
-                    continue;
-                }
-                match self.merge_files(table, start.div_euclid(HOUR_NANOS), &files) {
-                    Ok(()) => {
-                        report.files_merged += files.len();
-                        report.windows_compacted += 1;
-                    }
-                    Err(Error::Changed { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
+                files.iter().all(|f| f.max_time < end)
+            });
+            let months = months.into_iter();
+            self.merge_each(
+                table,
+                months.map(|(s, f)| (s.div_euclid(HOUR_NANOS), f)),
+                report,
+            )?;
         }
         Ok(())
-    }
-
-    fn merge_day(&self, table: Table, day: i64, inputs: &[FileMeta]) -> Result<()> {
-        self.merge_files(table, day * 24, inputs)
     }
 
     /// Replaces `inputs` with one file of their rows, named for the hour `first_hour`.

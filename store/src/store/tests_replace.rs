@@ -45,7 +45,12 @@ fn jobs_in(store: &Store, hour: i64) -> Vec<String> {
 }
 
 fn jobs_of(store: &Store, inside: &[FileMeta]) -> Vec<String> {
-    let b = crate::compact::read_files(store.storage(), Table::JobLedger, inside).expect("read");
+    jobs_of_table(store, Table::JobLedger, inside)
+}
+
+/// The `job_id`s of `table`'s rows in the files `inside`, in file order.
+fn jobs_of_table(store: &Store, table: Table, inside: &[FileMeta]) -> Vec<String> {
+    let b = crate::compact::read_files(store.storage(), table, inside).expect("read");
     let a = arrow::compute::cast(b.column(1), &arrow::datatypes::DataType::Utf8).expect("text");
     a.as_any()
         .downcast_ref::<StringArray>()
@@ -194,13 +199,7 @@ fn a_day_is_written_as_one_file_and_refused_past_its_end() {
 /// The `job_id`s of `table`'s rows, sorted, and its number of files.
 fn jobs_and_files(store: &Store, table: Table) -> (Vec<String>, usize) {
     let files = store.files(table);
-    let b = crate::compact::read_files(store.storage(), table, &files).expect("read");
-    let a = arrow::compute::cast(b.column(1), &arrow::datatypes::DataType::Utf8).expect("text");
-    let mut jobs: Vec<String> = a
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .map(|s| s.iter().map(|v| v.unwrap_or("").to_string()).collect())
-        .unwrap_or_default();
+    let mut jobs = jobs_of_table(store, table, &files);
     jobs.sort();
     (jobs, files.len())
 }
