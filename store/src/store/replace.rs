@@ -267,7 +267,9 @@ impl Store {
 
     /// Merges each group of `table`'s files (the hour its file is named for, its files) that
     /// holds two or more into one file. A group whose files changed meanwhile is left for the
-    /// next pass.
+    /// next pass; one that cannot be merged now (a damaged file, a table whose log is damaged)
+    /// is skipped with a warning, as compaction skips a window, and every other group goes on;
+    /// a conflict with another maintainer ends the pass.
     fn merge_each(
         &self,
         table: Table,
@@ -284,7 +286,13 @@ impl Store {
                     report.windows_compacted += 1;
                 }
                 Err(Error::Changed { .. }) => {}
-                Err(e) => return Err(e),
+                Err(e @ Error::DeltaConflict { .. }) | Err(e @ Error::Fenced(_)) => return Err(e),
+                Err(e) => {
+                    let damaged = self.find_damaged(table, &files);
+                    tracing::warn!(table = table.name(), first_hour, error = %e, damaged = damaged.len(),
+                        "merging the files failed; it is retried at the next pass without any damaged file, and every other group goes on");
+                    report.windows_skipped += 1;
+                }
             }
         }
         Ok(())

@@ -38,7 +38,7 @@ on_both!(
 );
 
 /// Overwrites `rel` of the store's storage with `bytes` (local disk or S3).
-fn clobber(s: &Store, rel: &str, bytes: &[u8]) {
+pub(super) fn clobber(s: &Store, rel: &str, bytes: &[u8]) {
     let key = s.storage().key(rel).expect("key");
     let store = s.storage().root_store();
     let payload = PutPayload::from(bytes.to_vec());

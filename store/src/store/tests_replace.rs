@@ -204,29 +204,34 @@ fn jobs_and_files(store: &Store, table: Table) -> (Vec<String>, usize) {
     (jobs, files.len())
 }
 
+/// A store at 40 days past T0 (2027-01-15 08:00 UTC) and the day of T0: days 0..3 after it are
+/// in January, 17 and 18 in February.
+fn spend_store(dir: &std::path::Path) -> (Store, i64) {
+    let clock = Arc::new(ManualClock::new(T0 + 40 * 24 * H));
+    let config = StoreConfig {
+        wal_sync: false,
+        ..StoreConfig::new(dir)
+    };
+    let store = Store::open(config, clock).expect("open");
+    (store, (T0 - 8 * H) / (24 * H))
+}
+
+/// Writes day `first + k` of the daily spend as one row of `job`.
+fn write_spend(store: &Store, first: i64, k: i64, job: &str) {
+    let t = (first + k) * 24 * H + H;
+    let b = ledger_rows(&[t], job);
+    let b = RecordBatch::try_new(Table::JobLedgerSpend.schema(), b.columns().to_vec())
+        .expect("spend rows");
+    store
+        .replace_days(Table::JobLedgerSpend, &[(first + k, b)])
+        .expect("a day");
+}
+
 #[test]
 fn the_daily_spend_is_merged_a_month_to_a_file_and_a_day_in_it_is_replaced_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let clock = Arc::new(ManualClock::new(T0 + 40 * 24 * H));
-    let store = Store::open(
-        StoreConfig {
-            wal_sync: false,
-            ..StoreConfig::new(dir.path())
-        },
-        clock,
-    )
-    .expect("open");
-    // T0 is 2027-01-15 08:00 UTC: days 0..3 are in January, 17 and 18 in February.
-    let first = (T0 - 8 * H) / (24 * H);
-    let write = |k: i64, job: &str| {
-        let t = (first + k) * 24 * H + H;
-        let mut b = ledger_rows(&[t], job);
-        b = RecordBatch::try_new(Table::JobLedgerSpend.schema(), b.columns().to_vec())
-            .expect("spend rows");
-        store
-            .replace_days(Table::JobLedgerSpend, &[(first + k, b)])
-            .expect("a day");
-    };
+    let (store, first) = spend_store(dir.path());
+    let write = |k: i64, job: &str| write_spend(&store, first, k, job);
     for (k, job) in [(0, "a"), (1, "b"), (2, "c"), (17, "f1"), (18, "f2")] {
         write(k, job);
     }
@@ -254,4 +259,41 @@ fn the_daily_spend_is_merged_a_month_to_a_file_and_a_day_in_it_is_replaced_alone
     }
     store.maintain().expect("maintain");
     assert_eq!(store.files(Table::JobLedger).len(), 2);
+}
+
+#[test]
+fn a_damaged_spend_file_is_left_out_of_its_months_merge_and_the_other_month_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, first) = spend_store(dir.path());
+    for (k, job) in [(0, "a"), (1, "b"), (2, "c"), (17, "f1"), (18, "f2")] {
+        write_spend(&store, first, k, job);
+    }
+    let table = Table::JobLedgerSpend;
+    let mut files = store.files(table).as_ref().clone();
+    files.sort_by_key(|f| f.min_time);
+    let bad = files[0].clone();
+    super::tests_damage::clobber(&store, &bad.path, &vec![0u8; bad.bytes as usize]);
+    let r = store
+        .maintain()
+        .expect("a damaged file never fails the pass");
+    assert_eq!((r.windows_compacted, r.windows_skipped), (1, 1), "{r:?}");
+    let damaged: Vec<String> = store.damaged_files().into_iter().map(|d| d.path).collect();
+    assert_eq!(damaged, std::slice::from_ref(&bad.path));
+    let february = (first + 17) * 24 * H;
+    let later = |s: &Store| {
+        s.files(table)
+            .iter()
+            .filter(|f| f.min_time >= february)
+            .count()
+    };
+    assert_eq!(later(&store), 1, "February merged in the same pass");
+    // The next pass merges January's other days, and the damaged file stays named.
+    let r = store.maintain().expect("maintain");
+    assert_eq!(r.windows_compacted, 1, "{r:?}");
+    let files = store.files(table);
+    assert_eq!(files.len(), 3, "{files:?}");
+    assert!(files.iter().any(|f| f.path == bad.path), "never removed");
+    let mut jobs = jobs_of_table(&store, table, &store.readable_files(table));
+    jobs.sort();
+    assert_eq!(jobs, ["b", "c", "f1", "f2"]);
 }
