@@ -303,6 +303,7 @@ FROM d GROUP BY job_id, host"#,
             ("job_hours", View::Hours),
             ("job_days", View::Days),
             ("spend_days", View::Spend),
+            (ledger::groups::NAME, View::Groups),
         ] {
             let table = JobsTable::new(Arc::clone(&ledger), view, &ctx.state())
                 .await

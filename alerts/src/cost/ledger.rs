@@ -36,7 +36,7 @@
 //! own, so the two always agree.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use arrow::array::{
@@ -166,6 +166,8 @@ pub(super) struct TotalsSnap {
     /// Those of them that also have a row in the totals (seen again after their file was
     /// written, until their new last day is written): the view leaves that row out.
     pub overlap: Vec<String>,
+    /// The days of the files holding those rows.
+    pub overlap_days: Vec<i64>,
 }
 
 /// The [`CHARGE_COLUMNS`] with `gpu_metrics`' types, nullable.
@@ -270,8 +272,10 @@ struct State {
     days: days::Days,
     /// The ledger's hours and the days written to `job_ledger_totals`.
     totals: totals::Totals,
-    /// The jobs seen at or after the totals' end that also have a row in them.
+    /// The jobs seen at or after the totals' end that also have a row in them, and the days
+    /// of the files holding those rows.
     overlap: Vec<String>,
+    overlap_days: Vec<i64>,
     /// Whether the totals files of an earlier release were given their jobs' host counts.
     hosts_filled: bool,
 }
@@ -286,6 +290,10 @@ pub struct JobLedger {
     state: Mutex<State>,
     /// Each job's first and last hour in the table ([`spans`]).
     spans: RwLock<spans::Spans>,
+    /// The groups made of each day's totals ([`groups`]).
+    made: Mutex<groups::MadeDays>,
+    /// The store the ledger's passes read (set by the first).
+    store: OnceLock<Arc<gpuwatch_store::Store>>,
 }
 
 pub(super) fn plain(e: impl std::fmt::Display) -> DataFusionError {
@@ -325,6 +333,8 @@ impl JobLedger {
             snapshot: RwLock::new(Arc::new(Snapshot::empty())),
             state: Mutex::new(State::default()),
             spans: RwLock::new(spans::Spans::default()),
+            made: Mutex::new(groups::MadeDays::new()),
+            store: OnceLock::new(),
         }
     }
 
@@ -426,6 +436,7 @@ impl JobLedger {
             end,
             recent,
             overlap: state.overlap.clone(),
+            overlap_days: state.overlap_days.clone(),
         }))
     }
 
@@ -679,6 +690,7 @@ impl Usage {
 
 mod bounds;
 mod days;
+pub mod groups;
 mod spans;
 mod sync;
 pub mod table;
@@ -690,5 +702,7 @@ pub use view::{JobsTable, View};
 mod tests;
 #[cfg(test)]
 mod tests_days;
+#[cfg(test)]
+mod tests_groups;
 #[cfg(test)]
 mod tests_totals;

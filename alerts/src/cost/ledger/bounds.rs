@@ -6,6 +6,8 @@
 //! | --- | --- | --- |
 //! | `jobs` | `last_seen >= t`, `> t`, `BETWEEN t AND …` | `low` |
 //! | `jobs` | `first_seen <= t`, `< t` | `high` |
+//! | `jobs` | `last_seen <= t`, `< t`, `BETWEEN … AND t` | `last_high` |
+//! | `job_groups` | `day >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `last_high` (the end of `t`'s day) |
 //! | `job_hours` | `hour >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `high` |
 //! | `job_days` | `day >= t`, `> t`, `<= t`, `< t`, `BETWEEN` | `low`, `high` (the end of `t`'s day) |
 //! | both | `job_id = 'x'`, `job_id IN ('x', …)` | `jobs` |
@@ -33,6 +35,9 @@ pub(super) struct Ask {
     /// The job's rows start by this time (`jobs`: first seen at or before; `job_hours`: an hour
     /// at or before).
     pub(super) high: Option<i64>,
+    /// `jobs`: the job was last seen at or before this time (so were all its rows; a job
+    /// with raw samples after the watermark is not, when this is before it).
+    pub(super) last_high: Option<i64>,
     /// Only these jobs.
     pub(super) jobs: Option<Vec<String>>,
 }
@@ -40,7 +45,7 @@ pub(super) struct Ask {
 impl Ask {
     /// Whether anything bounds the jobs.
     pub(super) fn bounded(&self) -> bool {
-        self.low.is_some() || self.high.is_some() || self.jobs.is_some()
+        self.low.is_some() || self.high.is_some() || self.last_high.is_some() || self.jobs.is_some()
     }
 
     /// Whether a job whose ledger hours are `first..=last` may be returned (`live`: it has raw
@@ -48,7 +53,11 @@ impl Ask {
     pub(super) fn may_return(&self, (first, last): (i64, i64), live: bool) -> bool {
         let reaches = live || self.low.is_none_or(|l| last + HOUR > l);
         let starts = self.high.is_none_or(|h| first <= h);
-        reaches && starts
+        // A job last seen by `h` had its last ledger hour start by then, unless it runs on.
+        let ends = self
+            .last_high
+            .is_none_or(|h| first <= h && (live || last <= h));
+        reaches && starts && ends
     }
 
     /// Whether every row `view` may return for the question lies before the raw samples at or
@@ -60,7 +69,8 @@ impl Ask {
         let first_raw = match view {
             View::Hours => super::floor_hour(w),
             View::Days | View::Spend => super::days::floor_day(w),
-            View::Jobs => return false,
+            // A job with raw samples after the watermark was last seen at or after it.
+            View::Jobs | View::Groups => return self.last_high.is_some_and(|h| h < w),
         };
         self.high.is_some_and(|h| h < first_raw)
     }
@@ -70,17 +80,19 @@ impl Ask {
         let (low_col, high_col) = match view {
             View::Jobs => ("last_seen", "first_seen"),
             View::Hours => ("hour", "hour"),
-            View::Days | View::Spend => ("day", "day"),
+            View::Days | View::Spend | View::Groups => ("day", "day"),
         };
         let mut ask = Ask::default();
         for f in filters {
             ask.read(f, low_col, high_col, state);
         }
-        if matches!(view, View::Days | View::Spend) {
+        let end_of_day = |h: i64| super::days::floor_day(h).saturating_add(super::days::DAY - 1);
+        match view {
             // A day at or before `t` holds hours up to the end of `t`'s day.
-            ask.high = ask
-                .high
-                .map(|h| super::days::floor_day(h).saturating_add(super::days::DAY - 1));
+            View::Days | View::Spend => ask.high = ask.high.map(end_of_day),
+            // `job_groups`' day is the day its jobs were last seen.
+            View::Groups => ask.last_high = ask.high.take().map(end_of_day),
+            View::Jobs | View::Hours => {}
         }
         ask
     }
@@ -140,7 +152,10 @@ impl Ask {
         }
         let is_low = col == low_col && matches!(op, Operator::Gt | Operator::GtEq);
         let is_high = col == high_col && matches!(op, Operator::Lt | Operator::LtEq);
-        if !(is_low || is_high) {
+        // `jobs` only: its `last_seen` is the low column.
+        let is_last_high =
+            col == "last_seen" && low_col == col && matches!(op, Operator::Lt | Operator::LtEq);
+        if !(is_low || is_high || is_last_high) {
             return;
         }
         let Some(t) = nanos(value, state) else {
@@ -154,6 +169,8 @@ impl Ask {
         };
         if is_low {
             self.low = Some(self.low.map_or(t, |l| l.max(t)));
+        } else if is_last_high {
+            self.last_high = Some(self.last_high.map_or(t, |h| h.min(t)));
         } else {
             self.high = Some(self.high.map_or(t, |h| h.min(t)));
         }
@@ -277,6 +294,7 @@ mod tests {
         .await;
         assert_eq!(panel.low, Some(T));
         assert_eq!(panel.high, Some(T + 24 * HOUR));
+        assert_eq!(panel.last_high, Some(T + 24 * HOUR), "BETWEEN's end");
         let month = ask_of(
             View::Hours,
             &format!(
@@ -300,8 +318,32 @@ mod tests {
             recent.low.is_some_and(|t| t > T - 365 * 24 * HOUR),
             "{recent:?}"
         );
-        let wrong = ask_of(View::Jobs, &format!("last_seen <= to_timestamp_nanos({T})")).await;
+        let ended = ask_of(View::Jobs, &format!("last_seen < to_timestamp_nanos({T})")).await;
+        assert_eq!(
+            ended,
+            Ask {
+                last_high: Some(T - 1),
+                ..Ask::default()
+            }
+        );
+        let wrong = ask_of(
+            View::Jobs,
+            &format!("first_seen >= to_timestamp_nanos({T})"),
+        )
+        .await;
         assert!(!wrong.bounded(), "{wrong:?}");
+        // `job_groups`: a day at or before `t` holds jobs last seen up to the end of its day.
+        let midnight = super::super::days::floor_day(T);
+        let groups = ask_of(
+            View::Groups,
+            &format!("day >= to_timestamp_nanos({midnight}) AND day <= to_timestamp_nanos({T})"),
+        )
+        .await;
+        let day = super::super::days::DAY;
+        assert_eq!(
+            (groups.low, groups.high, groups.last_high),
+            (Some(midnight), None, Some(midnight + day - 1))
+        );
         let either = ask_of(
             View::Jobs,
             &format!("last_seen >= to_timestamp_nanos({T}) OR job_id = '1'"),
@@ -334,6 +376,11 @@ mod tests {
         // A job first seen long ago may still be running.
         let jobs = ask_of(View::Jobs, &at("first_seen <=", T)).await;
         assert!(!jobs.ends_before_raw(View::Jobs, w));
+        // A job last seen before the watermark has no raw samples after it.
+        let ended = ask_of(View::Jobs, &at("last_seen <", w)).await;
+        assert!(ended.ends_before_raw(View::Jobs, w), "{ended:?}");
+        let ended = ask_of(View::Jobs, &at("last_seen <=", w)).await;
+        assert!(!ended.ends_before_raw(View::Jobs, w), "{ended:?}");
         assert!(!Ask::default().ends_before_raw(View::Hours, w), "unbounded");
     }
 
@@ -342,7 +389,7 @@ mod tests {
         let ask = Ask {
             low: Some(10 * HOUR + 5),
             high: Some(20 * HOUR),
-            jobs: None,
+            ..Ask::default()
         };
         assert!(
             ask.may_return((0, 10 * HOUR), false),
@@ -352,5 +399,19 @@ mod tests {
         assert!(ask.may_return((0, 9 * HOUR), true), "running");
         assert!(ask.may_return((20 * HOUR, 30 * HOUR), false));
         assert!(!ask.may_return((21 * HOUR, 30 * HOUR), false));
+        let ended = Ask {
+            last_high: Some(10 * HOUR + 5),
+            ..Ask::default()
+        };
+        assert!(ended.may_return((0, 10 * HOUR), false), "its last hour");
+        assert!(!ended.may_return((0, 11 * HOUR), false), "seen after");
+        assert!(
+            ended.may_return((0, 11 * HOUR), true),
+            "running: raw samples decide"
+        );
+        assert!(
+            !ended.may_return((11 * HOUR, 11 * HOUR), true),
+            "started after"
+        );
     }
 }

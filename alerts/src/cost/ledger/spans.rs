@@ -118,6 +118,11 @@ impl Spans {
         self.jobs.get(job).map(|&(_, last)| last)
     }
 
+    /// The first and last hour of `job`, when it has one.
+    pub(super) fn span(&self, job: &str) -> Option<(i64, i64)> {
+        self.jobs.get(job).copied()
+    }
+
     /// The jobs with an hour at or after `t`.
     pub(super) fn since(&self, t: i64) -> Vec<&str> {
         let mut jobs: Vec<&str> = self
@@ -266,7 +271,7 @@ mod tests {
         let month = Ask {
             low: Some(4 * H),
             high: Some(9 * H),
-            jobs: None,
+            ..Ask::default()
         };
         assert_eq!(s.range(&month, &none, w), Some((5 * H, 10 * H)));
         // No bound at all: everything.

@@ -17,8 +17,8 @@ use crate::cost::tests::json_rows as rows;
 
 const S: i64 = 1_000_000_000;
 /// A day boundary (2027-01-16T00:00:00Z).
-const D0: i64 = 1_800_057_600 * S;
-const DAY: i64 = days::DAY;
+pub(super) const D0: i64 = 1_800_057_600 * S;
+pub(super) const DAY: i64 = days::DAY;
 
 /// The jobs' usage rows in hour `h` from `D0`: `long` on two GPUs for 60 hours, `done` on the
 /// first day, `back` on the first day and again on the fourth, `multi` on two GPU models of
@@ -52,7 +52,7 @@ fn hour(h: i64) -> RecordBatch {
     hour_rows(start, &rows, &[], samples).expect("hour rows")
 }
 
-fn write_hours(store: &Store, hours: std::ops::Range<i64>) {
+pub(super) fn write_hours(store: &Store, hours: std::ops::Range<i64>) {
     let batches: Vec<(i64, RecordBatch)> = hours.map(|h| (D0 / HOUR + h, hour(h))).collect();
     store
         .replace_hours(Table::JobLedger, &batches)
@@ -98,7 +98,7 @@ async fn by_jobs(e: &QueryEngine) -> Rows {
     .await
 }
 
-async fn server(
+pub(super) async fn server(
     store: &Arc<Store>,
     cost: &CostConfig,
     fold: bool,
@@ -152,7 +152,7 @@ async fn each_job_alone(e: &QueryEngine, want: &Rows) {
 }
 
 /// A store with the ledger's first 80 hours, its clock, and prices.
-fn setup(dir: &std::path::Path) -> (Arc<Store>, CostConfig, i64) {
+pub(super) fn setup(dir: &std::path::Path) -> (Arc<Store>, CostConfig, i64) {
     let clock = Arc::new(ManualClock::new(D0 + 10 * DAY));
     table::declare().expect("declare");
     let store = open(dir, &clock, None);

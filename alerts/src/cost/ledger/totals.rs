@@ -295,28 +295,33 @@ async fn rewrite(ctx: &SessionContext, store: &Arc<Store>, day: i64, sql: &str) 
     replace(store, day, concat_batches(&schema, &rows)?).await
 }
 
-/// Those of `jobs` (first hour of the earliest: `first`) with a row in the files before `end`.
+/// Those of `jobs` (first hour of the earliest: `first`) with a row in the files before `end`,
+/// and the days of the files holding those rows.
 pub(super) async fn overlap(
     state: &SessionState,
     jobs: Vec<String>,
     first: Option<i64>,
     end: i64,
-) -> DfResult<Vec<String>> {
+) -> DfResult<(Vec<String>, Vec<i64>)> {
     let Some(first) = first.filter(|_| !jobs.is_empty()) else {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     };
     let ctx = with_jobs(state, job_batch(jobs.iter().map(String::as_str))?).await?;
     let sql = format!(
-        "SELECT DISTINCT job_id FROM {NAME} WHERE job_id IN (SELECT job_id FROM {JOB_LIST}) \
+        "SELECT DISTINCT job_id, CAST(time AS BIGINT) FROM {NAME} WHERE job_id IN (SELECT job_id FROM {JOB_LIST}) \
          AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({end})",
         from = floor_day(first)
     );
-    let mut out = Vec::new();
+    let (mut out, mut days) = (Vec::new(), Vec::new());
     for b in ctx.sql(&sql).await?.collect().await? {
         out.extend(super::strings(&b, 0)?.iter().flatten().map(str::to_string));
+        days.extend(super::ints(&b, 1)?.iter().flatten().map(floor_day));
     }
     out.sort_unstable();
-    Ok(out)
+    out.dedup();
+    days.sort_unstable();
+    days.dedup();
+    Ok((out, days))
 }
 
 /// Removes the jobs of [`JOB_LIST`] from the files of the days in `[from, day)`: they were

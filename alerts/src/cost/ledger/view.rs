@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{
@@ -29,7 +30,7 @@ use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares}
 use super::bounds::Ask;
 use super::spans::{self, Range};
 use super::table::GROUP_JOBS;
-use super::{JobLedger, Snapshot, days, plain, raw_columns, table, totals};
+use super::{JobLedger, Snapshot, days, groups, plain, raw_columns, table, totals};
 
 /// Which view over the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,9 @@ pub enum View {
     /// `spend_days`: one row per day (UTC), account, user and GPU model, `job_days` grouped by
     /// them, read from `job_ledger_spend` ([`days`]) where a day's spend matches its hours.
     Spend,
+    /// `job_groups`: the `jobs` rows grouped by the days their jobs were last and first seen,
+    /// user, account, GPU model and limiter ([`groups`]).
+    Groups,
 }
 
 impl View {
@@ -135,6 +139,10 @@ impl JobLedger {
         read: &LedgerRead,
         days: &[(i64, i64)],
     ) -> String {
+        if view == View::Groups {
+            let jobs = self.core_sql(View::Jobs, watermark, read, days);
+            return groups::group_select(&jobs);
+        }
         let days = if view.reads_days() { days } else { &[] };
         let ctes = self.usage_ctes(view, watermark, read, days);
         if view == View::Spend {
@@ -161,7 +169,7 @@ impl JobLedger {
     fn grouped_select(&self, view: View, (gpus, hosts): (&str, &str), from: &str) -> String {
         let energy_price = self.cost.energy_price_sql();
         let (key, extra) = match view {
-            View::Jobs => (
+            View::Jobs | View::Groups => (
                 "job_id, host",
                 format!(
                     ", {} AS limiter, max(gpu_model) AS gpu_model, {hosts} AS {}",
@@ -173,7 +181,7 @@ impl JobLedger {
             View::Days | View::Spend => ("day, job_id, host, gpu_model", String::new()),
         };
         let lead = match view {
-            View::Jobs => "",
+            View::Jobs | View::Groups => "",
             View::Hours => "hour, ",
             View::Days | View::Spend => "day, ",
         };
@@ -187,7 +195,7 @@ impl JobLedger {
   sum(gpu_seconds * price) / 3600.0 + sum(energy_joules) * {energy_price} AS cost_usd,
   sum(idle_gpu_seconds * price) / 3600.0 + sum(idle_energy_joules) * {energy_price} AS idle_cost_usd{extra}{gpu_model}{charge_named}
 FROM {from} GROUP BY {key}"#,
-            gpu_model = if view == View::Jobs {
+            gpu_model = if matches!(view, View::Jobs | View::Groups) {
                 ""
             } else {
                 ", gpu_model"
@@ -220,11 +228,16 @@ FROM p WHERE job_id IS NULL"#
         )
     }
 
-    /// `UNION ALL` the `jobs` rows of the finished jobs from their totals ([`totals`]): a row
-    /// as it is where the job used one GPU model on the host, grouped by host otherwise.
-    /// `gpus` is never null there, as the `count` it stands beside (a union whose inputs
-    /// disagree on that fails to plan above an aggregate).
+    /// `UNION ALL` the `jobs` rows of the finished jobs from their totals ([`totals`]).
     fn totals_sql(&self, t: &TotalsRead) -> String {
+        format!("UNION ALL\n{}", self.totals_rows_sql(t))
+    }
+
+    /// The `jobs` rows of the finished jobs from their totals ([`totals`]): a row as it is
+    /// where the job used one GPU model on the host, grouped by host otherwise. `gpus` is never
+    /// null there, as the `count` it stands beside (a union whose inputs disagree on that
+    /// fails to plan above an aggregate).
+    pub(super) fn totals_rows_sql(&self, t: &TotalsRead) -> String {
         let energy_price = self.cost.energy_price_sql();
         // The marker rows have no `last_seen`.
         let mut within = format!(
@@ -244,6 +257,13 @@ FROM p WHERE job_id IS NULL"#
         if let Some(high) = t.high {
             within.push_str(&format!(" AND first_seen <= to_timestamp_nanos({high})"));
         }
+        if let Some(high) = t.last_high {
+            // A job's row is in the file of the day it was last seen.
+            within.push_str(&format!(
+                " AND time <= to_timestamp_nanos({}) AND last_seen <= to_timestamp_nanos({high})",
+                days::floor_day(high)
+            ));
+        }
         if let Some(ids) = &t.jobs {
             within.push_str(&format!(" AND job_id IN ({ids})"));
         }
@@ -256,8 +276,7 @@ FROM p WHERE job_id IS NULL"#
             name = totals::NAME,
         );
         format!(
-            r#"UNION ALL
-SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, first_seen, last_seen, gpu_seconds,
+            r#"SELECT job_id, scheduler, job_user, job_name, host, coalesce(gpus, 0) AS gpus, first_seen, last_seen, gpu_seconds,
   CASE WHEN held_gpu_seconds > 0 THEN gpu_seconds / held_gpu_seconds ELSE 1.0 END AS share,
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
@@ -314,13 +333,35 @@ UNION ALL
         let core = self.core_sql(view, snap.watermark, read, days);
         let sql = match view {
             _ if !work => core,
-            View::Spend => core,
+            View::Spend | View::Groups => core,
             View::Jobs => self.work.jobs_with_work(&core),
             View::Hours => self.work.rows_with_work(&core, "hour"),
             View::Days => self.work.rows_with_work(&core, "day"),
         };
         let plan = private.create_logical_plan(&sql).await?;
         Ok(DataFrame::new(private, plan))
+    }
+
+    /// `job_groups`' rows for `read` ([`groups`]): the groups made before of the days it
+    /// names, and the others grouped now; every day grouped now where the made ones do not fit.
+    async fn groups_frame(
+        &self,
+        state: &SessionState,
+        snap: &Snapshot,
+        read: &mut LedgerRead,
+    ) -> DfResult<DataFrame> {
+        let made = read.made.take();
+        let frame = self.frame(View::Groups, state, snap, read, false).await?;
+        let Some(made) = made else {
+            return Ok(frame);
+        };
+        if let Some(frame) = groups::with_made(frame, &made)? {
+            return Ok(frame);
+        }
+        if let Some(t) = read.totals.as_mut() {
+            t.days = None;
+        }
+        self.frame(View::Groups, state, snap, read, false).await
     }
 }
 
@@ -413,6 +454,8 @@ const RECENT: &str = "job_recent";
 /// What a view reads of the ledger's table below the watermark.
 #[derive(Debug, Default)]
 pub(super) struct LedgerRead {
+    /// `job_groups`: the groups made before of the days the totals' read leaves out.
+    pub made: Option<Vec<RecordBatch>>,
     /// Only these hours (`None`: every hour).
     pub hours: Option<Range>,
     /// Only these jobs (`None`: every job).
@@ -426,16 +469,18 @@ pub(super) struct LedgerRead {
 }
 
 /// What `jobs` reads of the per-job totals ([`totals`]).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct TotalsRead {
     /// The totals' end.
     pub end: i64,
     /// The jobs read from the ledger's hours and days instead (seen at or after `end`, or
     /// after the watermark).
     pub recent: Vec<String>,
-    /// The question's bounds: last seen at or after, first seen at or before.
+    /// The question's bounds: last seen at or after, first seen at or before, last seen at or
+    /// before.
     pub low: Option<i64>,
     pub high: Option<i64>,
+    pub last_high: Option<i64>,
     /// The question's jobs, as an SQL list.
     pub jobs: Option<String>,
     /// The days of the files holding the question's jobs (runs `[from, to)`; `None`: every
@@ -513,9 +558,17 @@ impl JobLedger {
         state: &SessionState,
         snap: &Snapshot,
         view: View,
-        ask: Ask,
+        mut ask: Ask,
     ) -> DfResult<LedgerRead> {
-        let totals = snap.totals.as_ref().filter(|_| view == View::Jobs);
+        let totals = snap
+            .totals
+            .as_ref()
+            .filter(|_| matches!(view, View::Jobs | View::Groups));
+        // A job's hours read short of its last would seem to end earlier: a bound on when
+        // jobs were last seen holds only for whole jobs (the totals' rows, the recent jobs).
+        if totals.is_none() {
+            ask.last_high = None;
+        }
         let Some(w) = snap
             .watermark
             .filter(|_| (ask.bounded() || totals.is_some()) && self.spans_ready())
@@ -523,7 +576,8 @@ impl JobLedger {
             return Ok(LedgerRead::default());
         };
         let before_raw = ask.ends_before_raw(view, w);
-        let live = if before_raw {
+        // The live jobs are needed to leave them out when their raw samples are not read.
+        let live = if before_raw && ask.last_high.is_none() {
             Default::default()
         } else {
             let ctx = datafusion::prelude::SessionContext::new_with_state(state.clone());
@@ -540,9 +594,11 @@ impl JobLedger {
                 jobs: ask.jobs,
                 totals: None,
                 skip_raw,
+                made: None,
             });
         };
-        let (ids, overlap) = self.recent_jobs(t, &live, ask.jobs.as_deref())?;
+        let (mut ids, overlap) = self.recent_jobs(t, &live, ask.jobs.as_deref())?;
+        self.keep_returnable(&mut ids, &ask, &live, skip_raw);
         let hours = self.spans().range(
             &Ask {
                 jobs: Some(ids.clone()),
@@ -556,6 +612,7 @@ impl JobLedger {
             jobs: ask.jobs,
             totals: None,
             skip_raw,
+            made: None,
         };
         let jobs = read.job_list();
         let days = read
@@ -568,12 +625,33 @@ impl JobLedger {
                 recent: ids,
                 low: ask.low,
                 high: ask.high,
+                last_high: ask.last_high,
                 jobs,
                 days,
                 overlap,
             }),
             ..read
         })
+    }
+
+    /// Keeps those of the recent jobs `ids` that `ask` may return, when it bounds when they
+    /// were last seen: the others are left out whole (read in part, they would seem to end
+    /// earlier), the live ones too when their raw samples are not read (`skip_raw`).
+    fn keep_returnable(
+        &self,
+        ids: &mut Vec<String>,
+        ask: &Ask,
+        live: &std::collections::HashSet<String>,
+        skip_raw: bool,
+    ) {
+        if ask.last_high.is_none() {
+            return;
+        }
+        let spans = self.spans();
+        ids.retain(|j| {
+            let live = live.contains(j);
+            !(live && skip_raw) && spans.span(j).is_none_or(|s| ask.may_return(s, live))
+        });
     }
 
     /// The days (runs `[from, to)`) of the totals' files that hold the jobs `asked`: the day
@@ -692,7 +770,10 @@ impl TableProvider for JobsTable {
             .ok_or_else(|| plain("the jobs view needs a DataFusion session"))?;
         let snap = self.ledger.snapshot();
         let ask = Ask::of(self.view, filters, state);
-        let read = self.ledger.read_for(state, &snap, self.view, ask).await?;
+        let mut read = self
+            .ledger
+            .read_for(state, &snap, self.view, ask.clone())
+            .await?;
         let names: Option<Vec<&str>> = projection.map(|p| {
             p.iter()
                 .map(|&i| self.schema.field(i).name().as_str())
@@ -702,10 +783,14 @@ impl TableProvider for JobsTable {
         let work = names
             .as_ref()
             .is_none_or(|n| n.iter().any(|c| WORK_COLUMNS.contains(c)));
-        let mut frame = self
-            .ledger
-            .frame(self.view, state, &snap, &read, work)
-            .await?;
+        let mut frame = if self.view == View::Groups {
+            self.ledger.split_groups(&snap, &mut read, &ask);
+            self.ledger.groups_frame(state, &snap, &mut read).await?
+        } else {
+            self.ledger
+                .frame(self.view, state, &snap, &read, work)
+                .await?
+        };
         if let Some(names) = names {
             frame = frame.select_columns(&names)?;
         }

@@ -1,0 +1,191 @@
+//! `job_groups` ([`groups`]) against `jobs` grouped the same way: with the groups made of
+//! each day's totals, with a day holding a job seen again (read as `jobs` reads it), and the
+//! Cost panels' answers from the groups and the edges against their answers from `jobs`.
+
+use super::bounds::Ask;
+use super::tests_days::{Rows, same};
+use super::tests_totals::{D0, DAY, server, setup, write_hours};
+use super::*;
+use crate::cost::tests::json_rows as rows;
+
+const ORDER: &str = "ORDER BY day, first_day, job_user, job_account, gpu_model, limiter, job_id";
+
+/// `jobs` grouped as `job_groups` groups it, under `filter`.
+async fn want(e: &gpuwatch_query::QueryEngine, filter: &str) -> Rows {
+    let sql = groups::group_select("SELECT * FROM jobs");
+    rows(
+        e,
+        &format!("SELECT * FROM ({sql}) g WHERE {filter} {ORDER}"),
+    )
+    .await
+}
+
+async fn got(e: &gpuwatch_query::QueryEngine, filter: &str) -> Rows {
+    rows(
+        e,
+        &format!("SELECT * FROM {} WHERE {filter} {ORDER}", groups::NAME),
+    )
+    .await
+}
+
+/// The questions compared: every group, and groups bounded by their day.
+async fn agree(e: &gpuwatch_query::QueryEngine, what: &str) {
+    let at = |t: i64| format!("to_timestamp_nanos({t})");
+    for filter in [
+        "true".to_string(),
+        format!("day >= {}", at(D0 + DAY)),
+        format!("day < {}", at(D0 + DAY)),
+        format!("day BETWEEN {} AND {}", at(D0 + DAY / 2), at(D0 + 2 * DAY)),
+        format!("day >= {} AND day <= {}", at(D0 + 2 * DAY), at(D0)),
+    ] {
+        let want = want(e, &filter).await;
+        assert_eq!(want.is_empty(), filter.contains("<="), "{what}: {filter}");
+        same(&got(e, &filter).await, &want, &format!("{what}: {filter}"));
+    }
+}
+
+/// The days a `job_groups` question takes from the groups made (rows, for each) and those it
+/// reads as `jobs` does.
+async fn split(
+    e: &gpuwatch_query::QueryEngine,
+    ledger: &JobLedger,
+) -> (Vec<usize>, Vec<(i64, i64)>) {
+    let snap = ledger.snapshot();
+    let state = e.context().state();
+    let ask = Ask::default();
+    let mut read = ledger
+        .read_for(&state, &snap, View::Groups, ask.clone())
+        .await
+        .expect("read");
+    ledger.split_groups(&snap, &mut read, &ask);
+    let made = read.made.unwrap_or_default();
+    let days = read.totals.and_then(|t| t.days).unwrap_or_default();
+    (made.iter().map(|b| b.num_rows()).collect(), days)
+}
+
+#[tokio::test]
+async fn job_groups_answers_as_jobs_grouped_from_the_days_made_and_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
+
+    // Before any totals: every group from `jobs`.
+    let (e, ledger) = server(&store, &cost, false, now).await;
+    assert!(groups::made_days(&ledger).is_empty());
+    agree(&e, "no totals").await;
+
+    // The folding server writes the first two days' totals and makes their groups.
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    assert_eq!(groups::made_days(&ledger), [D0, D0 + DAY]);
+    let (made, read) = split(&e, &ledger).await;
+    assert_eq!(made.len(), 2, "both days from their groups");
+    assert!(made.iter().all(|&n| n > 0), "{made:?}");
+    assert!(
+        read.is_empty(),
+        "no totals day read as jobs reads it: {read:?}"
+    );
+    agree(&e, "groups made").await;
+
+    // `back` comes back on the fourth day: day 0 (its file) is read as `jobs` reads it, day 1
+    // from its groups, until the job's new day is written.
+    write_hours(&store, 80..130);
+    let (e, ledger) = server(&store, &cost, false, now).await;
+    let (made, read) = split(&e, &ledger).await;
+    assert_eq!((made.len(), read), (1, vec![(D0, D0 + DAY)]));
+    agree(&e, "a job back").await;
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    assert_eq!(groups::made_days(&ledger).len(), 4, "days 0 to 3");
+    let (made, read) = split(&e, &ledger).await;
+    assert_eq!((made.len(), read.len()), (4, 0));
+    agree(&e, "its new day written").await;
+}
+
+/// The Cost dashboard's "GPU-hours and cost by limiter" (`new`: whole days from `job_groups`,
+/// the edges from `jobs`) and its earlier form over `jobs` alone, for the range `from..to`.
+fn limiter_panels(from: &str, to: &str) -> (String, String) {
+    let edge = "limiter, CASE WHEN job_host_count = 1 THEN 1 ELSE 0 END AS jobs, \
+        CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS job_id, gpu_seconds, cost_usd, idle_cost_usd";
+    let sums = "sum(gpu_seconds) / 3600 AS gpu_hours, sum(cost_usd) AS cost, sum(idle_cost_usd) AS idle_cost";
+    let new = format!(
+        "SELECT coalesce(limiter, '(no GPU time)') AS limiter, sum(jobs) + count(DISTINCT job_id) AS jobs, {sums} FROM (
+  SELECT limiter, jobs, job_id, gpu_seconds, cost_usd, idle_cost_usd FROM job_groups
+  WHERE day >= {from} AND first_day <= {to} - INTERVAL '1 day'
+  UNION ALL
+  SELECT {edge} FROM jobs WHERE last_seen >= {from} AND last_seen < date_trunc('day', {from}) + INTERVAL '1 day'
+    AND date_trunc('day', last_seen) < {from} AND first_seen <= {to}
+  UNION ALL
+  SELECT {edge} FROM jobs WHERE last_seen >= {from} AND last_seen > {to} - INTERVAL '1 day'
+    AND date_trunc('day', last_seen) >= {from} AND first_seen <= {to} AND date_trunc('day', first_seen) > {to} - INTERVAL '1 day'
+) j GROUP BY 1 ORDER BY 1"
+    );
+    let old = format!(
+        "SELECT coalesce(limiter, '(no GPU time)') AS limiter,
+  count(CASE WHEN job_host_count = 1 THEN 1 END) + count(DISTINCT CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END) AS jobs, {sums}
+FROM jobs WHERE last_seen >= {from} AND first_seen <= {to} GROUP BY 1 ORDER BY 1"
+    );
+    (new, old)
+}
+
+/// "Spend by account"'s jobs per account over the hours billed (from the hour holding `from`
+/// to the end of the hour holding `to`), both ways.
+fn account_jobs(from: &str, to: &str) -> (String, String) {
+    let (lo, hi) = (
+        format!("date_trunc('hour', {from})"),
+        format!("(date_trunc('hour', {to}) + INTERVAL '1 hour')"),
+    );
+    let edge = "coalesce(job_account, '(none)') AS account, CASE WHEN job_host_count = 1 THEN 1 ELSE 0 END AS jobs, \
+        CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS job_id";
+    let new = format!(
+        "SELECT account, sum(jobs) + count(DISTINCT job_id) AS jobs FROM (
+  SELECT coalesce(job_account, '(none)') AS account, jobs, job_id FROM job_groups
+  WHERE day >= {lo} AND first_day <= {hi} - INTERVAL '1 day'
+  UNION ALL
+  SELECT {edge} FROM jobs WHERE last_seen >= {lo} AND last_seen < date_trunc('day', {lo}) + INTERVAL '1 day'
+    AND date_trunc('day', last_seen) < {lo} AND first_seen < {hi}
+  UNION ALL
+  SELECT {edge} FROM jobs WHERE last_seen >= {lo} AND last_seen > {hi} - INTERVAL '1 day'
+    AND date_trunc('day', last_seen) >= {lo} AND first_seen < {hi} AND date_trunc('day', first_seen) > {hi} - INTERVAL '1 day'
+) j GROUP BY 1 ORDER BY 1"
+    );
+    let old = format!(
+        "SELECT coalesce(job_account, '(none)') AS account,
+  count(CASE WHEN job_host_count = 1 THEN 1 END) + count(DISTINCT CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END) AS jobs
+FROM jobs WHERE last_seen >= {lo} AND first_seen < {hi} GROUP BY 1 ORDER BY 1"
+    );
+    (new, old)
+}
+
+#[tokio::test]
+async fn the_cost_panels_answer_from_the_groups_as_from_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
+    write_hours(&store, 80..130);
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    assert!(groups::made_days(&ledger).len() >= 3);
+    const H: i64 = HOUR;
+    let at = |t: i64| format!("to_timestamp_nanos({t})");
+    // Ranges inside a day, across midnights, on midnights, and wider than the history.
+    for (from, to) in [
+        (D0 + 25 * H + 10, D0 + 26 * H),
+        (D0 + H + 7, D0 + 80 * H + 30),
+        (D0, D0 + 2 * DAY),
+        (D0 + 30 * H + 1_800_000_000_000, D0 + 60 * H),
+        (D0 + DAY - 1, D0 + 3 * DAY + 1),
+        (D0 - 5 * DAY, D0 + 10 * DAY),
+    ] {
+        let (from, to) = (at(from), at(to));
+        let (new, old) = limiter_panels(&from, &to);
+        let want = rows(&e, &old).await;
+        same(
+            &rows(&e, &new).await,
+            &want,
+            &format!("limiter {from}..{to}"),
+        );
+        let (new, old) = account_jobs(&from, &to);
+        let want = rows(&e, &old).await;
+        same(
+            &rows(&e, &new).await,
+            &want,
+            &format!("accounts {from}..{to}"),
+        );
+    }
+}
