@@ -1,6 +1,7 @@
 //! The `job_groups` view: the `jobs` rows grouped by the UTC days their jobs were last and
 //! first seen, user, account, GPU model and limiter (a job on several hosts keeps rows of its
-//! own, so that it is counted once), so that a year's panel sums thousands of groups instead of
+//! own, so that it is counted once, and so do the 20 jobs on one host with the most idle cost
+//! of each day, user and GPU model), so that a year's panel sums thousands of groups instead of
 //! millions of jobs.
 //!
 //! ```text
@@ -51,16 +52,30 @@ pub(super) struct Made {
 /// The groups made so far, by day.
 pub(super) type MadeDays = BTreeMap<i64, Made>;
 
-/// `job_groups`' `SELECT` over `from`, a relation with the `jobs` view's columns.
+/// The jobs on one host that keep a row of their own each day, per user and GPU model: those
+/// with the most idle cost (the Cost dashboard's "Most idle cost" ranks the jobs of a range,
+/// and a job among a range's first 20 is among the first 20 of its day, user and model).
+pub const TOP_IDLE: usize = 20;
+
+/// `job_groups`' `SELECT` over `from`, a relation with the `jobs` view's columns. A job keeps
+/// rows of its own (its `job_id`, one per host) where it ran on several hosts or is among the
+/// [`TOP_IDLE`] jobs on one host with the most idle cost of its day, user and GPU model
+/// (ties by `job_id`, as the panel orders them); the others are grouped (`job_id` null).
 pub(super) fn group_select(from: &str) -> String {
     format!(
-        r#"SELECT date_trunc('day', last_seen) AS day, date_trunc('day', first_seen) AS first_day,
-  job_user, job_account, gpu_model, limiter,
-  CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS job_id,
-  count(CASE WHEN job_host_count = 1 THEN 1 END) AS jobs,
+        r#"SELECT day, first_day, job_user, job_account, gpu_model, limiter, own AS job_id,
+  count(CASE WHEN own IS NULL THEN 1 END) AS jobs,
+  CASE WHEN own IS NULL THEN NULL ELSE max(job_name) END AS job_name, sum(gpus) AS gpus,
   sum(gpu_seconds) AS gpu_seconds, sum(idle_gpu_seconds) AS idle_gpu_seconds,
   sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd
-FROM ({from}) j GROUP BY 1, 2, 3, 4, 5, 6, 7"#
+FROM (
+  SELECT j.*, date_trunc('day', last_seen) AS day, date_trunc('day', first_seen) AS first_day,
+    CASE WHEN job_host_count = 1 AND row_number() OVER (
+        PARTITION BY date_trunc('day', last_seen), job_user, gpu_model, job_host_count = 1
+        ORDER BY idle_cost_usd DESC, job_id) > {TOP_IDLE}
+      THEN NULL ELSE job_id END AS own
+  FROM ({from}) j
+) g GROUP BY day, first_day, job_user, job_account, gpu_model, limiter, own"#
     )
 }
 

@@ -154,6 +154,107 @@ FROM jobs WHERE last_seen >= {lo} AND first_seen < {hi} GROUP BY 1 ORDER BY 1"
     (new, old)
 }
 
+/// The Cost dashboard's "Most idle cost" over the jobs last seen in `from..to` (`new`: the jobs
+/// with rows of their own in `groups` for whole days, the edges from `jobs`), and its earlier
+/// form over `jobs` alone.
+fn most_idle_panels(from: &str, to: &str, groups: &str, jobs: &str) -> (String, String) {
+    let cols =
+        "job_id, job_user, job_name, gpus, idle_cost_usd, cost_usd, idle_gpu_seconds, gpu_seconds";
+    let head = "SELECT job_id, max(job_user) AS job_user, max(job_name) AS name, sum(gpus) AS gpus, \
+        sum(idle_cost_usd) AS idle_cost, sum(cost_usd) AS cost, \
+        sum(idle_gpu_seconds) / nullif(sum(gpu_seconds), 0) AS idle_share";
+    let tail = "GROUP BY job_id ORDER BY idle_cost DESC, job_id LIMIT 20";
+    let seen = format!("last_seen BETWEEN {from} AND {to}");
+    let new = format!(
+        "{head} FROM (
+  SELECT {cols} FROM {groups} WHERE job_id IS NOT NULL AND day >= {from} AND day <= {to} - INTERVAL '1 day'
+  UNION ALL
+  SELECT {cols} FROM {jobs} WHERE {seen} AND last_seen < date_trunc('day', {from}) + INTERVAL '1 day'
+    AND date_trunc('day', last_seen) < {from}
+  UNION ALL
+  SELECT {cols} FROM {jobs} WHERE {seen} AND last_seen > {to} - INTERVAL '1 day'
+    AND date_trunc('day', last_seen) >= {from} AND date_trunc('day', last_seen) > {to} - INTERVAL '1 day'
+) j {tail}"
+    );
+    let old = format!("{head} FROM (SELECT j.* FROM {jobs} j WHERE {seen}) j {tail}");
+    (new, old)
+}
+
+/// 300 jobs over three days and two users, with ties in idle cost, every tenth on two hosts,
+/// as `jobs` rows.
+const MANY_JOBS: &str = "SELECT 'j' || lpad(CAST(i AS VARCHAR), 3, '0') AS job_id, h AS host,
+    to_timestamp_nanos(1800057600000000000 + (i % 3) * 86400000000000 + (i % 23) * 3600000000000) AS last_seen,
+    to_timestamp_nanos(1800057600000000000 + (i % 3) * 86400000000000 - 7200000000000) AS first_seen,
+    'u' || CAST(i % 2 AS VARCHAR) AS job_user, 'acct' AS job_account, 'H100' AS gpu_model,
+    'compute' AS limiter, CASE WHEN i % 10 = 0 THEN 2 ELSE 1 END AS job_host_count,
+    'n' || CAST(i AS VARCHAR) AS job_name, 1 AS gpus, CAST(i * 100 AS DOUBLE) AS gpu_seconds,
+    CAST(i * 10 AS DOUBLE) AS idle_gpu_seconds, 1.0 AS energy_joules,
+    CAST((i * 7) % 23 AS DOUBLE) + 10.0 AS cost_usd, CAST((i * 7) % 23 AS DOUBLE) AS idle_cost_usd
+  FROM unnest(range(1, 301)) AS t(i) CROSS JOIN unnest(['h1', 'h2']) AS u(h)
+  WHERE h = 'h1' OR i % 10 = 0";
+
+/// The rows of `sql` in `ctx`, as JSON objects.
+async fn rows_of(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Rows {
+    let batches = ctx.sql(sql).await.expect("plan").collect().await;
+    let batches = batches.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut w = arrow::json::ArrayWriter::new(Vec::new());
+    for b in &batches {
+        w.write(b).expect("json");
+    }
+    w.finish().expect("json");
+    let out = w.into_inner();
+    if out.is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_slice(&out).expect("rows")
+}
+
+#[tokio::test]
+async fn the_jobs_with_the_most_idle_cost_of_a_range_are_among_their_days_own_rows() {
+    let ctx = datafusion::prelude::SessionContext::new();
+    rows_of(&ctx, &format!("CREATE TABLE j AS {MANY_JOBS}")).await;
+    let groups = groups::group_select("SELECT * FROM j");
+    rows_of(&ctx, &format!("CREATE TABLE g AS {groups}")).await;
+    let one = |sql: &'static str| {
+        let ctx = ctx.clone();
+        async move { rows_of(&ctx, sql).await[0]["n"].as_i64() }
+    };
+    // 50 jobs on one host per day and user: 20 with rows of their own; those on two hosts too.
+    let own = "SELECT count(DISTINCT job_id) AS n FROM g WHERE job_id IN \
+        (SELECT job_id FROM j WHERE job_host_count = 1)";
+    assert_eq!(one(own).await, Some(3 * 2 * 20));
+    let two = "SELECT count(DISTINCT job_id) AS n FROM g WHERE job_id IN \
+        (SELECT job_id FROM j WHERE job_host_count = 2)";
+    assert_eq!(one(two).await, Some(30));
+    let all = "SELECT sum(jobs) + count(DISTINCT job_id) AS n FROM g";
+    assert_eq!(one(all).await, Some(300));
+    let at = |t: i64| format!("to_timestamp_nanos({t})");
+    const H: i64 = HOUR;
+    for (from, to) in [
+        (D0, D0 + 3 * DAY),
+        (D0 + 5 * H + 1, D0 + 2 * DAY + 7 * H),
+        (D0 + DAY, D0 + 2 * DAY),
+        (D0 + DAY + 3 * H, D0 + DAY + 4 * H),
+    ] {
+        let (new, old) = most_idle_panels(&at(from), &at(to), "g", "j");
+        let want = rows_of(&ctx, &old).await;
+        assert!(!want.is_empty(), "{from}..{to}");
+        same(
+            &rows_of(&ctx, &new).await,
+            &want,
+            &format!("most idle {from}..{to}"),
+        );
+        // One user's.
+        let user = |sql: &str| sql.replace(" WHERE ", " WHERE job_user = 'u1' AND ");
+        let want = rows_of(&ctx, &user(&old)).await;
+        same(
+            &rows_of(&ctx, &user(&new)).await,
+            &want,
+            &format!("one user {from}..{to}"),
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_cost_panels_answer_from_the_groups_as_from_jobs() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -186,6 +287,13 @@ async fn the_cost_panels_answer_from_the_groups_as_from_jobs() {
             &rows(&e, &new).await,
             &want,
             &format!("accounts {from}..{to}"),
+        );
+        let (new, old) = most_idle_panels(&from, &to, groups::NAME, "jobs");
+        let want = rows(&e, &old).await;
+        same(
+            &rows(&e, &new).await,
+            &want,
+            &format!("most idle {from}..{to}"),
         );
     }
 }
