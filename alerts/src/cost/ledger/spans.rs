@@ -10,7 +10,7 @@
 //! folds, merged days) are read from their first hour on. A span only grows, so a job refolded
 //! out of an hour keeps a span that still covers its rows.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use arrow::array::Array;
 
@@ -28,6 +28,9 @@ pub(super) struct Spans {
     ready: bool,
     /// Job id → (first hour, last hour), nanoseconds.
     jobs: HashMap<String, (i64, i64)>,
+    /// How many jobs have each (last hour, first hour): a question bounded in time looks at
+    /// the spans that can meet its bounds, not at every job (millions over a year).
+    by_last: BTreeMap<(i64, i64), u32>,
     /// The table's files already read.
     files: HashSet<String>,
 }
@@ -48,15 +51,32 @@ impl Spans {
 
     /// Extends `job`'s span to cover `hour`.
     pub(super) fn add(&mut self, job: &str, hour: i64) {
-        match self.jobs.get_mut(job) {
-            Some((first, last)) => {
-                *first = (*first).min(hour);
-                *last = (*last).max(hour);
-            }
+        let span = match self.jobs.get(job) {
+            Some(&(first, last)) if first <= hour && hour <= last => return,
+            Some(&(first, last)) => (first.min(hour), last.max(hour)),
+            None => (hour, hour),
+        };
+        self.put(job, span);
+    }
+
+    /// Sets `job`'s span.
+    fn put(&mut self, job: &str, (first, last): (i64, i64)) {
+        let old = match self.jobs.get_mut(job) {
+            Some(s) => Some(std::mem::replace(s, (first, last))),
             None => {
-                self.jobs.insert(job.to_string(), (hour, hour));
+                self.jobs.insert(job.to_string(), (first, last));
+                None
+            }
+        };
+        if let Some((f, l)) = old
+            && let Some(n) = self.by_last.get_mut(&(l, f))
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.by_last.remove(&(l, f));
             }
         }
+        *self.by_last.entry((last, first)).or_default() += 1;
     }
 
     /// The files of `files` not read yet, and the first hour of the earliest (`None` when
@@ -158,11 +178,20 @@ impl Spans {
                 .filter_map(|j| self.jobs.get(j).map(|s| (j, *s)))
                 .filter(|(j, s)| ask.may_return(*s, live.contains(j.as_str())))
                 .for_each(|(_, s)| take(s)),
-            None => self
-                .jobs
-                .iter()
-                .filter(|(j, s)| ask.may_return(**s, live.contains(j.as_str())))
-                .for_each(|(_, s)| take(*s)),
+            None => {
+                // The spans that can reach the lower bound, then the live jobs (which reach
+                // the present whatever their hours: `may_return` is wider for them).
+                let from = ask.low.map_or(i64::MIN, |l| l.saturating_sub(HOUR - 1));
+                self.by_last
+                    .range((from, i64::MIN)..)
+                    .map(|(&(last, first), _)| (first, last))
+                    .filter(|&s| ask.may_return(s, false))
+                    .for_each(&mut take);
+                live.iter()
+                    .filter_map(|j| self.jobs.get(j))
+                    .filter(|&&s| ask.may_return(s, true))
+                    .for_each(|&s| take(s));
+            }
         }
         Some(match range {
             Some((from, to)) => (from, to.min(w)),
@@ -253,7 +282,7 @@ mod tests {
         // Jobs seen from hour 19 on: c and d; d started at hour 1.
         assert_eq!(s.range(&since(19 * H + 30), &none, w), Some((H, 31 * H)));
         // Without d running that long, only c's hour.
-        s.jobs.insert("d".into(), (H, 3 * H));
+        s.put("d", (H, 3 * H));
         assert_eq!(s.range(&since(19 * H), &none, w), Some((20 * H, 21 * H)));
         // A job with raw samples after the watermark is read whole whatever its hours.
         let live: HashSet<String> = ["b".to_string()].into();
@@ -279,5 +308,55 @@ mod tests {
         // The end stops at the watermark.
         s.add("c", 40 * H);
         assert_eq!(s.range(&one("c"), &none, w), Some((20 * H, w)));
+    }
+
+    /// The range of every job that may be returned, looking at each job.
+    fn every_job(s: &Spans, ask: &Ask, live: &HashSet<String>, w: i64) -> Option<Range> {
+        let spans: Vec<(i64, i64)> = s
+            .jobs
+            .iter()
+            .filter(|(j, sp)| ask.may_return(**sp, live.contains(j.as_str())))
+            .map(|(_, sp)| *sp)
+            .collect();
+        let from = spans.iter().map(|s| s.0).min();
+        let to = spans.iter().map(|s| s.1 + H).max();
+        Some(from.zip(to).map_or((w, w), |(f, t)| (f, t.min(w))))
+    }
+
+    #[test]
+    fn the_spans_by_last_hour_give_the_range_that_looking_at_every_job_gives() {
+        let mut s = Spans::default();
+        s.set_ready();
+        // 200 jobs whose spans grow as hours are added out of order.
+        for i in 0..200i64 {
+            let job = format!("j{i}");
+            for k in [i % 37, (i * 7) % 53, i % 11 + 5] {
+                s.add(&job, k * H);
+            }
+        }
+        let count: u32 = s.by_last.values().sum();
+        assert_eq!(count as usize, s.len(), "one count per job");
+        let w = 60 * H;
+        let live: HashSet<String> = ["j3".to_string(), "j150".to_string()].into();
+        for low in [None, Some(0), Some(10 * H + 5), Some(40 * H), Some(70 * H)] {
+            for high in [None, Some(3 * H), Some(20 * H)] {
+                for last_high in [None, Some(12 * H), Some(50 * H)] {
+                    let ask = Ask {
+                        low,
+                        high,
+                        last_high,
+                        ..Ask::default()
+                    };
+                    for l in [&HashSet::new(), &live] {
+                        let want = if ask.bounded() {
+                            every_job(&s, &ask, l, w)
+                        } else {
+                            None
+                        };
+                        assert_eq!(s.range(&ask, l, w), want, "{ask:?} live {l:?}");
+                    }
+                }
+            }
+        }
     }
 }
