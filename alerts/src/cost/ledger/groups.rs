@@ -183,8 +183,9 @@ impl JobLedger {
     }
 
     /// What a `job_groups` question reads: the groups made for the days it may return (the
-    /// view's rows of those days, cast to `schema`), and the totals' days it reads as `jobs`
-    /// does (`read.totals`' days).
+    /// view's rows of those days, `read.made`), and the totals' days it reads as `jobs` does
+    /// (`read.totals`' days): those without groups made from their current files, and those
+    /// holding a job seen again.
     pub(super) fn split_groups(&self, snap: &Snapshot, read: &mut LedgerRead, ask: &Ask) {
         let (Some(t), Some(store)) = (read.totals.as_mut(), self.store.get()) else {
             return;

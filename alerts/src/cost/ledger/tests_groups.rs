@@ -274,26 +274,20 @@ async fn the_cost_panels_answer_from_the_groups_as_from_jobs() {
         (D0 - 5 * DAY, D0 + 10 * DAY),
     ] {
         let (from, to) = (at(from), at(to));
-        let (new, old) = limiter_panels(&from, &to);
-        let want = rows(&e, &old).await;
-        same(
-            &rows(&e, &new).await,
-            &want,
-            &format!("limiter {from}..{to}"),
-        );
-        let (new, old) = account_jobs(&from, &to);
-        let want = rows(&e, &old).await;
-        same(
-            &rows(&e, &new).await,
-            &want,
-            &format!("accounts {from}..{to}"),
-        );
-        let (new, old) = most_idle_panels(&from, &to, groups::NAME, "jobs");
-        let want = rows(&e, &old).await;
-        same(
-            &rows(&e, &new).await,
-            &want,
-            &format!("most idle {from}..{to}"),
-        );
+        for (what, (new, old)) in [
+            ("limiter", limiter_panels(&from, &to)),
+            ("accounts", account_jobs(&from, &to)),
+            (
+                "most idle",
+                most_idle_panels(&from, &to, groups::NAME, "jobs"),
+            ),
+        ] {
+            let want = rows(&e, &old).await;
+            same(
+                &rows(&e, &new).await,
+                &want,
+                &format!("{what} {from}..{to}"),
+            );
+        }
     }
 }
