@@ -250,28 +250,49 @@ impl Store {
         if closed {
             needs.extend(table.rollups());
         }
+        let step = || self.compact_window(table, hour, inputs, closed, now, report);
+        if self.skipped(
+            "compaction of the hour",
+            (table, hour),
+            &needs,
+            inputs,
+            step,
+        )? {
+            report.windows_skipped += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs one maintenance `step` over `inputs`, the files of `table`'s window or group
+    /// starting at `hour`, which commits to the tables `needs`. Returns whether it was skipped
+    /// (with a warning, so that every other window goes on): where one of `needs` has a damaged
+    /// log, or where the step failed otherwise (the damaged inputs are then found, and left out
+    /// of reads and of later passes). A conflict with another maintainer or a fence ends the
+    /// pass.
+    pub(super) fn skipped(
+        &self,
+        what: &str,
+        (table, hour): (Table, i64),
+        needs: &[Table],
+        inputs: &[FileMeta],
+        step: impl FnOnce() -> Result<()>,
+    ) -> Result<bool> {
         let blocked = {
             let tables = lock(&self.tables);
             needs.iter().find_map(|t| tables.blocked(*t))
         };
         if let Some(why) = blocked {
-            tracing::warn!(
-                table = table.name(),
-                hour,
-                "compaction of the hour skipped: {why}"
-            );
-            report.windows_skipped += 1;
-            return Ok(());
+            tracing::warn!(table = table.name(), hour, "{what} skipped: {why}");
+            return Ok(true);
         }
-        match self.compact_window(table, hour, inputs, closed, now, report) {
-            Ok(()) => Ok(()),
+        match step() {
+            Ok(()) => Ok(false),
             Err(e @ Error::DeltaConflict { .. }) | Err(e @ Error::Fenced(_)) => Err(e),
             Err(e) => {
                 let damaged = self.find_damaged(table, inputs);
                 tracing::warn!(table = table.name(), hour, error = %e, damaged = damaged.len(),
-                    "compaction of the hour failed; it is retried at the next pass without any damaged file, and every other hour goes on");
-                report.windows_skipped += 1;
-                Ok(())
+                    "{what} failed; it is retried at the next pass without any damaged file, and every other one goes on");
+                Ok(true)
             }
         }
     }

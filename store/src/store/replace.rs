@@ -280,19 +280,26 @@ impl Store {
             if files.len() < 2 {
                 continue;
             }
-            match self.merge_files(table, first_hour, &files) {
+            let mut merged = false;
+            let step = || match self.merge_files(table, first_hour, &files) {
                 Ok(()) => {
-                    report.files_merged += files.len();
-                    report.windows_compacted += 1;
+                    merged = true;
+                    Ok(())
                 }
-                Err(Error::Changed { .. }) => {}
-                Err(e @ Error::DeltaConflict { .. }) | Err(e @ Error::Fenced(_)) => return Err(e),
-                Err(e) => {
-                    let damaged = self.find_damaged(table, &files);
-                    tracing::warn!(table = table.name(), first_hour, error = %e, damaged = damaged.len(),
-                        "merging the files failed; it is retried at the next pass without any damaged file, and every other group goes on");
-                    report.windows_skipped += 1;
-                }
+                Err(Error::Changed { .. }) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if self.skipped(
+                "merging the files",
+                (table, first_hour),
+                &[table],
+                &files,
+                step,
+            )? {
+                report.windows_skipped += 1;
+            } else if merged {
+                report.files_merged += files.len();
+                report.windows_compacted += 1;
             }
         }
         Ok(())

@@ -247,21 +247,19 @@ pub(super) fn with_made(frame: DataFrame, made: &[RecordBatch]) -> DfResult<Opti
     let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
     let mut cast_batches = Vec::with_capacity(made.len());
     for b in made.iter().filter(|b| b.num_rows() > 0) {
-        let columns = schema
+        let columns: Option<Vec<_>> = schema
             .fields()
             .iter()
-            .map(|f| match b.column_by_name(f.name()) {
-                Some(c) => Ok(cast(c, f.data_type())?),
-                None => Err(super::plain(format!("no {} column", f.name()))),
-            })
-            .collect::<DfResult<Vec<_>>>()?;
-        match RecordBatch::try_new(Arc::clone(&schema), columns) {
-            Ok(b) => cast_batches.push(b),
-            Err(e) => {
-                tracing::warn!(error = %e, "job groups: made groups do not fit the view; every day is read as jobs reads it");
-                return Ok(None);
-            }
-        }
+            .map(|f| cast(b.column_by_name(f.name())?, f.data_type()).ok())
+            .collect();
+        let fitted = columns.and_then(|c| RecordBatch::try_new(Arc::clone(&schema), c).ok());
+        let Some(fitted) = fitted else {
+            tracing::warn!(
+                "job groups: made groups do not fit the view; every day is read as jobs reads it"
+            );
+            return Ok(None);
+        };
+        cast_batches.push(fitted);
     }
     let table = MemTable::try_new(Arc::clone(&schema), vec![cast_batches])?;
     let (state, plan) = frame.into_parts();

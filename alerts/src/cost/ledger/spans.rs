@@ -51,10 +51,15 @@ impl Spans {
 
     /// Extends `job`'s span to cover `hour`.
     pub(super) fn add(&mut self, job: &str, hour: i64) {
+        self.cover(job, (hour, hour));
+    }
+
+    /// Extends `job`'s span to cover the hours `first..=last`.
+    fn cover(&mut self, job: &str, (first, last): (i64, i64)) {
         let span = match self.jobs.get(job) {
-            Some(&(first, last)) if first <= hour && hour <= last => return,
-            Some(&(first, last)) => (first.min(hour), last.max(hour)),
-            None => (hour, hour),
+            Some(&(f, l)) if f <= first && last <= l => return,
+            Some(&(f, l)) => (f.min(first), l.max(last)),
+            None => (first, last),
         };
         self.put(job, span);
     }
@@ -101,8 +106,7 @@ impl Spans {
     /// Adds what `rows` (job, first hour, last hour) say and marks `files` read.
     pub(super) fn merge(&mut self, rows: Vec<(String, i64, i64)>, files: Vec<String>) {
         for (job, first, last) in rows {
-            self.add(&job, first);
-            self.add(&job, last);
+            self.cover(&job, (first, last));
         }
         self.files.extend(files);
     }
