@@ -99,22 +99,25 @@ async fn job_groups_answers_as_jobs_grouped_from_the_days_made_and_the_others() 
     agree(&e, "its new day written").await;
 }
 
-/// The Cost dashboard's "GPU-hours and cost by limiter" (`new`: whole days from `job_groups`,
-/// the edges from `jobs`) and its earlier form over `jobs` alone, for the range `from..to`.
+/// The Cost dashboard's "GPU-hours and cost by limiter" over a long range (`new`: the jobs
+/// last seen from the range's first midnight to the day before its end from `job_groups`, the
+/// range's first day and the days since from `jobs`) and its form over `jobs` alone, for the
+/// range `from..to`.
 fn limiter_panels(from: &str, to: &str) -> (String, String) {
     let edge = "limiter, CASE WHEN job_host_count = 1 THEN 1 ELSE 0 END AS jobs, \
         CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS job_id, gpu_seconds, cost_usd, idle_cost_usd";
     let sums = "sum(gpu_seconds) / 3600 AS gpu_hours, sum(cost_usd) AS cost, sum(idle_cost_usd) AS idle_cost";
+    let cut = format!("date_trunc('day', {to}) - INTERVAL '1 day'");
     let new = format!(
         "SELECT coalesce(limiter, '(no GPU time)') AS limiter, sum(jobs) + count(DISTINCT job_id) AS jobs, {sums} FROM (
   SELECT limiter, jobs, job_id, gpu_seconds, cost_usd, idle_cost_usd FROM job_groups
-  WHERE day >= {from} AND first_day <= {to} - INTERVAL '1 day'
+  WHERE day >= {from} AND day < {cut}
   UNION ALL
   SELECT {edge} FROM jobs WHERE last_seen >= {from} AND last_seen < date_trunc('day', {from}) + INTERVAL '1 day'
     AND date_trunc('day', last_seen) < {from} AND first_seen <= {to}
   UNION ALL
-  SELECT {edge} FROM jobs WHERE last_seen >= {from} AND last_seen > {to} - INTERVAL '1 day'
-    AND date_trunc('day', last_seen) >= {from} AND first_seen <= {to} AND date_trunc('day', first_seen) > {to} - INTERVAL '1 day'
+  SELECT {edge} FROM jobs WHERE last_seen >= {from} AND last_seen >= {cut}
+    AND date_trunc('day', last_seen) >= {from} AND first_seen <= {to}
 ) j GROUP BY 1 ORDER BY 1"
     );
     let old = format!(
@@ -126,7 +129,7 @@ FROM jobs WHERE last_seen >= {from} AND first_seen <= {to} GROUP BY 1 ORDER BY 1
 }
 
 /// "Spend by account"'s jobs per account over the hours billed (from the hour holding `from`
-/// to the end of the hour holding `to`), both ways.
+/// to the end of the hour holding `to`), both ways, cut as [`limiter_panels`] is.
 fn account_jobs(from: &str, to: &str) -> (String, String) {
     let (lo, hi) = (
         format!("date_trunc('hour', {from})"),
@@ -134,16 +137,17 @@ fn account_jobs(from: &str, to: &str) -> (String, String) {
     );
     let edge = "coalesce(job_account, '(none)') AS account, CASE WHEN job_host_count = 1 THEN 1 ELSE 0 END AS jobs, \
         CASE WHEN job_host_count = 1 THEN NULL ELSE job_id END AS job_id";
+    let cut = format!("date_trunc('day', {to}) - INTERVAL '1 day'");
     let new = format!(
         "SELECT account, sum(jobs) + count(DISTINCT job_id) AS jobs FROM (
   SELECT coalesce(job_account, '(none)') AS account, jobs, job_id FROM job_groups
-  WHERE day >= {lo} AND first_day <= {hi} - INTERVAL '1 day'
+  WHERE day >= {lo} AND day < {cut}
   UNION ALL
   SELECT {edge} FROM jobs WHERE last_seen >= {lo} AND last_seen < date_trunc('day', {lo}) + INTERVAL '1 day'
     AND date_trunc('day', last_seen) < {lo} AND first_seen < {hi}
   UNION ALL
-  SELECT {edge} FROM jobs WHERE last_seen >= {lo} AND last_seen > {hi} - INTERVAL '1 day'
-    AND date_trunc('day', last_seen) >= {lo} AND first_seen < {hi} AND date_trunc('day', first_seen) > {hi} - INTERVAL '1 day'
+  SELECT {edge} FROM jobs WHERE last_seen >= {lo} AND last_seen >= {cut}
+    AND date_trunc('day', last_seen) >= {lo} AND first_seen < {hi}
 ) j GROUP BY 1 ORDER BY 1"
     );
     let old = format!(
