@@ -207,9 +207,15 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(secs * price) / 3600.0 + sum(joules) * {energy_price} AS cost_usd,
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
   {limiter} AS limiter, max(gpu_model) AS gpu_model,
-  nullif(count(*) OVER (PARTITION BY job_id), 0) AS job_host_count{charge_max}
+  nullif(count(*) OVER (PARTITION BY job_id), 0) AS job_host_count,
+  CASE WHEN count(sm_active) > 0 THEN avg(sm_active) ELSE avg(gpu_utilization) END AS {MEAN_ACTIVITY}{charge_max}
 FROM d GROUP BY job_id, host"#,
-            ctes = self.sample_ctes(advice, &charge_list_sql(), gpus, filter),
+            ctes = self.sample_ctes(
+                advice,
+                &format!(", sm_active{}", charge_list_sql()),
+                gpus,
+                filter
+            ),
         )
     }
 
@@ -403,6 +409,11 @@ pub use advice::{AdviceConfig, JobsConfig};
 pub use ledger::table::declare as declare_ledger_table;
 pub use ledger::{JobLedger, JobsTable, View};
 pub use work::WorkConfig;
+
+/// The `jobs` column of a job's mean activity on a host: the mean `sm_active` over its samples
+/// that have it, else the mean `gpu_utilization` (a GPU without GPM counters); null when its
+/// samples have neither.
+pub(crate) const MEAN_ACTIVITY: &str = "mean_activity";
 
 /// The chargeback label columns of `gpu_metrics` that the `jobs` view carries, after its other
 /// columns and in this order: each is the largest value over the job's samples on the host (a

@@ -149,12 +149,13 @@ impl WorkConfig {
         format!(
             r#"{split}
 SELECT job_id, scheduler, job_user, job_name, host, gpus, first_seen, last_seen, gpu_seconds, share, idle_gpu_seconds,
-  energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, job_host_count, work_unit, work_done,
+  energy_joules, cost_usd, idle_cost_usd, limiter, gpu_model, job_host_count, {activity}, work_unit, work_done,
   CASE WHEN last_seen > first_seen THEN work_done / (CAST(CAST(last_seen AS BIGINT) - CAST(first_seen AS BIGINT) AS DOUBLE) / 1e9) END AS work_per_second,
   CASE WHEN gpu_seconds > 0 THEN work_done / (gpu_seconds / 3600.0) END AS work_per_gpu_hour,
   CASE WHEN work_done > 0 THEN cost_usd / work_done * 1e6 END AS usd_per_million_units{charge}
 FROM jw"#,
             split = self.work_split(core),
+            activity = super::MEAN_ACTIVITY,
             charge = super::charge_list_sql(),
         )
     }

@@ -161,7 +161,15 @@ fn ledger_hour(
                 ("utilization_sum".into(), util * 360.0),
                 ("utilization_n".into(), 360.0),
                 ("max_utilization".into(), util),
-            ],
+            ]
+            .into_iter()
+            .chain(s.sm_active.into_iter().flat_map(|sm| {
+                [
+                    ("sm_active_sum".into(), sm * 360.0),
+                    ("sm_active_n".into(), 360.0),
+                ]
+            }))
+            .collect(),
         });
     }
     hour_rows(hour, &usage, &gpus, samples.len() as u64 * 360)

@@ -52,6 +52,14 @@ pub(super) const SUMMED: [&str; 6] = [
     "samples",
 ];
 
+/// The layout of the rows a day or totals file holds, written in its marker row's
+/// [`FORMAT_COLUMN`] (an integer column no marker row uses otherwise): 1 since the files keep
+/// the parts of the jobs' mean activity ([`table::ACTIVITY_PARTS`]); a file of an earlier
+/// release (null there) is written again while the ledger still holds its hours.
+pub(super) const FORMAT: i64 = 1;
+/// The marker row's column that holds the [`FORMAT`].
+pub(super) const FORMAT_COLUMN: &str = "interval_count";
+
 /// What the table holds that still matches the ledger, and the days to roll.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Days {
@@ -74,13 +82,13 @@ pub(super) async fn markers(
     Ok(int_rows(ctx, &sql)
         .await?
         .into_iter()
-        .map(|(d, s, _)| (d, s))
+        .map(|[d, s, ..]| (d, s))
         .collect())
 }
 
-/// The rows of `sql`'s first three columns as integers (nulls as 0), rows with a null first
-/// column left out.
-pub(super) async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i64, i64, i64)>> {
+/// The rows of `sql`'s first four columns as integers (nulls and missing columns as 0), rows
+/// with a null first column left out.
+pub(super) async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<[i64; 4]>> {
     let mut out = Vec::new();
     for b in ctx.sql(sql).await?.collect().await? {
         let cols: Vec<ArrayRef> = (0..b.num_columns())
@@ -97,7 +105,7 @@ pub(super) async fn int_rows(ctx: &SessionContext, sql: &str) -> DfResult<Vec<(i
                     .map_or(0, |a| if a.is_null(i) { 0 } else { a.value(i) })
             };
             if !ints[0].is_null(i) {
-                out.push((v(0), v(1), v(2)));
+                out.push([v(0), v(1), v(2), v(3)]);
             }
         }
     }
@@ -119,7 +127,7 @@ async fn ledger_days(
     Ok(int_rows(ctx, &sql)
         .await?
         .into_iter()
-        .map(|(d, n, s)| (d, (n, s)))
+        .map(|[d, n, s, _]| (d, (n, s)))
         .collect())
 }
 
@@ -137,7 +145,12 @@ pub(super) async fn read(
         d.1 += n;
     }
     let hours = by_day;
-    let sums = markers(ctx, NAME, "job_id IS NULL AND last_sample_time IS NULL").await?;
+    let sums = markers(
+        ctx,
+        NAME,
+        &format!("job_id IS NULL AND last_sample_time IS NULL AND {FORMAT_COLUMN} >= {FORMAT}"),
+    )
+    .await?;
     let spend = markers(ctx, SPEND, &format!("{GROUP_JOBS} IS NULL")).await?;
     let mut days = Days::default();
     for (d, (n, s)) in hours {
@@ -159,12 +172,14 @@ pub(super) async fn read(
     Ok(days)
 }
 
-/// The columns the daily sums and the totals sum: [`SUMMED`], then each limiter's seconds.
+/// The columns the daily sums and the totals sum: [`SUMMED`], each limiter's seconds, then
+/// the parts of the jobs' mean activity.
 pub(super) fn summed_columns() -> Vec<String> {
     SUMMED
         .iter()
         .map(|c| c.to_string())
         .chain(LIMITERS.iter().map(|c| limiter::seconds_column(c)))
+        .chain(table::ACTIVITY_PARTS.iter().map(|c| c.to_string()))
         .collect()
 }
 
@@ -211,12 +226,18 @@ FROM j GROUP BY job_account, job_user, gpu_model"
     )
 }
 
-/// A marker row: `samples`, every other column null.
+/// A marker row: `samples` and the [`FORMAT`], every other column null.
 fn marker_row(samples: i64) -> DfResult<RecordBatch> {
-    Ok(RecordBatch::try_from_iter([(
-        "samples",
-        Arc::new(Int64Array::from(vec![samples])) as ArrayRef,
-    )])?)
+    Ok(RecordBatch::try_from_iter([
+        (
+            "samples",
+            Arc::new(Int64Array::from(vec![samples])) as ArrayRef,
+        ),
+        (
+            FORMAT_COLUMN,
+            Arc::new(Int64Array::from(vec![FORMAT])) as ArrayRef,
+        ),
+    ])?)
 }
 
 /// `batches` (the day's job rows, columns by name) as rows of the table at `day`, plus the

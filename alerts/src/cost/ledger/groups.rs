@@ -31,6 +31,7 @@ use datafusion::prelude::SessionContext;
 use gpuwatch_store::Store;
 use gpuwatch_store::schema::Table;
 
+use super::super::MEAN_ACTIVITY;
 use super::bounds::Ask;
 use super::days::{self, floor_day};
 use super::view::{LedgerRead, TotalsRead, private_state};
@@ -63,19 +64,31 @@ pub const TOP_IDLE: usize = 20;
 /// (ties by `job_id`, as the panel orders them); the others are grouped (`job_id` null).
 pub(super) fn group_select(from: &str) -> String {
     format!(
-        r#"SELECT day, first_day, job_user, job_account, gpu_model, limiter, own AS job_id,
+        r#"SELECT day, first_day, job_user, job_account, gpu_model, limiter, activity_tenth, own AS job_id,
   count(CASE WHEN own IS NULL THEN 1 END) AS jobs,
   CASE WHEN own IS NULL THEN NULL ELSE max(job_name) END AS job_name, sum(gpus) AS gpus,
   sum(gpu_seconds) AS gpu_seconds, sum(idle_gpu_seconds) AS idle_gpu_seconds,
   sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, sum(idle_cost_usd) AS idle_cost_usd
 FROM (
   SELECT j.*, date_trunc('day', last_seen) AS day, date_trunc('day', first_seen) AS first_day,
+    {tenth} AS activity_tenth,
     CASE WHEN job_host_count = 1 AND row_number() OVER (
         PARTITION BY date_trunc('day', last_seen), job_user, gpu_model, job_host_count = 1
         ORDER BY idle_cost_usd DESC, job_id) > {TOP_IDLE}
       THEN NULL ELSE job_id END AS own
   FROM ({from}) j
-) g GROUP BY day, first_day, job_user, job_account, gpu_model, limiter, own"#
+) g GROUP BY day, first_day, job_user, job_account, gpu_model, limiter, activity_tenth, own"#,
+        tenth = activity_tenth_sql(MEAN_ACTIVITY),
+    )
+}
+
+/// The tenth of `activity` (a job's mean activity, 0 to 1) it is in, as its lower bound: 0.0
+/// below 0.1, …, 0.9 from 0.9 (1 too); null when `activity` is. A panel of activity bands
+/// whose bounds are tenths sums whole tenths (`jobs` rows put in bands with the same SQL).
+pub fn activity_tenth_sql(activity: &str) -> String {
+    // `least` and `greatest` skip nulls: the `CASE` keeps a null a null.
+    format!(
+        "CASE WHEN {activity} IS NOT NULL THEN least(greatest(floor({activity} * 10.0), 0.0), 9.0) / 10.0 END"
     )
 }
 

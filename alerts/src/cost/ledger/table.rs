@@ -96,6 +96,24 @@ pub(super) const JOB_HOST_COUNT: &str = "job_host_count";
 /// [`super::days`]); null in its marker rows and in the other tables.
 pub(super) const GROUP_JOBS: &str = "group_jobs";
 
+/// The parts a job's mean activity is made of (`jobs.mean_activity`): `sm_active`'s sum and
+/// count, then `gpu_utilization`'s, over the job's samples. The daily sums and the totals
+/// keep them summed as the other sums.
+pub(super) const ACTIVITY_PARTS: [&str; 4] = [
+    "part_sm_active_sum",
+    "part_sm_active_n",
+    "part_utilization_sum",
+    "part_utilization_n",
+];
+
+/// A job's mean activity from its [`ACTIVITY_PARTS`], each taken through `agg` (`sum(c)` over
+/// several rows, `c` for one): the mean `sm_active` over the samples that have it, else the
+/// mean GPU utilisation (a GPU without GPM counters), null when the job has neither.
+pub(super) fn mean_activity_sql(agg: impl Fn(&str) -> String) -> String {
+    let [sm, sm_n, util, util_n] = ACTIVITY_PARTS.map(agg);
+    format!("CASE WHEN {sm_n} > 0 THEN {sm} / {sm_n} WHEN {util_n} > 0 THEN {util} / {util_n} END")
+}
+
 /// Declares the table's columns to the store; runs before the store opens (the server's start,
 /// and [`super::JobLedger::new`] for a process that opened none yet).
 pub fn declare() -> Result<(), String> {

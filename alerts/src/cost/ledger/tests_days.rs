@@ -41,8 +41,23 @@ pub(super) fn usage_row(
         limiter: Some(LIMITERS[(h % 3) as usize].into()),
         samples: 60,
         interval_seconds: 60.0,
-        parts: Vec::new(),
+        parts: activity_parts(h, job, model),
     }
+}
+
+/// The parts of a usage row's mean activity: utilisation that changes with the hour and the
+/// job, and SM activity on the H100s only (the others have no GPM counters).
+fn activity_parts(h: i64, job: &str, model: &str) -> Vec<(String, f64)> {
+    let util = ((h + job.len() as i64) % 11) as f64 / 10.0;
+    let mut parts = vec![
+        ("utilization_sum".to_string(), util * 60.0),
+        ("utilization_n".to_string(), 60.0),
+    ];
+    if model.contains("H100") {
+        parts.push(("sm_active_sum".to_string(), util * 0.7 * 60.0));
+        parts.push(("sm_active_n".to_string(), 60.0));
+    }
+    parts
 }
 
 /// Hour `h` (from six hours before `D0`) of three kinds of job: one on two GPUs through all

@@ -6,6 +6,7 @@ use super::bounds::Ask;
 use super::tests_days::{Rows, same};
 use super::tests_totals::{D0, DAY, server, setup, write_hours};
 use super::*;
+use crate::cost::MEAN_ACTIVITY;
 use crate::cost::tests::json_rows as rows;
 
 const ORDER: &str = "ORDER BY day, first_day, job_user, job_account, gpu_model, limiter, job_id";
@@ -128,6 +129,40 @@ FROM jobs WHERE last_seen >= {from} AND first_seen <= {to} GROUP BY 1 ORDER BY 1
     (new, old)
 }
 
+/// The Cost dashboard's "GPU-hours by efficiency band" over a long range, cut as
+/// [`limiter_panels`] is (the groups' tenths of activity), and over `jobs` alone with each
+/// job's mean activity compared with the bands' bounds.
+fn band_panels(from: &str, to: &str) -> (String, String) {
+    let band = |t: &str| {
+        format!(
+            "sum(CASE WHEN {t} < 0.1 THEN gpu_seconds END) AS low, \
+             sum(CASE WHEN {t} >= 0.1 AND {t} < 0.3 THEN gpu_seconds END) AS poor, \
+             sum(CASE WHEN {t} >= 0.3 AND {t} < 0.6 THEN gpu_seconds END) AS fair, \
+             sum(CASE WHEN {t} >= 0.6 THEN gpu_seconds END) AS good, \
+             sum(CASE WHEN {t} IS NULL THEN gpu_seconds END) AS unread"
+        )
+    };
+    let tenth = groups::activity_tenth_sql(MEAN_ACTIVITY);
+    let cut = format!("date_trunc('day', {to}) - INTERVAL '1 day'");
+    let new = format!(
+        "SELECT {sums} FROM (
+  SELECT activity_tenth AS tenth, gpu_seconds FROM job_groups WHERE day >= {from} AND day < {cut}
+  UNION ALL
+  SELECT {tenth}, gpu_seconds FROM jobs WHERE last_seen >= {from} AND last_seen < date_trunc('day', {from}) + INTERVAL '1 day'
+    AND date_trunc('day', last_seen) < {from} AND first_seen <= {to}
+  UNION ALL
+  SELECT {tenth}, gpu_seconds FROM jobs WHERE last_seen >= {from} AND last_seen >= {cut}
+    AND date_trunc('day', last_seen) >= {from} AND first_seen <= {to}
+) j",
+        sums = band("tenth"),
+    );
+    let old = format!(
+        "SELECT {} FROM jobs WHERE last_seen >= {from} AND first_seen <= {to}",
+        band(MEAN_ACTIVITY)
+    );
+    (new, old)
+}
+
 /// "Spend by account"'s jobs per account over the hours billed (from the hour holding `from`
 /// to the end of the hour holding `to`), both ways, cut as [`limiter_panels`] is.
 fn account_jobs(from: &str, to: &str) -> (String, String) {
@@ -193,7 +228,8 @@ const MANY_JOBS: &str = "SELECT 'j' || lpad(CAST(i AS VARCHAR), 3, '0') AS job_i
     'compute' AS limiter, CASE WHEN i % 10 = 0 THEN 2 ELSE 1 END AS job_host_count,
     'n' || CAST(i AS VARCHAR) AS job_name, 1 AS gpus, CAST(i * 100 AS DOUBLE) AS gpu_seconds,
     CAST(i * 10 AS DOUBLE) AS idle_gpu_seconds, 1.0 AS energy_joules,
-    CAST((i * 7) % 23 AS DOUBLE) + 10.0 AS cost_usd, CAST((i * 7) % 23 AS DOUBLE) AS idle_cost_usd
+    CAST((i * 7) % 23 AS DOUBLE) + 10.0 AS cost_usd, CAST((i * 7) % 23 AS DOUBLE) AS idle_cost_usd,
+    CASE WHEN i % 17 = 0 THEN NULL ELSE CAST(i % 11 AS DOUBLE) / 10.0 END AS mean_activity
   FROM unnest(range(1, 301)) AS t(i) CROSS JOIN unnest(['h1', 'h2']) AS u(h)
   WHERE h = 'h1' OR i % 10 = 0";
 
@@ -281,12 +317,17 @@ async fn the_cost_panels_answer_from_the_groups_as_from_jobs() {
         for (what, (new, old)) in [
             ("limiter", limiter_panels(&from, &to)),
             ("accounts", account_jobs(&from, &to)),
+            ("efficiency bands", band_panels(&from, &to)),
             (
                 "most idle",
                 most_idle_panels(&from, &to, groups::NAME, "jobs"),
             ),
         ] {
             let want = rows(&e, &old).await;
+            if what == "efficiency bands" && to.contains(&(D0 + 10 * DAY).to_string()) {
+                let bands = want[0].values().filter(|v| v.as_f64().is_some()).count();
+                assert!(bands >= 2, "the jobs fall in several bands: {want:?}");
+            }
             same(
                 &rows(&e, &new).await,
                 &want,

@@ -13,6 +13,7 @@ use gpuwatch_store::{ReadStore, Store, StoreConfig};
 use super::table::hour_rows;
 use super::tests_days::{Rows, same, usage_row};
 use super::*;
+use crate::cost::MEAN_ACTIVITY;
 use crate::cost::tests::json_rows as rows;
 
 const S: i64 = 1_000_000_000;
@@ -427,6 +428,27 @@ async fn a_jobs_cost_outlives_its_first_hours_in_the_ledger() {
     );
 }
 
+/// Replaces `table`'s file of day `day` with `columns` (a select list) of its rows, as an
+/// earlier release would have written it.
+async fn as_earlier(e: &QueryEngine, store: &Store, table: Table, day: i64, columns: &str) {
+    let sql = format!(
+        "SELECT {columns} FROM {} WHERE time >= to_timestamp_nanos({day}) AND time < to_timestamp_nanos({})",
+        table.name(),
+        day + DAY,
+    );
+    let batches = e.context().sql(&sql).await.expect("plan");
+    let batches = batches.collect().await.expect("rows");
+    let schema = table.schema();
+    let parts: Vec<RecordBatch> = batches
+        .iter()
+        .map(|b| days::conformed(&schema, day, b).expect("conformed"))
+        .collect();
+    let earlier = arrow::compute::concat_batches(&schema, &parts).expect("concat");
+    store
+        .replace_days(table, &[(day / DAY, earlier)])
+        .expect("earlier file");
+}
+
 #[tokio::test]
 async fn totals_of_an_earlier_release_gain_their_jobs_host_counts() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -436,25 +458,9 @@ async fn totals_of_an_earlier_release_gain_their_jobs_host_counts() {
     let want = jobs(&e).await;
 
     // Day 1's file as a release before the column wrote it: no host counts.
-    let sql = format!(
-        "SELECT * EXCLUDE ({hosts}), CAST(NULL AS BIGINT) AS {hosts} FROM {} \
-         WHERE time >= to_timestamp_nanos({}) AND time < to_timestamp_nanos({})",
-        totals::NAME,
-        D0 + DAY,
-        D0 + 2 * DAY,
-        hosts = table::JOB_HOST_COUNT,
-    );
-    let batches = e.context().sql(&sql).await.expect("plan");
-    let batches = batches.collect().await.expect("rows");
-    let schema = Table::JobLedgerTotals.schema();
-    let parts: Vec<RecordBatch> = batches
-        .iter()
-        .map(|b| days::conformed(&schema, D0 + DAY, b).expect("conformed"))
-        .collect();
-    let earlier = arrow::compute::concat_batches(&schema, &parts).expect("concat");
-    store
-        .replace_days(Table::JobLedgerTotals, &[((D0 + DAY) / DAY, earlier)])
-        .expect("earlier file");
+    let hosts = table::JOB_HOST_COUNT;
+    let columns = format!("* EXCLUDE ({hosts}), CAST(NULL AS BIGINT) AS {hosts}");
+    as_earlier(&e, &store, Table::JobLedgerTotals, D0 + DAY, &columns).await;
     let (e, _) = server(&store, &cost, false, now).await;
     let wide: Vec<_> = jobs(&e)
         .await
@@ -468,4 +474,55 @@ async fn totals_of_an_earlier_release_gain_their_jobs_host_counts() {
     let (e, _) = server(&store, &cost, true, now).await;
     assert_eq!(totals_rows(&e).await, written);
     same(&jobs(&e).await, &want, "jobs once the counts are back");
+}
+
+#[tokio::test]
+async fn day_and_totals_files_without_the_activity_parts_are_read_by_the_hour_and_written_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, cost, now) = setup(dir.path());
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    let want = jobs(&e).await;
+    let activities: Vec<_> = want.iter().map(|r| r[MEAN_ACTIVITY].as_f64()).collect();
+    assert!(
+        activities.iter().all(Option::is_some) && activities.windows(2).any(|w| w[0] != w[1]),
+        "{activities:?}"
+    );
+    let days_before = ledger.snapshot().days.clone();
+    let end_before = ledger.snapshot().totals_end();
+    let has_day_1 = |days: &[(i64, i64)]| days.iter().any(|&(a, b)| a <= D0 + DAY && D0 + DAY < b);
+    assert!(has_day_1(&days_before), "{days_before:?}");
+    assert!(end_before > Some(D0 + DAY), "{end_before:?}");
+
+    // Day 1's daily sums and totals as a release before the parts wrote them: no parts, and
+    // markers without the layout.
+    let mut nulls: Vec<String> = table::ACTIVITY_PARTS
+        .iter()
+        .map(|c| format!("CAST(NULL AS DOUBLE) AS {c}"))
+        .collect();
+    nulls.push(format!("CAST(NULL AS BIGINT) AS {}", days::FORMAT_COLUMN));
+    let mut excluded: Vec<&str> = table::ACTIVITY_PARTS.to_vec();
+    excluded.push(days::FORMAT_COLUMN);
+    let columns = format!("* EXCLUDE ({}), {}", excluded.join(", "), nulls.join(", "));
+    for t in [Table::JobLedger1d, Table::JobLedgerTotals] {
+        as_earlier(&e, &store, t, D0 + DAY, &columns).await;
+    }
+    let (e, ledger) = server(&store, &cost, false, now).await;
+    let snap = ledger.snapshot();
+    assert!(!has_day_1(&snap.days), "{:?}", snap.days);
+    assert_eq!(
+        snap.totals_end(),
+        Some(D0 + DAY),
+        "the totals stop at the earlier file"
+    );
+    same(
+        &jobs(&e).await,
+        &want,
+        "jobs with a day of an earlier layout",
+    );
+
+    // The folding server writes both again.
+    let (e, ledger) = server(&store, &cost, true, now).await;
+    assert_eq!(ledger.snapshot().days, days_before);
+    assert_eq!(ledger.snapshot().totals_end(), end_before);
+    same(&jobs(&e).await, &want, "jobs once written again");
 }

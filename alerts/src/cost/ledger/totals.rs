@@ -50,6 +50,8 @@ const DAYS_PER_PASS: usize = 32;
 pub(super) struct Marker {
     pub from: i64,
     pub samples: i64,
+    /// The file's layout ([`days::FORMAT`]; 0 for a file of an earlier release).
+    pub format: i64,
 }
 
 /// What the ledger knows of its totals.
@@ -78,7 +80,9 @@ impl Totals {
             return false;
         };
         let first = self.hours.keys().next().map(|&h| floor_day(h));
-        first.is_none_or(|f| m.from < f) || self.samples(m.from, day + 2 * DAY) == m.samples
+        // A file the ledger can no longer rebuild is kept as it is, whatever its layout.
+        first.is_none_or(|f| m.from < f)
+            || (m.format >= days::FORMAT && self.samples(m.from, day + 2 * DAY) == m.samples)
     }
 
     /// The end of the totals the views read: the start of the oldest ledger day whose file is
@@ -117,13 +121,23 @@ pub(super) async fn ledger_hours(ctx: &SessionContext) -> DfResult<BTreeMap<i64,
 /// The written days' markers.
 pub(super) async fn markers(ctx: &SessionContext) -> DfResult<BTreeMap<i64, Marker>> {
     let sql = format!(
-        "SELECT CAST(time AS BIGINT), CAST(first_seen AS BIGINT), samples FROM {NAME} \
-         WHERE job_id IS NULL"
+        "SELECT CAST(time AS BIGINT), CAST(first_seen AS BIGINT), samples, {format} FROM {NAME} \
+         WHERE job_id IS NULL",
+        format = days::FORMAT_COLUMN
     );
     Ok(days::int_rows(ctx, &sql)
         .await?
         .into_iter()
-        .map(|(d, from, samples)| (d, Marker { from, samples }))
+        .map(|[d, from, samples, format]| {
+            (
+                d,
+                Marker {
+                    from,
+                    samples,
+                    format,
+                },
+            )
+        })
         .collect())
 }
 
@@ -214,6 +228,7 @@ pub(super) async fn write(
     let marker = Marker {
         from,
         samples: totals.samples(from, day + 2 * DAY),
+        format: days::FORMAT,
     };
     let ctx = with_jobs(state, job_batch(d.jobs.iter().map(String::as_str))?).await?;
     let rows = if d.jobs.is_empty() {
@@ -232,6 +247,10 @@ pub(super) async fn write(
         (
             "first_seen",
             Arc::new(Int64Array::from(vec![marker.from])) as ArrayRef,
+        ),
+        (
+            days::FORMAT_COLUMN,
+            Arc::new(Int64Array::from(vec![marker.format])) as ArrayRef,
         ),
     ])?;
     let batch = days::day_batch_of(Table::JobLedgerTotals, day, &rows, &marker_row)?;
@@ -266,7 +285,7 @@ pub(super) async fn fill_job_host_count(
          WHERE job_id IS NOT NULL AND {hosts} IS NULL"
     );
     let due = days::int_rows(ctx, &sql).await?;
-    for &(day, _, _) in &due {
+    for &[day, ..] in &due {
         let sql = format!(
             "WITH f AS (
   SELECT * FROM {NAME} WHERE time >= to_timestamp_nanos({day}) AND time < to_timestamp_nanos({end})
@@ -336,7 +355,7 @@ async fn drop_earlier(
         "SELECT DISTINCT CAST(time AS BIGINT), 0 AS a, 0 AS b FROM {NAME} WHERE job_id IN (SELECT job_id FROM {JOB_LIST}) \
          AND time >= to_timestamp_nanos({from}) AND time < to_timestamp_nanos({day})"
     );
-    for (earlier, _, _) in days::int_rows(ctx, &sql).await? {
+    for [earlier, ..] in days::int_rows(ctx, &sql).await? {
         let keep = format!(
             "SELECT * FROM {NAME} WHERE time >= to_timestamp_nanos({earlier}) \
              AND time < to_timestamp_nanos({end}) \
@@ -362,7 +381,17 @@ mod tests {
             hours: hours.iter().copied().collect(),
             written: written
                 .iter()
-                .map(|&(d, from, samples)| (d, Marker { from, samples }))
+                .map(|&(d, from, samples)| {
+                    let format = days::FORMAT;
+                    (
+                        d,
+                        Marker {
+                            from,
+                            samples,
+                            format,
+                        },
+                    )
+                })
                 .collect(),
         }
     }
@@ -392,5 +421,13 @@ mod tests {
         kept.hours.insert(d(1) + 2 * HOUR, 4);
         assert_eq!(kept.end(), Some(d(2)));
         assert_eq!(totals(&[], &[]).end(), None);
+        // A file of an earlier layout is written again while the ledger can rebuild it, and
+        // kept as it is once it cannot.
+        let mut old = t.clone();
+        old.written.get_mut(&d(1)).expect("day 1").format = 0;
+        assert_eq!(old.end(), Some(d(1)));
+        assert_eq!(old.due(d(4)), vec![d(1), d(2)]);
+        old.hours.remove(&d(0));
+        assert_eq!(old.end(), Some(d(2)));
     }
 }

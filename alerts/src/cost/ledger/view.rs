@@ -26,7 +26,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::super::limiter::{self, LIMITERS};
 use super::super::work::WORK_COLUMNS;
-use super::super::{CHARGE_COLUMNS, charge_list_sql, charge_max_sql, num, shares};
+use super::super::{CHARGE_COLUMNS, MEAN_ACTIVITY, charge_list_sql, charge_max_sql, num, shares};
 use super::bounds::Ask;
 use super::spans::{self, Range};
 use super::table::GROUP_JOBS;
@@ -84,7 +84,8 @@ impl JobLedger {
         let (before, in_days) = read.condition(watermark, days);
         let sums = format!(
             "job_id, host, gpu_uuid, gpu_model, scheduler, job_user, job_name, first_seen, last_seen,
-    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules{class_columns}{charge}, {GROUP_JOBS}, time AS hour"
+    gpu_seconds, held_gpu_seconds, idle_gpu_seconds, energy_joules, idle_energy_joules, {activity}{class_columns}{charge}, {GROUP_JOBS}, time AS hour",
+            activity = table::ACTIVITY_PARTS.join(", "),
         );
         // `spend_days` reads a day's spend, the other views its job rows.
         let (day_table, day_kind) = match view {
@@ -100,13 +101,13 @@ impl JobLedger {
         present.extend(CHARGE_COLUMNS);
         format!(
             r#"WITH s AS (
-  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, energy_joules, limiter{charge}, job_shares,
+  SELECT time, host, gpu_uuid, gpu_model, job_id, scheduler, job_user, job_name, gpu_utilization, sm_active, energy_joules, limiter{charge}, job_shares,
     CAST(time AS BIGINT) - CAST(lag(time) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS BIGINT) AS dt_ns,
     energy_joules - lag(energy_joules) OVER (PARTITION BY host, gpu_uuid ORDER BY time) AS de
-  FROM (SELECT {raw}, {class} AS limiter FROM gpu_metrics WHERE {after}
-        UNION ALL SELECT {raw}, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
+  FROM (SELECT {raw}, sm_active, {class} AS limiter FROM gpu_metrics WHERE {after}
+        UNION ALL SELECT {raw}, CAST(NULL AS DOUBLE) AS sm_active, CAST(NULL AS VARCHAR) AS limiter FROM job_seed) r
 ), d0 AS (
-  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, limiter{charge}, job_shares,
+  SELECT job_id, scheduler, job_user, job_name, host, gpu_uuid, gpu_model, time, gpu_utilization, sm_active, limiter{charge}, job_shares,
     date_bin(INTERVAL '1 hour', time) AS hour,
     CASE WHEN dt_ns IS NULL OR dt_ns <= 0 THEN 0.0 WHEN dt_ns > {gap} THEN CAST({gap} AS DOUBLE) / 1e9 ELSE CAST(dt_ns AS DOUBLE) / 1e9 END AS secs,
     CASE WHEN de IS NULL THEN 0.0 WHEN de < 0 THEN energy_joules ELSE de END AS joules,
@@ -118,6 +119,7 @@ impl JobLedger {
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
+    sum(sm_active), CAST(count(sm_active) AS DOUBLE), sum(gpu_utilization), CAST(count(gpu_utilization) AS DOUBLE),
     {class_sums}{charge_max}, CAST(NULL AS BIGINT), hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
@@ -172,9 +174,10 @@ impl JobLedger {
             View::Jobs | View::Groups => (
                 "job_id, host",
                 format!(
-                    ", {} AS limiter, max(gpu_model) AS gpu_model, {hosts} AS {}",
+                    ", {} AS limiter, max(gpu_model) AS gpu_model, {hosts} AS {}, {} AS {MEAN_ACTIVITY}",
                     limiter::argmax_sql(|c| format!("sum({})", limiter::seconds_column(c))),
                     table::JOB_HOST_COUNT,
+                    table::mean_activity_sql(|c| format!("sum({c})")),
                 ),
             ),
             View::Hours => ("hour, job_id, host, gpu_model", String::new()),
@@ -281,12 +284,13 @@ FROM p WHERE job_id IS NULL"#
   idle_gpu_seconds, energy_joules,
   gpu_seconds * price / 3600.0 + energy_joules * {energy_price} AS cost_usd,
   idle_gpu_seconds * price / 3600.0 + idle_energy_joules * {energy_price} AS idle_cost_usd,
-  {limiter} AS limiter, gpu_model, {hosts}{charge}
+  {limiter} AS limiter, gpu_model, {hosts}, {activity} AS {MEAN_ACTIVITY}{charge}
 FROM {rows} WHERE host_models = 1
 UNION ALL
 {grouped}"#,
             limiter = stored_limiter_sql(),
             hosts = table::JOB_HOST_COUNT,
+            activity = table::mean_activity_sql(str::to_string),
             charge = charge_list_sql(),
             grouped = self.grouped_select(
                 View::Jobs,
