@@ -686,14 +686,15 @@ def cmd_paths(args):
 
 def cmd_series(args):
     """Every panel target that draws at most N series (its ranking subquery ends
-    `NULLS LAST, metric LIMIT N)` or `..., 1 LIMIT N)`) draws min(N, all) of them over each
-    --range: the same query without the limit counts all."""
+    `NULLS LAST, metric LIMIT N)`, `..., 1 LIMIT N)` or, ranking GPUs by host and index,
+    `..., host || '/' || CAST(gpu_index AS VARCHAR) LIMIT N )`) draws min(N, all) of them over
+    each --range: the same query without the limit counts all."""
     conn = connect(args.dsn)
     errors = []
     checked = 0
-    for where, m, sql in targets_with(args, conn, errors, r"NULLS LAST, (?:metric|1) LIMIT (\d+)\)"):
-        unlimited = sql.replace(m.group(0), m.group(0).replace(f"LIMIT {m.group(1)})",
-                                                               "LIMIT 1000000000)"))
+    ranked = r"NULLS LAST, (?:metric|1|host \|\| '/' \|\| CAST\(gpu_index AS VARCHAR\)) LIMIT (\d+)\s*\)"
+    for where, m, sql in targets_with(args, conn, errors, ranked):
+        unlimited = sql.replace(m.group(0), re.sub(r"LIMIT \d+", "LIMIT 1000000000", m.group(0)))
         try:
             shown = {r[1] for r in run_sql(conn, sql)[1]}
             every = {r[1] for r in run_sql(conn, unlimited)[1]}
