@@ -208,8 +208,9 @@ SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_n
   sum(CASE WHEN idle THEN secs * price ELSE 0.0 END) / 3600.0 + sum(CASE WHEN idle THEN joules ELSE 0.0 END) * {energy_price} AS idle_cost_usd,
   {limiter} AS limiter, max(gpu_model) AS gpu_model,
   nullif(count(*) OVER (PARTITION BY job_id), 0) AS job_host_count,
-  CASE WHEN count(sm_active) > 0 THEN avg(sm_active) ELSE avg(gpu_utilization) END AS {MEAN_ACTIVITY}{charge_max}
+  {activity} AS {MEAN_ACTIVITY}{charge_max}
 FROM d GROUP BY job_id, host"#,
+            activity = ledger::table::sample_mean_activity_sql(),
             ctes = self.sample_ctes(
                 advice,
                 &format!(", sm_active{}", charge_list_sql()),

@@ -106,12 +106,31 @@ pub(super) const ACTIVITY_PARTS: [&str; 4] = [
     "part_utilization_n",
 ];
 
+/// The [`ACTIVITY_PARTS`] over a job's raw samples (each part's [`parts`] value, summed or
+/// counted as the ledger's fold does).
+pub(crate) const SAMPLE_ACTIVITY_PARTS: [&str; 4] = [
+    "sum(sm_active)",
+    "CAST(count(sm_active) AS DOUBLE)",
+    "sum(gpu_utilization)",
+    "CAST(count(gpu_utilization) AS DOUBLE)",
+];
+
 /// A job's mean activity from its [`ACTIVITY_PARTS`], each taken through `agg` (`sum(c)` over
-/// several rows, `c` for one): the mean `sm_active` over the samples that have it, else the
-/// mean GPU utilisation (a GPU without GPM counters), null when the job has neither.
-pub(super) fn mean_activity_sql(agg: impl Fn(&str) -> String) -> String {
+/// several rows, `c` for one; [`sample_mean_activity_sql`] for raw samples): the mean
+/// `sm_active` over the samples that have it, else the mean GPU utilisation (a GPU without GPM
+/// counters), null when the job has neither. The one rule of `jobs.mean_activity`, whether the
+/// view reads the ledger or samples alone.
+pub(crate) fn mean_activity_sql(agg: impl Fn(&str) -> String) -> String {
     let [sm, sm_n, util, util_n] = ACTIVITY_PARTS.map(agg);
     format!("CASE WHEN {sm_n} > 0 THEN {sm} / {sm_n} WHEN {util_n} > 0 THEN {util} / {util_n} END")
+}
+
+/// [`mean_activity_sql`] over a job's raw samples ([`SAMPLE_ACTIVITY_PARTS`]).
+pub(crate) fn sample_mean_activity_sql() -> String {
+    mean_activity_sql(|c| {
+        let k = ACTIVITY_PARTS.iter().position(|p| *p == c).unwrap_or(0);
+        SAMPLE_ACTIVITY_PARTS[k].to_string()
+    })
 }
 
 /// Declares the table's columns to the store; runs before the store opens (the server's start,

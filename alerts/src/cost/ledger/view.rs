@@ -119,7 +119,7 @@ impl JobLedger {
   UNION ALL
   SELECT job_id, host, gpu_uuid, gpu_model, max(scheduler), max(job_user), max(job_name), min(time), max(time),
     sum(secs), sum(held), sum(CASE WHEN idle THEN secs ELSE 0.0 END), sum(joules), sum(CASE WHEN idle THEN joules ELSE 0.0 END),
-    sum(sm_active), CAST(count(sm_active) AS DOUBLE), sum(gpu_utilization), CAST(count(gpu_utilization) AS DOUBLE),
+    {sample_activity},
     {class_sums}{charge_max}, CAST(NULL AS BIGINT), hour
   FROM d GROUP BY job_id, host, gpu_uuid, gpu_model, hour
 ), p AS (
@@ -128,6 +128,7 @@ impl JobLedger {
             class = self.class_sql(),
             price = cost.price_sql(),
             class_sums = limiter::class_sums_sql(),
+            sample_activity = table::SAMPLE_ACTIVITY_PARTS.join(", "),
             split = shares::split_sql(&present, &format!("gpu_metrics WHERE {after}"), ""),
             ledger = table::NAME,
         )
