@@ -35,6 +35,8 @@ Subcommands:
                         and compare with the SQL the fixture holds (Grafana's own expansion)
   paths --dsn DSN ...   every panel target with a `gpu_metrics_1d` branch answers over each --range
                         as it does with that branch off (from the hourly rollups alone)
+  hours --dsn DSN ...   every panel target that reads the hourly rollups over 2 days answers over
+                        each --range (ending on an hour) as it does from the 1-minute rollups
   series --dsn DSN ...  every panel target that draws at most N series draws min(N, all) of them
   recent --dsn DSN ...  every variable that reads a recent window first (the job picker) answers
                         as the same query over the whole range at once
@@ -612,23 +614,23 @@ def same_rows(a, b, tol=1e-9, at_least=False):
     return None
 
 
-def samples_covered(conn, sql):
-    """The samples the rollup branches of `sql` read: `samples` summed over each branch's
-    WHERE clause (the rest of its FROM line)."""
+def samples_covered(conn, sql, tables):
+    """The samples the rollup branches of `sql` over `tables` (a pattern) read: `samples`
+    summed over each branch's WHERE clause (the rest of its FROM line)."""
     parts = [f"(SELECT coalesce(sum(samples), 0) FROM {t} WHERE {w})"
-             for t, w in re.findall(r"FROM (gpu_metrics_1[hd]) WHERE (.*)", sql)]
+             for t, w in re.findall(rf"FROM ({tables}) WHERE (.*)", sql)]
     if not parts:
         raise ValueError("no rollup branch")
     _, rows = run_sql(conn, "SELECT " + " + ".join(parts))
     return rows[0][0]
 
 
-def same_samples(conn, sql):
-    """The daily and hourly branches of `sql` together cover the samples its hourly branches
-    cover alone with the daily ones off: none missed, none counted twice (a mean hides either)."""
-    split, alone = samples_covered(conn, sql), samples_covered(conn, hours_only(sql))
+def same_samples(conn, sql, other, tables):
+    """The rollup branches over `tables` of `sql` and of `other` (its alternative form) cover
+    the same samples: none missed, none counted twice (a mean hides either)."""
+    split, alone = samples_covered(conn, sql, tables), samples_covered(conn, other, tables)
     if split != alone or not alone:
-        return f"daily and hourly branches cover {split} samples, hours alone {alone}"
+        return f"the branches cover {split} samples, the other form's {alone}"
     return None
 
 
@@ -657,31 +659,68 @@ def report(errors, ran, what):
     return 1 if errors or ran == 0 else 0
 
 
-def cmd_paths(args):
-    """Every panel target that reads the daily rollups answers as it does from the hourly ones
-    alone (to 1e-9), over each --range; each must answer with rows."""
+def compare_forms(args, pattern, other_form, tables, other_name):
+    """Each panel target whose SQL matches `pattern` answers as `other_form(sql)` does (to 1e-9),
+    over each --range, and the rollup branches over `tables` of both cover the same samples;
+    each must answer with rows."""
     conn = connect(args.dsn)
     errors = []
     compared = 0
-    for where, _, sql in targets_with(args, conn, errors, "gpu_metrics_1d"):
+    for where, _, sql in targets_with(args, conn, errors, pattern):
         try:
-            _, daily = run_sql(conn, sql)
-            _, hourly = run_sql(conn, hours_only(sql))
-            why = same_samples(conn, sql)
+            other = other_form(sql)
+            _, got = run_sql(conn, sql)
+            _, want = run_sql(conn, other)
+            why = same_samples(conn, sql, other, tables)
         except Exception as e:  # noqa: reported
             errors.append(f"{where}: {type(e).__name__}: {e}")
             continue
         compared += 1
         if why:
             errors.append(f"{where}: {why}")
-        # A counter's growth per day (energy) also counts what it grew between an hour's last
-        # sample and the next hour's first, which hourly rows miss: there the daily answer is
-        # at least the hourly one.
+        # A counter's growth per bucket (energy) from coarser rows also counts what it grew
+        # between one finer row's last sample and the next one's first, which the finer rows
+        # miss: there the coarser answer is at least the finer one.
         at_least = "max(energy_joules_max) - min(energy_joules_min)" in sql
-        why = "no rows" if not daily else same_rows(daily, hourly, at_least=at_least)
+        why = "no rows" if not got else same_rows(got, want, at_least=at_least)
         if why:
-            errors.append(f"{where}: daily and hourly answers differ: {why}")
+            errors.append(f"{where}: answers differ from the {other_name}: {why}")
     return report(errors, compared, "compared")
+
+
+def cmd_paths(args):
+    """Every panel target that reads the daily rollups answers as it does from the hourly ones
+    alone, over each --range."""
+    return compare_forms(args, "gpu_metrics_1d", hours_only, "gpu_metrics_1[hd]",
+                         "hourly rollups alone")
+
+
+# The range length (seconds) above which the Fleet and Health panels read the hourly rollups
+# instead of the 1-minute ones (in buckets of at least an hour), as the dashboards write it.
+HOURLY_FROM = "172800"
+
+# The range's first minute, which the 1-minute branch leaves to raw samples.
+FIRST_MINUTE = re.compile(r"(date_trunc\('minute', CAST\('[^']*' AS TIMESTAMP\)\)) "
+                          r"\+ INTERVAL '1 minute'")
+
+
+def minutes_only(sql):
+    """`sql` (expanded) with the hourly branch of ranges over HOURLY_FROM off and the 1-minute
+    branch reading them instead, the range's first minute from the 1-minute rollups too (raw
+    samples may be gone there); the buckets stay as they are."""
+    out = sql.replace(f"> {HOURLY_FROM} AND (", "> 99999999999 AND (")
+    out = out.replace(f"<= {HOURLY_FROM}", "<= 99999999999")
+    out = FIRST_MINUTE.sub(r"\1", out)
+    if out == sql:
+        raise ValueError("no hourly or 1-minute branch condition written as expected")
+    return out
+
+
+def cmd_hours(args):
+    """Every panel target that reads the hourly rollups over HOURLY_FROM answers as it does from
+    the 1-minute ones, over each --range (ending on an hour: the hourly rows start on one)."""
+    return compare_forms(args, re.escape(f"> {HOURLY_FROM} AND ($__unixEpochTo()"), minutes_only,
+                         "gpu_metrics_1[mh]", "1-minute rollups")
 
 
 def cmd_series(args):
@@ -850,7 +889,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("selftest")
     s.add_argument("fixture")
-    for name in ("check", "bench", "paths", "series", "recent"):
+    for name in ("check", "bench", "paths", "hours", "series", "recent"):
         s = sub.add_parser(name)
         s.add_argument("--dsn", required=True)
         s.add_argument("--dashboards", default="dashboards")
@@ -871,11 +910,11 @@ def main():
     s = sub.add_parser("list")
     s.add_argument("--dashboards", default="dashboards")
     args = ap.parse_args()
-    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths", "series",
-                                                             "recent"):
+    if getattr(args, "range", None) is None and args.cmd in ("check", "bench", "paths", "hours",
+                                                             "series", "recent"):
         args.range = ["6h"]
     return {"selftest": cmd_selftest, "check": cmd_check, "bench": cmd_bench,
-            "paths": cmd_paths, "series": cmd_series, "recent": cmd_recent,
+            "paths": cmd_paths, "hours": cmd_hours, "series": cmd_series, "recent": cmd_recent,
             "list": cmd_list}[args.cmd](args)
 
 

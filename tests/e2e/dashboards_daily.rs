@@ -2,7 +2,8 @@
 //! ledger written through the store, the daily rollups rolled by the store's own maintenance):
 //! on 40 days of four GPUs, every panel target that reads `gpu_metrics_1d` answers over 35 and
 //! 39 days as it does from the hourly rollups alone (`grafana_sql.py paths`: the same SQL with
-//! the daily branches off), and the Job dashboard's job picker, which reads the last 7 days
+//! the daily branches off), every target that reads the hourly rollups over 2 days answers over 3
+//! and 7 days as from the 1-minute ones (`grafana_sql.py hours`), and the Job dashboard's job picker, which reads the last 7 days
 //! first, as over the whole range (`grafana_sql.py recent`); on 60 hosts, the Fleet panels draw
 //! at most 50 hosts or 100 GPUs (`grafana_sql.py series`).
 
@@ -13,9 +14,13 @@ use gpuwatch_e2e::TestServer;
 use crate::dashboards::{dashboards, dsn, panels, repo};
 use crate::limiter::bench;
 
-/// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host and
-/// `days`, and a server on it.
-fn history(dir: &std::path::Path, hosts: &str, gpus: &str, days: &str) -> TestServer {
+/// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host, `days`
+/// and the last `minute_days` of them in 1-minute rollups, and a server on it.
+fn history(
+    dir: &std::path::Path,
+    (hosts, gpus): (&str, &str),
+    (days, minute_days): (&str, &str),
+) -> TestServer {
     let data = dir.join("data");
     let out = Command::new(bench())
         .current_dir(repo())
@@ -28,7 +33,13 @@ fn history(dir: &std::path::Path, hosts: &str, gpus: &str, days: &str) -> TestSe
             "--days",
             days,
         ])
-        .args(["--minute-days", "1", "--raw-hours", "2", "--build-only"])
+        .args([
+            "--minute-days",
+            minute_days,
+            "--raw-hours",
+            "2",
+            "--build-only",
+        ])
         .arg("--data-dir")
         .arg(&data)
         .output()
@@ -50,7 +61,7 @@ fn grafana_sql(server: &TestServer, subcommand: &str, args: &[&str]) -> String {
 #[test]
 fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = history(dir.path(), "2", "2", "40");
+    let server = history(dir.path(), ("2", "2"), ("40", "8"));
     let days = server.psql(
         None,
         "disable",
@@ -72,17 +83,7 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
     );
     let text = grafana_sql(&server, "paths", &["--range", "35d", "--range", "39d"]);
     // Every target with a daily branch, over both ranges.
-    let targets = dashboards()
-        .iter()
-        .flat_map(|(_, d)| panels(d))
-        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
-        .filter(|t| {
-            t["rawSql"]
-                .as_str()
-                .unwrap_or("")
-                .contains("gpu_metrics_1d")
-        })
-        .count();
+    let targets = targets_reading("gpu_metrics_1d");
     assert!(targets >= 10, "{targets} targets read gpu_metrics_1d");
     assert!(
         text.contains(&format!(
@@ -91,6 +92,7 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
         )),
         "{text}"
     );
+    hourly_answers_as_minutes(&server);
     // The job picker reads the range's last 7 days first and the rest only when they hold fewer
     // jobs than it lists: over 39 days it answers as over the whole range at once, both when
     // the window alone answers (a limit of 20) and when the rest is read (its own 1,000).
@@ -117,12 +119,51 @@ fn panels_over_daily_rollups_answer_as_over_hourly_ones() {
     );
 }
 
+/// How many panel targets of the dashboards hold `text` in their SQL.
+fn targets_reading(text: &str) -> usize {
+    dashboards()
+        .iter()
+        .flat_map(|(_, d)| panels(d))
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter(|t| t["rawSql"].as_str().unwrap_or("").contains(text))
+        .count()
+}
+
+/// Over 2 days the Fleet and Health panels read the hourly rollups, in buckets of at least an
+/// hour: over 3 and 7 days ending on an hour they answer as from the 1-minute rollups.
+fn hourly_answers_as_minutes(server: &TestServer) {
+    let hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        / 3600
+        * 3600;
+    let to = hour.to_string();
+    let text = grafana_sql(
+        server,
+        "hours",
+        &["--range", "3d", "--range", "7d", "--to", &to],
+    );
+    let hourly = targets_reading("> 172800 AND ($__unixEpochTo()");
+    assert!(
+        hourly >= 10,
+        "{hourly} targets read hourly rollups over 2 days"
+    );
+    assert!(
+        text.contains(&format!(
+            "{} panel queries compared, 0 failures",
+            2 * hourly
+        )),
+        "{text}"
+    );
+}
+
 /// On 60 hosts of two GPUs, the per-host panels draw 50 hosts and the per-GPU heatmap 100
 /// GPUs, the ones their ranking picks from every series the range has.
 #[test]
 fn fleet_panels_draw_at_most_fifty_hosts_or_a_hundred_gpus() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = history(dir.path(), "60", "2", "2");
+    let server = history(dir.path(), ("60", "2"), ("2", "1"));
     let text = grafana_sql(&server, "series", &["--range", "24h"]);
     assert!(
         text.contains("7 panel queries checked, 0 failures"),

@@ -8,13 +8,15 @@
 //!
 //! One reading per GPU stands for its hour in the rollups and the ledger: each hour is one
 //! sample of the model, so a ledger row holds 3,600 GPU-seconds and the hour's energy at the
-//! reading's power, and each of the hour's minutes holds that reading. The simulation, the
+//! reading's power, and each of the hour's minutes holds that reading (so the hourly row counts
+//! the samples of its 60 minutes, as a rollup of the minutes would). The simulation, the
 //! days' writing and the minutes' writing run on three threads ([`build`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{RecordBatch, TimestampNanosecondArray, UInt32Array};
+use arrow::array::{Int64Array, RecordBatch, TimestampNanosecondArray, UInt32Array};
+use arrow::compute::kernels::numeric::mul;
 use arrow::compute::{concat_batches, take_record_batch};
 use gpuwatch_agent::collect::{GpuSample, Source};
 use gpuwatch_agent::{Fleet as Node, NodeOptions};
@@ -90,6 +92,27 @@ fn minutes(rows: &RecordBatch, hour: i64) -> Result<RecordBatch> {
     let mut columns = all.columns().to_vec();
     columns[0] = Arc::new(times);
     RecordBatch::try_new(all.schema(), columns).map_err(|e| e.to_string())
+}
+
+/// The hourly rollup of one reading per GPU (`rows`) as the rollup of the hour's 60 minutes that
+/// each hold it ([`minutes`]): its sample counts (`samples`, the clock-event reasons' counts)
+/// times 60, so the hourly and the 1-minute rows of an hour count the same samples.
+fn as_sixty_minutes(rows: RecordBatch) -> Result<RecordBatch> {
+    let sixty = Int64Array::new_scalar(60);
+    let schema = rows.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .zip(rows.columns())
+        .map(|(f, c)| {
+            let name = f.name();
+            let count = name == "samples"
+                || (name.starts_with("clock_event_reasons_") && name.ends_with("_samples"));
+            if count { mul(c, &sixty) } else { Ok(c.clone()) }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    RecordBatch::try_new(schema, columns).map_err(|e| e.to_string())
 }
 
 /// The limiter class a job of this name is mostly in (the agent's job kinds).
@@ -259,6 +282,7 @@ fn simulate(
         }
         let (hourly, minute) = timed(&mut spent.roll_up, || {
             let hourly = rollup(&raw, Table::GpuMetrics1h).map_err(|e| e.to_string())?;
+            let hourly = as_sixty_minutes(hourly)?;
             let minute = (hour >= span.minute_start)
                 .then(|| rollup(&raw, Table::GpuMetrics1m).map_err(|e| e.to_string()))
                 .transpose()?;
