@@ -683,6 +683,8 @@ pub async fn list_jobs(
         Some(l) => l.snapshot().watermark,
         None => None,
     };
+    // `jobs` has one row per job and host, so `count(host)` counts the hosts (a DISTINCT beside
+    // the ordered `first_value` doubles the aggregate's time).
     // A later page: jobs after the cursor in the list's order (on the job's sums: a filter on
     // its rows would change a job's last-seen instant, and with it its place in the order).
     let page = match &filter.until {
@@ -693,15 +695,16 @@ pub async fn list_jobs(
         ),
         None => String::new(),
     };
-    let ids = page_ids(engine, since, &user, &page, fetch).await?;
-    if ids.is_empty() {
-        return Ok(JobList {
-            jobs: Vec::new(),
-            truncated: false,
-            next: None,
-        });
-    }
-    let mut listed = rows(engine, &sums_sql(since, &user, &ids)).await?;
+    let sql = format!(
+        "SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
+           count(host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
+           CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
+           sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
+           sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
+         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id{page} \
+         ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}"
+    );
+    let mut listed = rows(engine, &sql).await?;
     with_means(engine, &mut listed, since, &user, watermark).await?;
     let mut out = Vec::new();
     for r in listed {
@@ -721,46 +724,6 @@ pub async fn list_jobs(
         truncated,
         next,
     })
-}
-
-/// The ids (as SQL strings) of a page of [`list_jobs`]: at most `fetch` jobs last seen since
-/// `since` (ns) that match `user` (` AND …`) and `page` (a `HAVING` clause or nothing), most
-/// recent first. The page is picked on the jobs' last samples alone, so that only its jobs are
-/// summed: summing every column of a month's jobs to keep a hundred took most of a list's time.
-async fn page_ids(
-    engine: &QueryEngine,
-    since: i64,
-    user: &str,
-    page: &str,
-    fetch: usize,
-) -> QueryResult<Vec<String>> {
-    let sql = format!(
-        "SELECT job_id, CAST(max(last_seen) AS BIGINT) AS last_seen_ns FROM jobs \
-         WHERE last_seen >= to_timestamp_nanos({since}){user} GROUP BY job_id{page} \
-         ORDER BY last_seen_ns DESC, job_id LIMIT {fetch}"
-    );
-    Ok(rows(engine, &sql)
-        .await?
-        .iter()
-        .filter_map(|r| s(r, "job_id").map(|j| sql_str(&j)))
-        .collect())
-}
-
-/// The sums of [`list_jobs`]'s jobs `ids` (SQL strings) over their rows since `since` (ns) that
-/// match `user` (` AND …`), most recent first. `jobs` has one row per job and host, so
-/// `count(host)` counts the hosts (a DISTINCT beside the ordered `first_value` doubles the
-/// aggregate's time).
-fn sums_sql(since: i64, user: &str, ids: &[String]) -> String {
-    format!(
-        "SELECT job_id, max(scheduler) AS scheduler, max(job_user) AS job_user, max(job_name) AS job_name, \
-           count(host) AS hosts, sum(gpus) AS gpus, CAST(min(first_seen) AS BIGINT) AS first_seen_ns, \
-           CAST(max(last_seen) AS BIGINT) AS last_seen_ns, sum(gpu_seconds) AS gpu_seconds, \
-           sum(idle_gpu_seconds) AS idle_gpu_seconds, sum(energy_joules) AS energy_joules, sum(cost_usd) AS cost_usd, \
-           sum(idle_cost_usd) AS idle_cost_usd, first_value(limiter ORDER BY gpu_seconds DESC) AS limiter \
-         FROM jobs WHERE last_seen >= to_timestamp_nanos({since}){user} AND job_id IN ({}) GROUP BY job_id \
-         ORDER BY last_seen_ns DESC, job_id",
-        ids.join(", ")
-    )
 }
 
 /// Adds to each listed job (`listed`, rows of [`list_jobs`]) its mean utilisation and SM
