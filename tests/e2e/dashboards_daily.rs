@@ -2,10 +2,10 @@
 //! ledger written through the store, the daily rollups rolled by the store's own maintenance):
 //! on 40 days of four GPUs, every panel target that reads `gpu_metrics_1d` answers over 35 and
 //! 39 days as it does from the hourly rollups alone (`grafana_sql.py paths`: the same SQL with
-//! the daily branches off), every target that reads the hourly rollups over 2 days answers over 3
-//! and 7 days as from the 1-minute ones (`grafana_sql.py hours`), and the Job dashboard's job picker, which reads the last 7 days
-//! first, as over the whole range (`grafana_sql.py recent`); on 60 hosts, the Fleet panels draw
-//! at most 50 hosts or 100 GPUs (`grafana_sql.py series`).
+//! the daily branches off), every target that reads the hourly rollups over 2 days answers over
+//! 3 and 7 days as from the 1-minute ones (`grafana_sql.py hours`), and the Job dashboard's job
+//! picker, which reads the last 7 days first, as over the whole range (`grafana_sql.py recent`);
+//! on 60 hosts, the Fleet panels draw at most 50 hosts or 100 GPUs (`grafana_sql.py series`).
 
 use std::process::Command;
 
@@ -13,6 +13,10 @@ use gpuwatch_e2e::TestServer;
 
 use crate::dashboards::{dashboards, dsn, panels, repo};
 use crate::limiter::bench;
+
+/// The condition of the hourly branch of the Fleet and Health panels over 2 days, as the
+/// dashboards write it (`grafana_sql.py`'s `HOURLY_FROM`).
+const HOURLY_BRANCH: &str = "> 172800 AND ($__unixEpochTo()";
 
 /// A history built by `gpuwatch-bench history --build-only` with `hosts`, `gpus` a host, `days`
 /// and the last `minute_days` of them in 1-minute rollups, and a server on it.
@@ -144,7 +148,7 @@ fn hourly_answers_as_minutes(server: &TestServer) {
         "hours",
         &["--range", "3d", "--range", "7d", "--to", &to],
     );
-    let hourly = targets_reading("> 172800 AND ($__unixEpochTo()");
+    let hourly = targets_reading(HOURLY_BRANCH);
     assert!(
         hourly >= 10,
         "{hourly} targets read hourly rollups over 2 days"

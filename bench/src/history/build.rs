@@ -23,7 +23,7 @@ use gpuwatch_agent::{Fleet as Node, NodeOptions};
 use gpuwatch_alerts::cost::ledger::table::{UsageRow, hour_rows};
 use gpuwatch_store::clock::SystemClock;
 use gpuwatch_store::compact::rollup::rollup;
-use gpuwatch_store::schema::Table;
+use gpuwatch_store::schema::{CLOCK_REASON_BITS, Table, clock_reason_column};
 use gpuwatch_store::{Store, StoreConfig};
 
 use super::{HistoryArgs, Marker, rows};
@@ -31,6 +31,8 @@ use crate::peers::Result;
 
 const HOUR_NS: i64 = 3_600_000_000_000;
 const MINUTE_NS: i64 = 60_000_000_000;
+/// The minutes of an hour: each holds the hour's reading ([`minutes`]).
+const MINUTES: i64 = 60;
 /// The bench fleet's job lengths (`fleet.rs`: a production cluster's hours).
 const JOB_TIME_SCALE: f64 = 6.0;
 /// The prices the ledger's report parts are priced at (the server's `[cost]` of the bench).
@@ -83,10 +85,12 @@ impl Nodes {
 /// hour's 60 minutes, in the table's order: the row repeated, its time moved to each minute.
 fn minutes(rows: &RecordBatch, hour: i64) -> Result<RecordBatch> {
     let n = rows.num_rows() as u32;
-    let indices = UInt32Array::from_iter_values((0..n).flat_map(|i| std::iter::repeat_n(i, 60)));
+    let indices = UInt32Array::from_iter_values(
+        (0..n).flat_map(|i| std::iter::repeat_n(i, MINUTES as usize)),
+    );
     let all = take_record_batch(rows, &indices).map_err(|e| e.to_string())?;
     let times = TimestampNanosecondArray::from_iter_values(
-        (0..n).flat_map(|_| (0..60).map(move |m| hour + m * MINUTE_NS)),
+        (0..n).flat_map(|_| (0..MINUTES).map(move |m| hour + m * MINUTE_NS)),
     )
     .with_timezone("UTC");
     let mut columns = all.columns().to_vec();
@@ -98,17 +102,25 @@ fn minutes(rows: &RecordBatch, hour: i64) -> Result<RecordBatch> {
 /// each hold it ([`minutes`]): its sample counts (`samples`, the clock-event reasons' counts)
 /// times 60, so the hourly and the 1-minute rows of an hour count the same samples.
 fn as_sixty_minutes(rows: RecordBatch) -> Result<RecordBatch> {
-    let sixty = Int64Array::new_scalar(60);
+    let sixty = Int64Array::new_scalar(MINUTES);
+    let counts: Vec<String> = std::iter::once("samples".to_string())
+        .chain(
+            CLOCK_REASON_BITS
+                .iter()
+                .map(|&bit| clock_reason_column(bit)),
+        )
+        .collect();
     let schema = rows.schema();
     let columns = schema
         .fields()
         .iter()
         .zip(rows.columns())
         .map(|(f, c)| {
-            let name = f.name();
-            let count = name == "samples"
-                || (name.starts_with("clock_event_reasons_") && name.ends_with("_samples"));
-            if count { mul(c, &sixty) } else { Ok(c.clone()) }
+            if counts.contains(f.name()) {
+                mul(c, &sixty)
+            } else {
+                Ok(c.clone())
+            }
         })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
